@@ -1,0 +1,64 @@
+"""mnist2db: MNIST-format IDX files to Caffe Datum databases (LMDB, LevelDB), byte-identical to Caffe.
+
+The names below are imported on first use, so ``import mnist2db`` (and ``mnist2db --help``)
+stays fast: numpy, lmdb, plyvel and protobuf load only when a function needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "BackendError": "errors",
+    "ChecksumError": "errors",
+    "DownloadError": "errors",
+    "IdxFormatError": "errors",
+    "Mnist2dbError": "errors",
+    "OutputExistsError": "errors",
+    "DatumError": "datum",
+    "array_to_datum": "datum",
+    "datum_to_array": "datum",
+    "decode_datum": "datum",
+    "encode_datum": "datum",
+    "IdxHeader": "idx",
+    "open_idx": "idx",
+    "read_header": "idx",
+    "read_idx": "idx",
+    "ConvertResult": "convert",
+    "convert": "convert",
+    "detect_backend": "backends",
+    "iter_db": "backends",
+    "open_reader": "backends",
+}
+
+__all__ = sorted([*_LAZY, "__version__"])
+
+if TYPE_CHECKING:
+    from .backends import detect_backend, iter_db, open_reader
+    from .convert import ConvertResult, convert
+    from .datum import DatumError, array_to_datum, datum_to_array, decode_datum, encode_datum
+    from .errors import (
+        BackendError,
+        ChecksumError,
+        DownloadError,
+        IdxFormatError,
+        Mnist2dbError,
+        OutputExistsError,
+    )
+    from .idx import IdxHeader, open_idx, read_header, read_idx
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mnist2db' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,276 @@
+"""LMDB and LevelDB behind one small interface: writers that take key/value batches, readers
+that iterate ``(key, value)`` in key order.
+
+Writers are opened on a fresh directory (the staging directory of :mod:`mnist2db.convert`)
+and do not fsync per batch: the finished database is flushed once, by :meth:`Writer.close`,
+before it is moved to its final name. Caffe's own options are kept (LMDB: a directory with
+``data.mdb`` and ``lock.mdb``; LevelDB: 64 KiB blocks, 256 MiB write buffer, 100 open files).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+from .errors import BackendError
+
+__all__ = [
+    "BACKENDS",
+    "DbReader",
+    "Writer",
+    "detect_backend",
+    "iter_db",
+    "open_reader",
+    "open_writer",
+]
+
+BACKENDS = ("lmdb", "leveldb")
+
+#: Caffe's LevelDB options (caffe/src/caffe/util/db_leveldb.cpp).
+LEVELDB_OPTIONS: dict[str, Any] = {
+    "block_size": 65536,
+    "write_buffer_size": 268435456,
+    "max_open_files": 100,
+}
+
+#: Mode for LMDB's files, as Caffe's ``mdb_env_open(..., 0664)``; the umask applies.
+LMDB_FILE_MODE = 0o664
+
+_MIN_MAP_SIZE = 64 << 20
+
+
+class Writer(Protocol):
+    """Receives records in increasing key order, one batch per transaction."""
+
+    def write_batch(self, items: Sequence[tuple[bytes, bytes]]) -> None: ...
+
+    def close(self) -> None:
+        """Flush everything to disk and close; the database is then complete."""
+
+    def abort(self) -> None:
+        """Close without flushing; the caller discards the directory."""
+
+
+class LmdbWriter:
+    """Writes an LMDB environment, one transaction per batch, growing the map when full."""
+
+    def __init__(self, path: str, size_hint: int, append: bool = True) -> None:
+        import lmdb
+
+        self._lmdb = lmdb
+        self.path = path
+        self._append = append
+        self.map_size = max(_MIN_MAP_SIZE, size_hint)
+        try:
+            self._env = lmdb.open(
+                path,
+                map_size=self.map_size,
+                subdir=True,
+                # One fsync at the end (close) instead of one per commit: the database
+                # lives under a temporary name until it is complete and flushed.
+                sync=False,
+                metasync=False,
+                readahead=False,
+                meminit=False,
+                max_dbs=0,
+                mode=LMDB_FILE_MODE,
+            )
+        except lmdb.Error as exc:
+            raise BackendError(f"{path}: cannot create LMDB environment: {exc}") from exc
+
+    def write_batch(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        lmdb = self._lmdb
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    consumed, added = txn.cursor().putmulti(items, append=self._append)
+                if added != len(items):
+                    raise BackendError(
+                        f"{self.path}: LMDB stored {added} of {len(items)} records "
+                        "(duplicate or out-of-order keys)"
+                    )
+                return
+            except lmdb.MapFullError:
+                # The transaction was aborted as a whole; double the map and redo it.
+                self.map_size *= 2
+                try:
+                    self._env.set_mapsize(self.map_size)
+                except lmdb.Error as exc:
+                    raise BackendError(
+                        f"{self.path}: cannot grow LMDB map to {self.map_size} bytes: {exc}"
+                    ) from exc
+            except lmdb.Error as exc:
+                raise BackendError(f"{self.path}: LMDB write failed: {exc}") from exc
+
+    def close(self) -> None:
+        try:
+            self._env.sync(True)
+            self._env.close()
+        except self._lmdb.Error as exc:
+            raise BackendError(f"{self.path}: LMDB flush failed: {exc}") from exc
+
+    def abort(self) -> None:
+        self._env.close()
+
+
+class LeveldbWriter:
+    """Writes a LevelDB database with Caffe's options, one write batch per batch."""
+
+    def __init__(self, path: str) -> None:
+        import plyvel
+
+        self._plyvel = plyvel
+        self.path = path
+        try:
+            self._db = plyvel.DB(
+                path, create_if_missing=True, error_if_exists=True, **LEVELDB_OPTIONS
+            )
+        except plyvel.Error as exc:
+            raise BackendError(f"{path}: cannot create LevelDB database: {exc}") from exc
+
+    def write_batch(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        try:
+            with self._db.write_batch() as batch:
+                for key, value in items:
+                    batch.put(key, value)
+        except self._plyvel.Error as exc:
+            raise BackendError(f"{self.path}: LevelDB write failed: {exc}") from exc
+
+    def close(self) -> None:
+        try:
+            # A synced empty write flushes LevelDB's log; the files are fsynced by the caller.
+            self._db.write_batch(sync=True).write()
+            self._db.close()
+        except self._plyvel.Error as exc:
+            raise BackendError(f"{self.path}: LevelDB flush failed: {exc}") from exc
+
+    def abort(self) -> None:
+        self._db.close()
+
+
+def open_writer(backend: str, path: str, size_hint: int = 0, append: bool = True) -> Writer:
+    """Create a new, empty database of ``backend`` in the directory ``path``.
+
+    Args:
+        backend: ``"lmdb"`` or ``"leveldb"``.
+        path: a directory to create the database in (LMDB) or at (LevelDB).
+        size_hint: expected bytes of keys and values, used to size LMDB's map.
+        append: keys arrive in strictly increasing order (lets LMDB append).
+
+    Raises:
+        BackendError: unknown backend, or the backend could not create the database.
+    """
+    if backend == "lmdb":
+        return LmdbWriter(path, size_hint, append=append)
+    if backend == "leveldb":
+        return LeveldbWriter(path)
+    raise BackendError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+
+
+def detect_backend(path: str | os.PathLike[str]) -> str:
+    """Tell which backend wrote the database at ``path``, from its files.
+
+    Raises:
+        BackendError: the path is missing, or is neither an LMDB nor a LevelDB database.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise BackendError(f"{path}: no such database")
+    if not os.path.isdir(path):
+        raise BackendError(f"{path}: not a database directory (LMDB or LevelDB)")
+    if os.path.isfile(os.path.join(path, "data.mdb")):
+        return "lmdb"
+    if os.path.isfile(os.path.join(path, "CURRENT")):
+        return "leveldb"
+    raise BackendError(f"{path}: neither an LMDB (no data.mdb) nor a LevelDB (no CURRENT) database")
+
+
+class DbReader:
+    """A finished database opened read-only: ``len()``, ``get(key)``, and iteration in key order."""
+
+    def __init__(self, path: str | os.PathLike[str], backend: str | None = None) -> None:
+        self.path = os.fspath(path)
+        self.backend = backend or detect_backend(self.path)
+        if self.backend == "lmdb":
+            self._open_lmdb()
+        elif self.backend == "leveldb":
+            self._open_leveldb()
+        else:
+            raise BackendError(
+                f"unknown backend {self.backend!r}: expected one of {', '.join(BACKENDS)}"
+            )
+
+    def _open_lmdb(self) -> None:
+        import lmdb
+
+        try:
+            try:
+                self._env = lmdb.open(self.path, readonly=True, lock=True, subdir=True, max_dbs=0)
+            except lmdb.Error:
+                # Read-only media or a folder we may not write to: lock.mdb cannot be
+                # opened for writing. A finished database does not change, so read unlocked.
+                self._env = lmdb.open(self.path, readonly=True, lock=False, subdir=True, max_dbs=0)
+        except lmdb.Error as exc:
+            raise BackendError(f"{self.path}: cannot open LMDB database: {exc}") from exc
+        self._lmdb_error = lmdb.Error
+
+    def _open_leveldb(self) -> None:
+        import plyvel
+
+        try:
+            self._db = plyvel.DB(self.path, create_if_missing=False)
+        except plyvel.Error as exc:
+            raise BackendError(f"{self.path}: cannot open LevelDB database: {exc}") from exc
+
+    def __len__(self) -> int:
+        if self.backend == "lmdb":
+            return int(self._env.stat()["entries"])
+        return sum(1 for _ in self._db.iterator(include_value=False))
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value stored under ``key``, or None."""
+        if self.backend == "lmdb":
+            with self._env.begin(buffers=False) as txn:
+                value = txn.get(key)
+        else:
+            value = self._db.get(key)
+        return None if value is None else bytes(value)
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
+        if self.backend == "lmdb":
+            with self._env.begin() as txn:
+                yield from txn.cursor().iternext(keys=True, values=True)
+        else:
+            yield from self._db.iterator()
+
+    def close(self) -> None:
+        if self.backend == "lmdb":
+            self._env.close()
+        else:
+            self._db.close()
+
+    def __enter__(self) -> DbReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def open_reader(path: str | os.PathLike[str], backend: str | None = None) -> DbReader:
+    """Open a finished LMDB or LevelDB database for reading (backend detected when None)."""
+    return DbReader(path, backend)
+
+
+def iter_db(path: str | os.PathLike[str], backend: str | None = None) -> Iterator[tuple[bytes, Any]]:
+    """Iterate a finished database as ``(key, caffe.Datum)`` in key order, for either backend.
+
+    Raises:
+        BackendError: the path is not a database of either backend.
+        DatumError: a value is not a Datum.
+    """
+    from .datum import decode_datum
+
+    with open_reader(path, backend) as reader:
+        for key, value in reader:
+            yield bytes(key), decode_datum(value)

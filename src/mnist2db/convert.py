@@ -1,0 +1,331 @@
+"""The one conversion pipeline: IDX images + labels -> Caffe Datum records -> LMDB or LevelDB.
+
+Every front end (``mnist2db convert``, ``convert_mnist_data``, the Python API) calls
+:func:`convert`. Records are streamed a batch at a time: memory is bounded by the batch, not
+by the dataset. The database is built in a staging directory beside the destination and
+moved into place only once it is complete and flushed to disk, so a failed or killed
+conversion never leaves a partial database under the final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from .backends import BACKENDS, detect_backend, open_writer
+from .datum import datum_prefix, encode_batch
+from .errors import BackendError, IdxFormatError, Mnist2dbError, OutputExistsError
+from .idx import IdxHeader, open_idx
+
+__all__ = ["ConvertResult", "convert", "check_pair"]
+
+IMAGES_MAGIC = 2051
+LABELS_MAGIC = 2049
+DEFAULT_BATCH_SIZE = 1000
+_INT32_MAX = (1 << 31) - 1
+# Keys are "%08d" as in Caffe; past 10**8 records they grow a digit and stop sorting in
+# index order, so LMDB's append mode is only used below that.
+_APPEND_LIMIT = 10**8
+
+#: Marker in the names of staging directories, so left-overs are recognisable.
+STAGING_MARK = ".mnist2db-tmp-"
+
+ProgressCallback = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """What :func:`convert` wrote."""
+
+    path: str
+    backend: str
+    count: int
+    rows: int
+    cols: int
+    seconds: float
+
+
+def check_pair(images: IdxHeader, labels: IdxHeader) -> None:
+    """Check that two IDX headers are an MNIST image file and its label file.
+
+    Raises:
+        IdxFormatError: wrong magic (with a hint when the two were swapped), or the item
+            counts differ, or image dimensions that a Datum cannot hold.
+    """
+    if images.magic != IMAGES_MAGIC:
+        hint = " (is it the label file? the image file comes first)" if images.magic == LABELS_MAGIC else ""
+        raise IdxFormatError(
+            f"{images.path}: magic 0x{images.magic:08x}, expected 0x{IMAGES_MAGIC:08x} "
+            f"(uint8 images, 3 dimensions){hint}"
+        )
+    if labels.magic != LABELS_MAGIC:
+        hint = " (is it the image file? the label file comes second)" if labels.magic == IMAGES_MAGIC else ""
+        raise IdxFormatError(
+            f"{labels.path}: magic 0x{labels.magic:08x}, expected 0x{LABELS_MAGIC:08x} "
+            f"(uint8 labels, 1 dimension){hint}"
+        )
+    if images.count != labels.count:
+        raise IdxFormatError(
+            f"{images.path}: {images.count} images, but {labels.path} has {labels.count} labels"
+        )
+    rows, cols = images.dims[1], images.dims[2]
+    if rows * cols > _INT32_MAX:
+        raise IdxFormatError(
+            f"{images.path}: images of {rows} × {cols} pixels are too large for a Datum "
+            f"(at most {_INT32_MAX} bytes)"
+        )
+
+
+# -- staging and atomic placement ---------------------------------------------------------
+
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+
+
+def _load_renameat2() -> Callable[[str, str, int], None] | None:
+    """renameat2(2) from libc, for moves that never replace (or that swap) atomically."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        libc = ctypes.CDLL(name, use_errno=True)
+        func = libc.renameat2
+    except (OSError, AttributeError):
+        return None
+    at_fdcwd = -100
+
+    def renameat2(src: str, dst: str, flags: int) -> None:
+        if func(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), flags) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), dst)
+
+    return renameat2
+
+
+_renameat2 = _load_renameat2()
+
+
+def _move_noreplace(src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst``, failing with FileExistsError if ``dst`` exists."""
+    if _renameat2 is not None:
+        try:
+            _renameat2(src, dst, _RENAME_NOREPLACE)
+            return
+        except OSError as exc:
+            if exc.errno == errno.EEXIST:
+                raise FileExistsError(errno.EEXIST, "exists", dst) from None
+            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+                raise
+    # No renameat2 (or the file system lacks it): check, then rename.
+    if os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, "exists", dst)
+    os.rename(src, dst)
+
+
+def _swap(src: str, dst: str) -> None:
+    """Exchange ``src`` and ``dst`` atomically where the OS can; else move the old one aside."""
+    if _renameat2 is not None:
+        try:
+            _renameat2(src, dst, _RENAME_EXCHANGE)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+                raise
+    aside = src + ".old"
+    os.rename(dst, aside)
+    try:
+        os.rename(src, dst)
+    except OSError:
+        os.rename(aside, dst)
+        raise
+    os.rename(aside, src)
+
+
+def _fsync_tree(path: str) -> None:
+    """fsync every file in ``path`` and the directory itself."""
+    for entry in os.scandir(path):
+        if entry.is_file(follow_symlinks=False):
+            fd = os.open(entry.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _check_destination(out: str, overwrite: bool) -> str:
+    """Validate the destination; returns its parent directory (created if missing)."""
+    if os.path.lexists(out):
+        if not overwrite:
+            raise OutputExistsError(f"{out}: already exists (use --overwrite to replace it)")
+        if not os.path.isdir(out) or os.path.islink(out):
+            raise OutputExistsError(
+                f"{out}: exists and is not a database directory; refusing to replace it"
+            )
+        if os.listdir(out):
+            try:
+                detect_backend(out)
+            except BackendError:
+                raise OutputExistsError(
+                    f"{out}: exists and is not an LMDB or LevelDB database; refusing to replace it"
+                ) from None
+    parent = os.path.dirname(os.path.abspath(out))
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise OutputExistsError(f"{out}: parent {os.path.dirname(out) or '.'} is not a directory")
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except NotADirectoryError:
+        raise OutputExistsError(f"{out}: a parent of it is not a directory") from None
+    except OSError as exc:
+        raise BackendError(f"{out}: cannot create its parent directory: {exc.strerror}") from None
+    return parent
+
+
+@contextlib.contextmanager
+def _staged_directory(out: str, overwrite: bool) -> Iterator[str]:
+    """Yield a fresh staging directory beside ``out``; on success move it to ``out``.
+
+    On any exception (KeyboardInterrupt included) the staging directory is removed and the
+    destination is untouched.
+    """
+    parent = _check_destination(out, overwrite)
+    name = os.path.basename(os.path.normpath(out))
+    try:
+        staging = tempfile.mkdtemp(prefix=f".{name}{STAGING_MARK}{os.getpid()}-", dir=parent)
+    except OSError as exc:
+        raise BackendError(f"{out}: cannot write in {parent}: {exc.strerror}") from None
+    try:
+        # mkdtemp makes 0700; the finished database should follow the umask like mkdir.
+        os.chmod(staging, 0o777 & ~_umask())
+        yield staging
+        _fsync_tree(staging)
+        _place(staging, out, overwrite)
+    finally:
+        if os.path.lexists(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _place(staging: str, out: str, overwrite: bool) -> None:
+    parent = os.path.dirname(staging)
+    try:
+        _move_noreplace(staging, out)
+    except FileExistsError:
+        if not overwrite:
+            raise OutputExistsError(
+                f"{out}: appeared while converting; left it alone (use --overwrite to replace it)"
+            ) from None
+        _check_destination(out, overwrite)
+        _swap(staging, out)  # staging now holds the old database and is removed by the caller
+    except OSError as exc:
+        raise BackendError(f"{out}: cannot move the finished database into place: {exc}") from None
+    _fsync_dir(parent)
+
+
+# -- the pipeline -------------------------------------------------------------------------
+
+
+def convert(
+    images: str | os.PathLike[str],
+    labels: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    backend: str = "lmdb",
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    overwrite: bool = False,
+    progress: ProgressCallback | None = None,
+) -> ConvertResult:
+    """Convert an MNIST image file and label file into a Caffe Datum database.
+
+    Writes, for item ``i``, key ``b"%08d" % i`` and a serialized ``caffe.Datum`` with
+    ``channels=1, height=rows, width=cols``, the item's pixels as ``data`` and its label:
+    the same keys and values as Caffe's ``convert_mnist_data``.
+
+    Args:
+        images: IDX image file (magic 2051), plain or gzip.
+        labels: IDX label file (magic 2049), plain or gzip.
+        out: database directory to create; must not exist unless ``overwrite``.
+        backend: ``"lmdb"`` (default) or ``"leveldb"``.
+        batch_size: records per transaction (Caffe: 1000).
+        overwrite: replace an existing database at ``out``.
+        progress: called as ``progress(done, total)`` after each batch.
+
+    Returns:
+        A :class:`ConvertResult`.
+
+    Raises:
+        IdxFormatError: either input is missing, malformed, or they do not match.
+        OutputExistsError: ``out`` exists (and ``overwrite`` is false), or cannot be replaced.
+        BackendError: unknown backend, or the database could not be written.
+    """
+    start = time.perf_counter()
+    out = os.fspath(out)
+    if backend not in BACKENDS:
+        raise BackendError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if batch_size < 1:
+        raise Mnist2dbError(f"batch size must be at least 1, got {batch_size}")
+    with open_idx(images) as image_reader, open_idx(labels) as label_reader:
+        check_pair(image_reader.header, label_reader.header)
+        count = image_reader.header.count
+        rows, cols = image_reader.header.dims[1], image_reader.header.dims[2]
+        value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 3
+        size_hint = 2 * count * (_round_page(value_size + 8 + 16)) + (16 << 20)
+        with _staged_directory(out, overwrite) as staging:
+            writer = open_writer(
+                backend, staging, size_hint=size_hint, append=count <= _APPEND_LIMIT
+            )
+            try:
+                done = 0
+                batches = zip(
+                    image_reader.iter_batches(batch_size),
+                    label_reader.iter_batches(batch_size),
+                    strict=True,
+                )
+                for image_batch, label_batch in batches:
+                    n = len(image_batch)
+                    keys = [b"%08d" % i for i in range(done, done + n)]
+                    values = encode_batch(image_batch, label_batch)
+                    writer.write_batch(list(zip(keys, values)))
+                    done += n
+                    if progress is not None:
+                        progress(done, count)
+            except BaseException:
+                writer.abort()
+                raise
+            writer.close()
+    return ConvertResult(
+        path=out,
+        backend=backend,
+        count=count,
+        rows=rows,
+        cols=cols,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _round_page(size: int, page: int = 4096) -> int:
+    """LMDB packs small records into pages and gives large ones whole overflow pages."""
+    if size <= page // 2:
+        return size
+    return -(-size // page) * page

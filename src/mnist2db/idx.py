@@ -1,0 +1,340 @@
+"""Read and validate IDX files (plain or gzip-compressed), in whole or in bounded batches.
+
+The IDX format: a big-endian header of two zero bytes, a type code, a dimension count, one
+uint32 per dimension, then the data in C order. Every size is checked against the header
+before memory is allocated for the data, and a file must hold exactly what the header
+declares: neither less (truncated) nor more (trailing bytes).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, BinaryIO
+
+from .errors import IdxFormatError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = [
+    "IDX_TYPES",
+    "IdxHeader",
+    "IdxReader",
+    "open_idx",
+    "read_header",
+    "read_idx",
+]
+
+#: type code -> (name, numpy dtype string in the file's big-endian byte order)
+IDX_TYPES: dict[int, tuple[str, str]] = {
+    0x08: ("uint8", "u1"),
+    0x09: ("int8", "i1"),
+    0x0B: ("int16", ">i2"),
+    0x0C: ("int32", ">i4"),
+    0x0D: ("float32", ">f4"),
+    0x0E: ("float64", ">f8"),
+}
+
+GZIP_MAGIC = b"\x1f\x8b"
+_READ_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class IdxHeader:
+    """What an IDX header declares, and how the file holding it is stored."""
+
+    path: str
+    type_code: int
+    dims: tuple[int, ...]
+    gzipped: bool
+
+    @property
+    def magic(self) -> int:
+        return (self.type_code << 8) | len(self.dims)
+
+    @property
+    def type_name(self) -> str:
+        return IDX_TYPES[self.type_code][0]
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return int(IDX_TYPES[self.type_code][1][-1])
+
+    @property
+    def header_size(self) -> int:
+        return 4 + 4 * len(self.dims)
+
+    @property
+    def count(self) -> int:
+        """Number of items along the first dimension."""
+        return self.dims[0]
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        return self.dims[1:]
+
+    @property
+    def item_size(self) -> int:
+        """Bytes per item (one image, one label)."""
+        size = self.itemsize
+        for d in self.dims[1:]:
+            size *= d
+        return size
+
+    @property
+    def payload_size(self) -> int:
+        """Bytes of data the header declares."""
+        return self.count * self.item_size
+
+    def describe(self) -> str:
+        """The declared shape as people write it: ``60000 × 28 × 28 uint8``."""
+        return " × ".join(str(d) for d in self.dims) + " " + self.type_name
+
+
+def _open_raw(path: str) -> BinaryIO:
+    try:
+        return open(path, "rb")  # noqa: SIM115 - the caller owns and closes it
+    except FileNotFoundError:
+        raise IdxFormatError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise IdxFormatError(f"{path}: is a directory, expected an IDX file") from None
+    except PermissionError:
+        raise IdxFormatError(f"{path}: permission denied") from None
+    except OSError as exc:
+        raise IdxFormatError(f"{path}: cannot open: {exc.strerror or exc}") from None
+
+
+def _read_exactly(stream: IO[bytes], n: int, path: str, what: str) -> bytes:
+    data = _guarded_read(stream, n, path)
+    if len(data) != n:
+        raise IdxFormatError(
+            f"{path}: truncated header: {what} needs {n} bytes, file has {len(data)}"
+        )
+    return data
+
+
+def _guarded_read(stream: IO[bytes], n: int, path: str) -> bytes:
+    """Read up to ``n`` bytes, turning decompression faults into IdxFormatError."""
+    try:
+        return stream.read(n)
+    except (gzip.BadGzipFile, zlib.error, EOFError) as exc:
+        raise IdxFormatError(f"{path}: corrupt gzip stream: {exc}") from None
+    except OSError as exc:
+        raise IdxFormatError(f"{path}: read error: {exc.strerror or exc}") from None
+
+
+def _parse_header(stream: IO[bytes], path: str, gzipped: bool) -> IdxHeader:
+    magic = _read_exactly(stream, 4, path, "the magic number")
+    if magic[0] != 0 or magic[1] != 0:
+        raise IdxFormatError(
+            f"{path}: not an IDX file: magic 0x{magic.hex()}, expected 0x0000 then type and rank"
+        )
+    type_code, ndim = magic[2], magic[3]
+    if type_code not in IDX_TYPES:
+        raise IdxFormatError(
+            f"{path}: magic 0x{magic.hex()} has unknown type code 0x{type_code:02x} "
+            f"(known: {', '.join(f'0x{c:02x} {n}' for c, (n, _) in IDX_TYPES.items())})"
+        )
+    if ndim == 0:
+        raise IdxFormatError(f"{path}: magic 0x{magic.hex()} declares 0 dimensions")
+    raw_dims = _read_exactly(stream, 4 * ndim, path, f"{ndim} dimension sizes")
+    dims = struct.unpack(f">{ndim}I", raw_dims)
+    return IdxHeader(path=path, type_code=type_code, dims=dims, gzipped=gzipped)
+
+
+def _size_error(header: IdxHeader, actual: int) -> IdxFormatError:
+    expected = header.payload_size
+    fault = "truncated" if actual < expected else "trailing bytes"
+    return IdxFormatError(
+        f"{header.path}: {fault}: header declares {expected} bytes of data "
+        f"({header.describe()}), file holds {actual}"
+    )
+
+
+def _gzip_isize(raw: BinaryIO) -> int | None:
+    """The gzip trailer's ISIZE (uncompressed size mod 2**32), or None if unreadable."""
+    try:
+        end = raw.seek(0, io.SEEK_END)
+        if end < 18:
+            return None
+        raw.seek(end - 4)
+        (isize,) = struct.unpack("<I", raw.read(4))
+        raw.seek(0)
+        return int(isize)
+    except OSError:
+        return None
+
+
+class IdxReader:
+    """An open IDX file whose header has been read and whose size has been checked.
+
+    Use :func:`open_idx` to make one. Data is then read with :meth:`iter_batches`
+    (bounded memory) or :meth:`read_all`. The size check happens before any data is
+    read: for a plain file from its length, for a gzip file from its trailer and, when
+    the trailer cannot settle it, by a counting pass that holds one chunk at a time.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._raw = _open_raw(self.path)
+        self._stream: IO[bytes] = self._raw
+        try:
+            self._open()
+        except BaseException:
+            self._raw.close()
+            raise
+
+    def _open(self) -> None:
+        path = self.path
+        first = _guarded_read(self._raw, 2, path)
+        self._raw.seek(0)
+        gzipped = first == GZIP_MAGIC
+        if gzipped:
+            self._stream = gzip.GzipFile(fileobj=self._raw, mode="rb")
+        self.header = _parse_header(self._stream, path, gzipped)
+        if gzipped:
+            self._check_gzip_size()
+        else:
+            actual = os.fstat(self._raw.fileno()).st_size - self.header.header_size
+            if actual != self.header.payload_size:
+                raise _size_error(self.header, actual)
+
+    def _check_gzip_size(self) -> None:
+        header = self.header
+        expected_total = header.header_size + header.payload_size
+        isize = _gzip_isize(self._raw)
+        if isize == expected_total % (1 << 32):
+            # Likely right; iter_batches still verifies the exact length as it streams.
+            self._reopen_after_header()
+            return
+        # The trailer disagrees (or the file is multi-member): count the real length,
+        # reading at most the declared size plus one chunk.
+        self._reopen_after_header()
+        actual = 0
+        limit = header.payload_size + 1
+        while actual < limit:
+            chunk = _guarded_read(self._stream, min(_READ_CHUNK, limit - actual), self.path)
+            if not chunk:
+                break
+            actual += len(chunk)
+        if actual != header.payload_size:
+            raise _size_error(header, actual)
+        self._reopen_after_header()
+
+    def _reopen_after_header(self) -> None:
+        self._raw.seek(0)
+        self._stream = gzip.GzipFile(fileobj=self._raw, mode="rb")
+        _guarded_read(self._stream, self.header.header_size, self.path)
+
+    # -- reading -------------------------------------------------------------------
+
+    def _fill(self, array: np.ndarray, done_before: int) -> None:
+        """Fill ``array`` from the stream; a short read is a truncation error."""
+        if array.nbytes == 0:
+            return
+        buffer = memoryview(array).cast("B")
+        filled = 0
+        total = len(buffer)
+        while filled < total:
+            try:
+                n = self._stream.readinto(buffer[filled:])  # type: ignore[attr-defined]
+            except (gzip.BadGzipFile, zlib.error, EOFError) as exc:
+                raise IdxFormatError(f"{self.path}: corrupt gzip stream: {exc}") from None
+            except OSError as exc:
+                raise IdxFormatError(f"{self.path}: read error: {exc.strerror or exc}") from None
+            if not n:
+                raise _size_error(self.header, done_before + filled)
+            filled += n
+
+    def _check_end(self) -> None:
+        extra = _guarded_read(self._stream, _READ_CHUNK, self.path)
+        if extra:
+            # Count what follows, bounded: the message only needs to say "more".
+            raise _size_error(self.header, self.header.payload_size + len(extra))
+
+    def iter_batches(self, batch_size: int) -> Iterator[np.ndarray]:
+        """Yield arrays of up to ``batch_size`` items, shape ``(n, *item_shape)``, in file order.
+
+        The arrays are in the file's own (big-endian) dtype; values are right either way.
+
+        Raises:
+            IdxFormatError: the data ends early, continues past the declared size, or a
+                gzip stream is corrupt.
+        """
+        import numpy as np
+
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        header = self.header
+        dtype = np.dtype(IDX_TYPES[header.type_code][1])
+        done = 0
+        while done < header.count:
+            n = min(batch_size, header.count - done)
+            batch = np.empty((n, *header.item_shape), dtype=dtype)
+            self._fill(batch, done * header.item_size)
+            done += n
+            yield batch
+        self._check_end()
+
+    def read_all(self) -> np.ndarray:
+        """The whole array, in native byte order."""
+        import numpy as np
+
+        header = self.header
+        dtype = np.dtype(IDX_TYPES[header.type_code][1])
+        try:
+            data = np.empty(header.dims, dtype=dtype)
+        except (MemoryError, ValueError) as exc:
+            raise IdxFormatError(
+                f"{self.path}: cannot hold {header.payload_size} bytes in memory ({exc})"
+            ) from None
+        self._fill(data, 0)
+        self._check_end()
+        return data.astype(dtype.newbyteorder("="), copy=False)
+
+    def close(self) -> None:
+        if self._stream is not self._raw:
+            self._stream.close()
+        self._raw.close()
+
+    def __enter__(self) -> IdxReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def open_idx(path: str | os.PathLike[str]) -> IdxReader:
+    """Open an IDX file, read its header and check its size against the header.
+
+    Raises:
+        IdxFormatError: missing or unreadable file, bad magic, unknown type, or a size
+            that differs from what the header declares.
+    """
+    return IdxReader(path)
+
+
+def read_header(path: str | os.PathLike[str]) -> IdxHeader:
+    """Read and validate an IDX header (sizes included) without reading the data."""
+    with open_idx(path) as reader:
+        return reader.header
+
+
+def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
+    """Read a whole IDX file (plain or gzip, detected by content) into a numpy array.
+
+    Returns:
+        An array of shape ``dims`` in native byte order (``uint8`` for MNIST).
+
+    Raises:
+        IdxFormatError: see :func:`open_idx`; also a truncated or corrupt gzip stream.
+    """
+    with open_idx(path) as reader:
+        return reader.read_all()
