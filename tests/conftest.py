@@ -1,0 +1,79 @@
+"""Shared fixtures: tiny IDX files written in tmp_path, and Debian's Fashion-MNIST when installed."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+#: numpy dtype (big-endian, as stored) -> IDX type code
+IDX_CODES = {
+    np.dtype("u1"): 0x08,
+    np.dtype("i1"): 0x09,
+    np.dtype(">i2"): 0x0B,
+    np.dtype(">i4"): 0x0C,
+    np.dtype(">f4"): 0x0D,
+    np.dtype(">f8"): 0x0E,
+}
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """The IDX encoding of ``array`` (any of the six IDX dtypes, any rank >= 1)."""
+    stored = array.astype(array.dtype.newbyteorder(">")) if array.dtype.itemsize > 1 else array
+    code = IDX_CODES[np.dtype(stored.dtype)]
+    header = bytes([0, 0, code, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    return header + np.ascontiguousarray(stored).tobytes()
+
+
+def write_idx(path: Path, array: np.ndarray, *, gz: bool = False) -> Path:
+    data = idx_bytes(array)
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+def make_images(count: int, rows: int = 28, cols: int = 28, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, size=(count, rows, cols), dtype=np.uint8)
+
+
+def make_labels(count: int, seed: int = 1) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 10, size=count, dtype=np.uint8)
+
+
+@pytest.fixture
+def mnist_pair(tmp_path: Path) -> Callable[..., tuple[Path, Path, np.ndarray, np.ndarray]]:
+    """Factory: ``mnist_pair(count, rows=28, cols=28, gz=False, stem="train")`` writes an
+    image file and a label file in tmp_path and returns (images_path, labels_path, images, labels)."""
+
+    def make(
+        count: int = 25,
+        rows: int = 28,
+        cols: int = 28,
+        *,
+        gz: bool = False,
+        stem: str = "train",
+        seed: int = 0,
+    ) -> tuple[Path, Path, np.ndarray, np.ndarray]:
+        images = make_images(count, rows, cols, seed=seed)
+        labels = make_labels(count, seed=seed + 1)
+        suffix = ".gz" if gz else ""
+        ipath = write_idx(tmp_path / f"{stem}-images-idx3-ubyte{suffix}", images, gz=gz)
+        lpath = write_idx(tmp_path / f"{stem}-labels-idx1-ubyte{suffix}", labels, gz=gz)
+        return ipath, lpath, images, labels
+
+    return make
+
+
+def fashion_file(name: str) -> Path:
+    """A Debian Fashion-MNIST file (``.gz`` as Debian ships it), or skip the test."""
+    for candidate in (FASHION_DIR / name, FASHION_DIR / f"{name}.gz"):
+        if candidate.exists():
+            return candidate
+    pytest.skip(f"Debian's dataset-fashion-mnist is not installed ({FASHION_DIR})")
