@@ -206,3 +206,39 @@ def test_missing_argument_is_usage_error() -> None:
     result = run("convert", "only-one")
     assert result.exit_code == 2
     assert "Missing argument 'LABELS'" in result.stderr
+
+
+def test_progress_bar_only_on_a_terminal(mnist_pair, tmp_path: Path) -> None:
+    import os
+    import pty
+
+    ipath, lpath, *_ = mnist_pair(50, 4, 4)
+    primary, secondary = pty.openpty()
+    code = "from mnist2db.cli import main; main()"
+    argv = [sys.executable, "-c", code, "convert", "--batch-size", "10", str(ipath), str(lpath)]
+    with subprocess.Popen(
+        [*argv, str(tmp_path / "tty_db")],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=secondary,
+    ) as proc:
+        os.close(secondary)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(primary, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert proc.wait() == 0
+    os.close(primary)
+    on_tty = b"".join(chunks).decode()
+    assert "Converting" in on_tty and "100%" in on_tty
+    assert "Processed 50 files." in on_tty
+    piped = subprocess.run(
+        [*argv, str(tmp_path / "pipe_db")], capture_output=True, text=True, check=True
+    )
+    assert "Converting" not in piped.stderr
+    assert piped.stderr.splitlines()[0] == "A total of 50 items."
