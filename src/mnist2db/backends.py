@@ -297,7 +297,9 @@ def open_reader(path: str | os.PathLike[str], backend: str | None = None) -> DbR
     return DbReader(path, backend)
 
 
-def iter_db(path: str | os.PathLike[str], backend: str | None = None) -> Iterator[tuple[bytes, Any]]:
+def iter_db(
+    path: str | os.PathLike[str], backend: str | None = None
+) -> Iterator[tuple[bytes, Any]]:
     """Iterate a finished database as ``(key, caffe.Datum)`` in key order, for either backend.
 
     Raises:

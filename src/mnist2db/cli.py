@@ -98,7 +98,13 @@ def cli() -> None:
 @click.option("--overwrite", is_flag=True, help="Replace OUT_DB if it is an existing database.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 def convert(
-    images: str, labels: str, out_db: str, backend: str, batch_size: int, overwrite: bool, quiet: bool
+    images: str,
+    labels: str,
+    out_db: str,
+    backend: str,
+    batch_size: int,
+    overwrite: bool,
+    quiet: bool,
 ) -> None:
     """Convert an IDX image file and its label file into a Caffe Datum database.
 
@@ -125,9 +131,7 @@ def convert(
         click.echo(f"A total of {result.count} items.", err=True)
         click.echo(f"Rows: {result.rows} Cols: {result.cols}", err=True)
         click.echo(f"Processed {result.count} files.", err=True)
-        click.echo(
-            f"Wrote {result.path} ({result.backend}) in {result.seconds:.2f} s.", err=True
-        )
+        click.echo(f"Wrote {result.path} ({result.backend}) in {result.seconds:.2f} s.", err=True)
 
 
 def _raise_interrupted(signum: int, frame: object) -> None:
