@@ -162,3 +162,227 @@ def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
     run_with_signals(lambda: cli.main(args=args, prog_name=prog_name or "mnist2db"))
     # cli.main exits on its own (standalone mode); reaching here means success.
     sys.exit(0)
+
+
+# -- Looking at the data: show, info, verify, export ---------------------------------------
+
+
+def _format_counts(counts: dict[int, int]) -> list[str]:
+    """A label histogram as lines of at most five ``label: count`` entries."""
+    entries = [f"{label}: {n}" for label, n in counts.items()]
+    return ["  ".join(entries[i : i + 5]) for i in range(0, len(entries), 5)] or ["(none)"]
+
+
+@cli.command()
+@click.argument("source", type=click.Path(path_type=str))
+@click.option(
+    "--labels",
+    type=click.Path(dir_okay=False, path_type=str),
+    help="IDX label file for an IDX SOURCE (default: the *-labels-idx1-ubyte file beside it).",
+)
+@click.option(
+    "--offset",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="First record to show (from 0).",
+)
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Number of records to show.",
+)
+@click.option(
+    "--threshold",
+    type=click.IntRange(0, 255),
+    default=None,
+    metavar="T",
+    help="Print the seed's 0/1 view: 1 where a pixel is above T.",
+)
+@click.option("--ascii", "ascii_", is_flag=True, help="Draw with plain ASCII characters.")
+@click.option(
+    "--png",
+    type=click.Path(dir_okay=False, path_type=str),
+    default=None,
+    help="Write a labelled grid of the images to this PNG file instead.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace the --png file if it exists.")
+def show(
+    source: str,
+    labels: str | None,
+    offset: int,
+    count: int,
+    threshold: int | None,
+    ascii_: bool,
+    png: str | None,
+    overwrite: bool,
+) -> None:
+    """Show records of an IDX image file or a Datum database: index, key, label, image.
+
+    SOURCE is an IDX image file (plain or gzip; its labels are read from --labels or the
+    matching *-labels-idx1-ubyte file beside it) or an LMDB/LevelDB database directory.
+    Images are drawn in the terminal with Unicode shading (--ascii for plain terminals,
+    --threshold for a 0/1 view), or written as a PNG grid with --png.
+
+    Example: mnist2db show examples/mnist/mnist_train_lmdb --offset 40000 --count 10 --png digits.png
+    """
+    import os
+
+    from .inspect import select_records
+    from .render import image_to_text, write_png_grid
+
+    if png is not None and (threshold is not None or ascii_):
+        raise click.UsageError(
+            "--png draws images itself: it does not combine with --threshold or --ascii"
+        )
+    if labels is not None and os.path.isdir(source):
+        raise click.UsageError("--labels is for an IDX image file; a database holds its labels")
+    with library_errors():
+        total, records = select_records(source, labels, offset=offset, count=count)
+        shown = 0
+        if png is not None:
+            selected = list(records)
+            captions = [f"#{r.index}: {r.label if r.label is not None else '-'}" for r in selected]
+            width, height = write_png_grid(
+                [r.image for r in selected], captions, png, overwrite=overwrite
+            )
+            shown = len(selected)
+            click.echo(f"Wrote {png}: {shown} images, {width} × {height} pixels.", err=True)
+        else:
+            for record in records:
+                head = f"#{record.index}"
+                if record.key is not None:
+                    head += f"  key {record.key.decode('ascii', errors='backslashreplace')}"
+                head += f"  label {record.label if record.label is not None else '-'}"
+                click.echo(head)
+                for line in image_to_text(record.image, threshold=threshold, ascii=ascii_):
+                    click.echo(line)
+                click.echo()
+                shown += 1
+    if shown < count:
+        click.echo(
+            f"Showed {shown} of {count} requested: {source} ends at {total} records.", err=True
+        )
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=str))
+def info(path: str) -> None:
+    """Describe an IDX file or a Datum database; exit 1 if it is not valid.
+
+    For an IDX file: magic, type, dimensions, item count, expected and actual size, gzip or
+    not (and the label histogram of a label file). For a database: backend, record count,
+    key range, Datum shape and encoding, label histogram, size on disk. Reading an LMDB
+    database does not wait for, or block, other processes using it.
+
+    Example: mnist2db info examples/mnist/mnist_train_lmdb
+    """
+    import os
+
+    from .inspect import db_info, idx_info
+
+    def row(name: str, value: object) -> None:
+        click.echo(f"{name:<12}{value}")
+
+    with library_errors():
+        if os.path.isdir(path):
+            db = db_info(path)
+            row("database", db.path)
+            row("backend", db.backend)
+            row("records", db.count)
+            if db.first_key is not None and db.last_key is not None:
+                first = db.first_key.decode("ascii", errors="backslashreplace")
+                last = db.last_key.decode("ascii", errors="backslashreplace")
+                order = (
+                    "Caffe's %08d sequence" if db.sequential_keys else "not Caffe's %08d sequence"
+                )
+                row("keys", f"{first} … {last} ({order})")
+            if db.shape is not None:
+                row(
+                    "datum",
+                    f"{' × '.join(map(str, db.shape))} (channels × height × width), {db.encoding}",
+                )
+            for i, line in enumerate(_format_counts(db.label_counts)):
+                row("labels" if i == 0 else "", line)
+            row("size", f"{db.disk_size} bytes on disk")
+            problem = db.problem
+        else:
+            idx = idx_info(path)
+            header = idx.header
+            row("file", header.path)
+            row(
+                "storage",
+                f"gzip, {idx.file_size} bytes compressed"
+                if header.gzipped
+                else f"plain, {idx.file_size} bytes",
+            )
+            row("magic", f"0x{header.magic:08x} ({idx.kind})")
+            row("type", header.type_name)
+            row("dimensions", " × ".join(map(str, header.dims)))
+            row("items", header.count)
+            row(
+                "size",
+                f"{idx.expected_size} bytes expected, {idx.actual_size} found "
+                f"(header {header.header_size} + data)",
+            )
+            if idx.label_counts is not None:
+                for i, line in enumerate(_format_counts(idx.label_counts)):
+                    row("labels" if i == 0 else "", line)
+            problem = idx.problem
+        row("valid", "yes" if problem is None else "no")
+    if problem is not None:
+        raise click.ClickException(f"{path}: {problem}")
+
+
+@cli.command()
+@click.argument("db", type=click.Path(path_type=str))
+@click.argument("images", type=click.Path(path_type=str))
+@click.argument("labels", type=click.Path(path_type=str))
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+def verify(db: str, images: str, labels: str, quiet: bool) -> None:
+    """Check that database DB holds exactly the records converted from IMAGES and LABELS.
+
+    Every record is compared (key, channels, height, width, data, label); the first
+    difference exits 1 naming the key and the field, as do missing or extra records.
+
+    Example: mnist2db verify examples/mnist/mnist_train_lmdb data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte
+    """
+    from .inspect import verify_db
+
+    with library_errors(), progress_reporter("Verifying", quiet) as progress:
+        result = verify_db(db, images, labels, progress=progress)
+    if not quiet:
+        click.echo(f"OK: {db} holds the {result.count} records of {images} and {labels}.")
+
+
+@cli.command()
+@click.argument("db", type=click.Path(path_type=str))
+@click.argument("out_dir", type=click.Path(file_okay=False, path_type=str))
+@click.option(
+    "--prefix",
+    default=None,
+    help="File name stem: PREFIX-images-idx3-ubyte, PREFIX-labels-idx1-ubyte "
+    "(default: t10k for a test database, train for a training one).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace existing files of the same names.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bool) -> None:
+    """Write the IDX image and label files back from database DB into OUT_DIR.
+
+    For a database made by convert, the files equal the originals byte for byte. The files
+    appear only when both are complete.
+
+    Example: mnist2db export examples/mnist/mnist_train_lmdb out/
+    """
+    from .inspect import export_db
+
+    with library_errors(), progress_reporter("Exporting", quiet) as progress:
+        result = export_db(db, out_dir, prefix=prefix, overwrite=overwrite, progress=progress)
+    if not quiet:
+        click.echo(
+            f"Wrote {result.images} and {result.labels} ({result.count} items, "
+            f"{result.rows} × {result.cols}).",
+            err=True,
+        )

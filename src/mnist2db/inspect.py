@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import os
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from .backends import detect_backend, open_reader
 from .convert import check_pair
@@ -219,7 +220,7 @@ def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
         file_size = os.fstat(raw.fileno()).st_size
         gzipped = raw.read(2) == GZIP_MAGIC
         raw.seek(0)
-        stream: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
+        stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
         try:
             header = _parse_header(stream, path, gzipped)
         except (gzip.BadGzipFile, zlib.error, EOFError, OSError) as exc:
@@ -249,7 +250,7 @@ def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
     return IdxInfo(header, file_size, data_size, problem, label_counts)
 
 
-def open_raw(path: str) -> IO[bytes]:
+def open_raw(path: str) -> io.BufferedReader:
     from .idx import _open_raw
 
     return _open_raw(path)
@@ -350,9 +351,7 @@ class VerifyResult:
     cols: int
 
 
-def _describe_mismatch(
-    key: bytes, value: bytes, image: np.ndarray, label: int
-) -> str:
+def _describe_mismatch(key: bytes, value: bytes, image: np.ndarray, label: int) -> str:
     """Name the first field in which ``value`` differs from the Datum Caffe writes."""
     try:
         datum = decode_datum(value)
@@ -445,9 +444,7 @@ def verify_db(
                     if value != expected:
                         raise VerifyError(
                             f"{db_path}: "
-                            + _describe_mismatch(
-                                key, value, image_batch[j], int(label_batch[j])
-                            )
+                            + _describe_mismatch(key, value, image_batch[j], int(label_batch[j]))
                             + f" ({os.fspath(images)} item {index})"
                         )
                     index += 1

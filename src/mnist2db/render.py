@@ -61,10 +61,12 @@ def image_to_gray(image: np.ndarray) -> np.ndarray:
     if image.dtype != np.uint8:
         raise RenderError(f"cannot draw {image.dtype} pixels: expected uint8")
     if image.shape[0] == 1:
-        return image[0]
+        gray: np.ndarray = image[0]
+        return gray
     if image.shape[0] == 3:
         blue, green, red = (image[i].astype(np.float32) for i in range(3))
-        return np.rint(0.299 * red + 0.587 * green + 0.114 * blue).astype(np.uint8)
+        gray = np.rint(0.299 * red + 0.587 * green + 0.114 * blue).astype(np.uint8)
+        return gray
     raise RenderError(f"cannot draw an image with {image.shape[0]} channels (expected 1 or 3)")
 
 
