@@ -16,14 +16,17 @@ Random access relies on Caffe's keys: record ``i`` is stored under ``"%08d" % i`
 database's keys are not that sequence, the keys are read once, on first indexed access,
 and held in memory (one short bytes object per record).
 
-Worker processes: the database handle is opened lazily in each process and dropped when
-the object is pickled, so the dataset can be sent to spawned workers and used in forked
-ones. LMDB allows any number of reading processes. LevelDB allows one process at a time:
-use ``num_workers=0`` with a LevelDB database, or convert it to LMDB.
+Worker processes: the database handle is dropped when the object is pickled and opened
+again on first use, so the dataset can be sent to spawned workers; forked workers read
+through the handle they inherit. LMDB admits any number of reading processes. LevelDB
+admits one process at a time: with a LevelDB database use ``num_workers=0`` or the fork
+start method, or convert it to LMDB. One process may open a database any number of times:
+the datasets share one handle.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, overload
@@ -37,10 +40,35 @@ if TYPE_CHECKING:
 
 __all__ = ["DatumDataset", "MissingKeyError", "RecordIndexError", "open_db", "record_key"]
 
-#: Readers inherited from a parent process across fork(). They must not be closed in the
-#: child (closing an LMDB environment there would release the parent's reader slots), so
-#: they are kept referenced here instead of being garbage-collected.
-_INHERITED: list[DbReader] = []
+#: One reader per database per process, shared by every dataset open on it: neither LMDB
+#: nor LevelDB lets a process open the same database twice.
+#: (real path, backend) -> [reader, number of datasets using it, pid of the opener]
+#: A child made by fork() inherits this table and reads through its parent's handles
+#: (py-lmdb refuses a second environment on the same files), but never closes them:
+#: closing an LMDB environment in the child would clear the parent's reader slots.
+_SHARED: dict[tuple[str, str], list[Any]] = {}
+
+
+def _acquire(path: str, backend: str) -> DbReader:
+    key = (os.path.realpath(path), backend)
+    entry = _SHARED.get(key)
+    if entry is None:
+        entry = _SHARED[key] = [open_reader(path, backend), 0, os.getpid()]
+    entry[1] += 1
+    reader: DbReader = entry[0]
+    return reader
+
+
+def _release(path: str, backend: str, reader: DbReader) -> None:
+    key = (os.path.realpath(path), backend)
+    entry = _SHARED.get(key)
+    if entry is None or entry[0] is not reader:
+        return
+    entry[1] -= 1
+    if entry[1] <= 0 and entry[2] == os.getpid():
+        del _SHARED[key]
+        reader.close()
+
 
 # Caffe's "%08d" keys sort in index order only below 10**8 records.
 _SEQUENTIAL_LIMIT = 10**8
@@ -73,7 +101,6 @@ class DatumDataset:
         self.path = os.fspath(path)
         self.backend = backend or detect_backend(self.path)
         self._reader: DbReader | None = None
-        self._pid = os.getpid()
         self._keys: list[bytes] | None = None
         reader = self._open()
         self._length = len(reader)
@@ -87,19 +114,19 @@ class DatumDataset:
     # -- the handle, one per process -----------------------------------------------------
 
     def _open(self) -> DbReader:
-        if self._reader is not None and self._pid != os.getpid():
-            _INHERITED.append(self._reader)
-            self._reader = None
         if self._reader is None:
-            self._reader = open_reader(self.path, self.backend)
-            self._pid = os.getpid()
+            self._reader = _acquire(self.path, self.backend)
         return self._reader
 
     def close(self) -> None:
-        """Close the database handle (it is reopened if the dataset is used again)."""
-        if self._reader is not None and self._pid == os.getpid():
-            self._reader.close()
+        """Release the database handle (it is reopened if the dataset is used again)."""
+        if self._reader is not None:
+            _release(self.path, self.backend, self._reader)
         self._reader = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
 
     def __enter__(self) -> DatumDataset:
         return self
