@@ -296,12 +296,7 @@ def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = No
 
     path = os.fspath(path)
     backend = detect_backend(path)
-    disk_size = sum(
-        os.path.getsize(os.path.join(path, name))
-        for name in os.listdir(path)
-        if os.path.isfile(os.path.join(path, name))
-    )
-    info = DbInfo(path, backend, 0, None, None, True, None, None, disk_size=disk_size)
+    info = DbInfo(path, backend, 0, None, None, True, None, None)
     counts: dict[int, int] = {}
     with open_reader(path, backend) as reader:
         total = len(reader) if progress is not None else 0
@@ -335,6 +330,12 @@ def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = No
                 progress(count, total)
         info.last_key = bytes(key) if count else None
     info.count = count
+    # Measured after closing: opening a LevelDB database may rewrite its log into a table.
+    info.disk_size = sum(
+        os.path.getsize(os.path.join(path, name))
+        for name in os.listdir(path)
+        if os.path.isfile(os.path.join(path, name))
+    )
     info.label_counts = dict(sorted(counts.items()))
     if progress is not None:
         progress(count, total)
