@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 from pathlib import Path
 
@@ -202,3 +203,27 @@ def test_array_datum_helpers_round_trip() -> None:
     datum = mnist2db.array_to_datum(array, 9)
     assert (datum.channels, datum.height, datum.width, datum.label) == (1, 3, 4, 9)
     assert np.array_equal(mnist2db.datum_to_array(datum), array)
+
+
+def test_lmdb_whose_lock_file_cannot_be_opened(mnist_pair, tmp_path: Path) -> None:
+    """As on read-only media: lock.mdb cannot be opened for writing, so LMDB is read
+    unlocked. Root ignores chmod, so the lock file is made unopenable by being a directory."""
+    path, images, _ = make_db(mnist_pair, tmp_path, "lmdb")
+    (path / "lock.mdb").unlink()
+    (path / "lock.mdb").mkdir()
+    with open_db(path) as db:
+        assert len(db) == 25
+        assert np.array_equal(db[-1][0][0], images[-1])
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through chmod; see the test above")
+def test_lmdb_in_a_read_only_folder(mnist_pair, tmp_path: Path) -> None:
+    path, images, _ = make_db(mnist_pair, tmp_path, "lmdb")
+    (path / "lock.mdb").unlink()
+    path.chmod(0o555)
+    (path / "data.mdb").chmod(0o444)
+    try:
+        with open_db(path) as db:
+            assert np.array_equal(db[3][0][0], images[3])
+    finally:
+        path.chmod(0o755)
