@@ -549,7 +549,8 @@ def _download_once(
                 raise _SourceFailed(f"unexpected HTTP {response.status} {response.reason}")
             got = 0
             while True:
-                chunk = response.read(_CHUNK)
+                # read1: what has arrived, so a stall loses nothing already received.
+                chunk = response.read1(_CHUNK)
                 if not chunk:
                     break
                 got += len(chunk)
