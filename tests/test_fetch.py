@@ -13,8 +13,12 @@ import hashlib
 import http.server
 import os
 import re
+import signal
 import struct
+import subprocess
+import sys
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -695,3 +699,32 @@ def test_fashion_mnist_over_http_then_create(server: Server, tmp_path: Path) -> 
     assert sorted(os.listdir(out)) == sorted(FASHION_REFERENCE)
     for name, reference in FASHION_REFERENCE.items():
         assert record_digest(out / name) == reference
+
+
+def test_sigterm_mid_download_leaves_nothing(server: Server, tmp_path: Path) -> None:
+    # A real process, a real signal: the partial file is removed, exit 143, one line.
+    body = gzip.compress(bytes(200_000), mtime=0)
+    server.serve("slow", {"train-images-idx3-ubyte": body}, mode="stall", cut_at=100)
+    data = tmp_path / "data"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mnist2db", "fetch", "--dataset", "fashion-mnist"]
+        + ["--data", str(data), "--mirror", server.url("slow"), "--timeout", "30"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(200):  # wait (at most 10 s) until the download is under way
+            if data.exists() and os.listdir(data):
+                break
+            time.sleep(0.05)
+        partial = os.listdir(data)
+        assert len(partial) == 1 and partial[0].startswith(".train-images-idx3-ubyte.mnist2db-tmp-")
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 143
+    assert stderr == "Interrupted\n"
+    assert listing(data) == []
