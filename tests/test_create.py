@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import struct
 import subprocess
@@ -14,7 +15,6 @@ import pytest
 from click.testing import CliRunner
 from conftest import FASHION_DIR, write_idx
 
-import mnist2db.convert
 from mnist2db.backends import detect_backend, open_reader
 from mnist2db.cli import cli
 from mnist2db.datum import datum_to_array, decode_datum
@@ -71,14 +71,17 @@ def test_create_goes_through_the_one_conversion_pipeline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_dataset(tmp_path / "data")
+    # The module, not the function: mnist2db.convert is the function once the lazy
+    # package attribute has been used.
+    convert_module = importlib.import_module("mnist2db.convert")
     calls = []
-    real = mnist2db.convert.convert
+    real = convert_module.convert
 
     def spy(*args: object, **kwargs: object) -> object:
         calls.append((Path(str(args[0])).name, Path(str(args[2])).name, args[3]))
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(mnist2db.convert, "convert", spy)
+    monkeypatch.setattr(convert_module, "convert", spy)
     create_databases("mnist", tmp_path / "data", tmp_path / "out", "leveldb")
     assert calls == [
         ("train-images-idx3-ubyte", "mnist_train_leveldb", "leveldb"),

@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import http.client
 import os
+import socket
 import ssl
 import tempfile
 import time
@@ -580,6 +581,9 @@ def _download_once(
             raise reason from None
         if isinstance(reason, TimeoutError):
             raise _Transient(f"timed out after {opts.timeout:g} s") from None
+        if isinstance(reason, socket.gaierror) and reason.errno != socket.EAI_AGAIN:
+            # An unknown host stays unknown: no point waiting to ask again (offline machines).
+            raise _SourceFailed(f"cannot connect: {reason.strerror}") from None
         text = reason.strerror if isinstance(reason, OSError) and reason.strerror else reason
         raise _Transient(f"cannot connect: {text}") from None
     except TimeoutError:
