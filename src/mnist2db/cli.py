@@ -386,3 +386,236 @@ def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bo
             f"{result.rows} × {result.cols}).",
             err=True,
         )
+
+
+# -- fetch and create: the dataset downloaded, verified, and turned into both databases ----
+
+DATASET_NAMES = ["mnist", "fashion-mnist", "kmnist"]  # fetch.DATASETS, without importing it
+MIRROR_ENVVAR = "MNIST2DB_MIRROR"
+
+
+class _BarPerName:
+    """A ``progress(name, done, total)`` callback: one progress bar per name, on stderr,
+    only on a terminal; ``in_bytes`` shows the amount and the rate."""
+
+    def __init__(self, quiet: bool, in_bytes: bool) -> None:
+        self.enabled = not quiet and sys.stderr.isatty()
+        self.in_bytes = in_bytes
+        self.bar: Any = None
+        self.name: str | None = None
+        self.shown = 0
+        self.started = 0.0
+
+    def __call__(self, name: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        import time
+
+        if self.bar is None or name != self.name or done < self.shown:
+            self.close()
+            self.name, self.shown, self.started = name, 0, time.monotonic()
+            self.bar = click.progressbar(
+                length=max(total, done, 1),
+                label=name,
+                file=sys.stderr,
+                item_show_func=self._describe if self.in_bytes else None,
+            )
+            self.bar.__enter__()
+        self.bar.update(done - self.shown, done)
+        self.shown = done
+
+    def _describe(self, done: int | None) -> str | None:
+        import time
+
+        if done is None:
+            return None
+        rate = done / max(time.monotonic() - self.started, 1e-6)
+        return f"{_human_bytes(done)}, {_human_bytes(rate)}/s"
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+def _fetched_line(item: Any) -> str:
+    if item.status == "present":
+        return f"{item.path}: present, verified ({item.verified_by}); not downloaded"
+    rate = _human_bytes(item.nbytes / max(item.seconds, 1e-6))
+    verb = "unpacked from" if item.status == "unpacked" else "fetched from"
+    return (
+        f"{item.path}: {verb} {item.source} ({_human_bytes(item.nbytes)} in "
+        f"{item.seconds:.2f} s, {rate}/s), verified ({item.verified_by})"
+    )
+
+
+def _human_bytes(count: float) -> str:
+    for unit in ("B", "kB", "MB"):
+        if count < 1000:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} GB"
+
+
+@cli.command()
+@click.option(
+    "--dataset",
+    type=click.Choice(DATASET_NAMES),
+    default="mnist",
+    show_default=True,
+    help="Which dataset.",
+)
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(file_okay=False, path_type=str),
+    help="Directory to store the files in.  [default: data/DATASET]",
+)
+@click.option(
+    "--mirror",
+    "mirrors",
+    multiple=True,
+    metavar="URL",
+    help=f"Try this mirror first: an http(s):// or file:// URL or a directory (repeatable; "
+    f"{MIRROR_ENVVAR}, whitespace-separated, adds more after these).",
+)
+@click.option("--force", is_flag=True, help="Download even files present and verified.")
+@click.option("--keep-gz", is_flag=True, help="Keep the verified .gz archives too.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait for a connection or for data.",
+)
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="Retries per mirror after a transient failure (cut, timeout, HTTP 5xx).",
+)
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+def fetch(
+    dataset: str,
+    data_dir: str | None,
+    mirrors: tuple[str, ...],
+    force: bool,
+    keep_gz: bool,
+    timeout: float,
+    retries: int,
+    quiet: bool,
+) -> None:
+    """Download a dataset's four IDX files, verify them, and unpack them.
+
+    Each file is checked against the published digests (of the .gz, or of the unpacked
+    file, since mirrors re-compress) before it appears under its final name; files already
+    present and verified are not downloaded again. Mirrors are tried in order, transient
+    failures retried, partial downloads resumed. HTTPS certificates are always verified;
+    proxies come from the environment (https_proxy, no_proxy).
+
+    Example: mnist2db fetch --dataset fashion-mnist --mirror http://cache.internal/fashion-mnist/
+    """
+    import os
+
+    from .fetch import fetch as run_fetch
+
+    extra = [*mirrors, *os.environ.get(MIRROR_ENVVAR, "").split()]
+    bar = _BarPerName(quiet, in_bytes=True)
+
+    def done(item: Any) -> None:
+        bar.close()
+        if not quiet:
+            click.echo(_fetched_line(item), err=True)
+
+    with library_errors():
+        try:
+            results = run_fetch(
+                dataset,
+                data_dir,
+                mirrors=extra,
+                force=force,
+                keep_gz=keep_gz,
+                timeout=timeout,
+                retries=retries,
+                progress=bar,
+                on_file=done,
+            )
+        finally:
+            bar.close()
+    if not quiet:
+        where = os.path.dirname(results[0].path) if results else data_dir
+        click.echo(f"{dataset}: {len(results)} files ready in {where}", err=True)
+
+
+@cli.command()
+@click.option(
+    "--dataset",
+    type=click.Choice(DATASET_NAMES),
+    default="mnist",
+    show_default=True,
+    help="Which dataset (gives the default --data and --out).",
+)
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(file_okay=False, path_type=str),
+    help="Directory holding the IDX files.  [default: data/DATASET]",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=str),
+    help="Directory for the databases.  [default: examples/DATASET]",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["lmdb", "leveldb"], case_sensitive=False),
+    default="lmdb",
+    show_default=True,
+    help="Database to write.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace existing databases.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+def create(
+    dataset: str,
+    data_dir: str | None,
+    out_dir: str | None,
+    backend: str,
+    overwrite: bool,
+    quiet: bool,
+) -> None:
+    """Write mnist_train_BACKEND and mnist_test_BACKEND from a fetched dataset.
+
+    What Caffe's create_mnist.sh does: train-images/labels become mnist_train_BACKEND and
+    t10k-images/labels become mnist_test_BACKEND, by the same conversion as
+    `mnist2db convert`. Each database appears only when complete.
+
+    Example: mnist2db fetch && mnist2db create --backend=lmdb --overwrite
+    """
+    from .fetch import create_databases
+
+    bar = _BarPerName(quiet, in_bytes=False)
+
+    def done(result: Any) -> None:
+        bar.close()
+        if not quiet:
+            click.echo(
+                f"Wrote {result.path} ({result.backend}): {result.count} records of "
+                f"{result.rows}x{result.cols} in {result.seconds:.2f} s.",
+                err=True,
+            )
+
+    with library_errors():
+        try:
+            create_databases(
+                dataset,
+                data_dir,
+                out_dir,
+                backend.lower(),
+                overwrite=overwrite,
+                progress=bar,
+                on_database=done,
+            )
+        finally:
+            bar.close()
