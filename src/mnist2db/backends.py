@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
 
 from .errors import BackendError
+
+TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+else:
+    Protocol = object  # the interface is for type checkers; typing costs start-up time
 
 __all__ = [
     "BACKENDS",
@@ -262,7 +267,9 @@ def open_reader(path: str | os.PathLike[str], backend: str | None = None) -> DbR
     return DbReader(path, backend)
 
 
-def iter_db(path: str | os.PathLike[str], backend: str | None = None) -> Iterator[tuple[bytes, Any]]:
+def iter_db(
+    path: str | os.PathLike[str], backend: str | None = None
+) -> Iterator[tuple[bytes, Any]]:
     """Iterate a finished database as ``(key, caffe.Datum)`` in key order, for either backend.
 
     Raises:
