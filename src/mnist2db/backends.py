@@ -89,7 +89,7 @@ class LmdbWriter:
             )
         except lmdb.Error as exc:
             raise BackendError(f"{path}: cannot create LMDB environment: {exc}") from exc
-        self._writeback = _Writeback(os.path.join(path, "data.mdb"))
+        self._writeback = _Writeback(path, "data.mdb")
 
     def write_batch(self, items: Sequence[tuple[bytes, bytes]]) -> None:
         self._write(items)
@@ -134,21 +134,27 @@ class LmdbWriter:
 
 
 class _Writeback:
-    """Starts the kernel writing a file's dirty pages to disk every few MiB, without waiting.
+    """Starts the kernel writing the database's dirty pages to disk every few MiB, unwaited.
 
-    The commits do not sync (see :class:`LmdbWriter`), so without this all the data waits
-    for the final fsync, which then takes as long as the disk needs for the whole file.
-    Started early, that writing overlaps the conversion and the final fsync (still the one
-    that makes the database durable) has little left to do. Linux only (sync_file_range);
+    The writers do not sync per batch, so without this all the data waits for the final
+    fsync, which then takes as long as the disk needs for the whole database. Started
+    early, that writing overlaps the conversion and the final fsync (still the one that
+    makes the database durable) has little left to do. Linux only (sync_file_range);
     elsewhere, and on any failure, this does nothing.
+
+    Args:
+        directory: the database directory.
+        suffix: which of its files to write back (``data.mdb``; ``.log`` for LevelDB).
     """
 
     EVERY = 4 << 20
     _SYNC_FILE_RANGE_WRITE = 2
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, directory: str, suffix: str) -> None:
+        self._directory = directory
+        self._suffix = suffix
         self._pending = 0
-        self._fd = -1
+        self._fds: dict[str, int] = {}
         self._func: Any = None
         if not hasattr(os, "posix_fadvise"):  # not Linux-like: skip quietly
             return
@@ -156,24 +162,33 @@ class _Writeback:
             import ctypes
 
             func = ctypes.CDLL(None, use_errno=True).sync_file_range
-            func.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-            self._fd = os.open(path, os.O_RDONLY)
         except (OSError, AttributeError):
             return
+        func.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
         self._func = func
 
     def wrote(self, size: int) -> None:
         self._pending += size
-        if self._pending >= self.EVERY and self._func is not None:
-            self._pending = 0
-            if self._func(self._fd, 0, 0, self._SYNC_FILE_RANGE_WRITE) != 0:
+        if self._pending < self.EVERY or self._func is None:
+            return
+        self._pending = 0
+        try:
+            for entry in os.scandir(self._directory):
+                if entry.name.endswith(self._suffix) and entry.name not in self._fds:
+                    self._fds[entry.name] = os.open(entry.path, os.O_RDONLY)
+        except OSError:
+            self.close()
+            return
+        for fd in self._fds.values():
+            if self._func(fd, 0, 0, self._SYNC_FILE_RANGE_WRITE) != 0:
                 self.close()  # not supported here: stop trying
+                return
 
     def close(self) -> None:
         self._func = None
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 class LeveldbWriter:
@@ -190,6 +205,7 @@ class LeveldbWriter:
             )
         except plyvel.Error as exc:
             raise BackendError(f"{path}: cannot create LevelDB database: {exc}") from exc
+        self._writeback = _Writeback(path, ".log")
 
     def write_batch(self, items: Sequence[tuple[bytes, bytes]]) -> None:
         try:
@@ -198,8 +214,11 @@ class LeveldbWriter:
                 _drain(itertools.starmap(batch.put, items))
         except self._plyvel.Error as exc:
             raise BackendError(f"{self.path}: LevelDB write failed: {exc}") from exc
+        if items:
+            self._writeback.wrote(len(items) * (len(items[0][0]) + len(items[0][1]) + 16))
 
     def close(self) -> None:
+        self._writeback.close()
         try:
             # A synced empty write flushes LevelDB's log; the files are fsynced by the caller.
             self._db.write_batch(sync=True).write()
@@ -208,6 +227,7 @@ class LeveldbWriter:
             raise BackendError(f"{self.path}: LevelDB flush failed: {exc}") from exc
 
     def abort(self) -> None:
+        self._writeback.close()
         self._db.close()
 
 

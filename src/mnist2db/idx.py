@@ -83,7 +83,7 @@ class IdxHeader(_IdxHeaderFields):
         return 4 + 4 * len(self.dims)
 
     @property
-    def count(self) -> int:
+    def count(self) -> int:  # type: ignore[override]  # hides tuple.count
         """Number of items along the first dimension."""
         return self.dims[0]
 
