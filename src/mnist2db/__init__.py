@@ -38,6 +38,8 @@ _LAZY = {
 
 __all__ = sorted([*_LAZY, "__version__"])
 
+# The imports below are for type checkers only: ruff cannot see them used via __getattr__.
+# ruff: noqa: F401
 if TYPE_CHECKING:
     from typing import Any
 
