@@ -174,9 +174,9 @@ def decode_datum(value: bytes) -> Any:
     Raises:
         DatumError: the bytes are not a valid Datum message.
     """
-    from google.protobuf.message import DecodeError
+    from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
-    from .datum_pb2 import Datum
+    from .datum_pb2 import Datum  # type: ignore[attr-defined]
 
     datum = Datum()
     try:
@@ -196,7 +196,7 @@ def array_to_datum(arr: np.ndarray, label: int | None = None) -> Any:
     """
     import numpy as np
 
-    from .datum_pb2 import Datum
+    from .datum_pb2 import Datum  # type: ignore[attr-defined]
 
     if arr.ndim != 3:
         raise ValueError(

@@ -208,7 +208,7 @@ class IdxReader:
         self._raw.seek(0)
         gzipped = first == GZIP_MAGIC
         if gzipped:
-            self._stream = gzip.GzipFile(fileobj=self._raw, mode="rb")
+            self._stream = gzip.GzipFile(fileobj=self._raw, mode="rb")  # type: ignore[assignment]
         self.header = _parse_header(self._stream, path, gzipped)
         if gzipped:
             self._check_gzip_size()
@@ -241,7 +241,7 @@ class IdxReader:
 
     def _reopen_after_header(self) -> None:
         self._raw.seek(0)
-        self._stream = gzip.GzipFile(fileobj=self._raw, mode="rb")
+        self._stream = gzip.GzipFile(fileobj=self._raw, mode="rb")  # type: ignore[assignment]
         _guarded_read(self._stream, self.header.header_size, self.path)
 
     # -- reading -------------------------------------------------------------------
@@ -250,7 +250,7 @@ class IdxReader:
         """Fill ``array`` from the stream; a short read is a truncation error."""
         if array.nbytes == 0:
             return
-        self._fill_view(memoryview(array).cast("B"), done_before)
+        self._fill_view(memoryview(array).cast("B"), done_before)  # type: ignore[arg-type]
 
     def _fill_view(self, buffer: memoryview, done_before: int) -> None:
         """Fill the byte view ``buffer`` from the stream; a short read is a truncation error."""
