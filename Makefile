@@ -29,6 +29,11 @@ format: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=src/mnist2db proto/datum.proto
 
+# Speed and memory against the naive converter and the backends' floors (issue 5); ~2 minutes.
+# BENCH_ARGS="--markdown bench.md" also writes the tables as Markdown.
+bench: $(STAMP)
+	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
 

@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections import namedtuple
+from collections.abc import Callable, Iterator, Sequence
 
 from .backends import BACKENDS, detect_backend, open_writer
-from .datum import datum_prefix, encode_batch
+from .datum import datum_prefix, encode_raw_batch, splitter
 from .errors import BackendError, IdxFormatError, Mnist2dbError, OutputExistsError
 from .idx import IdxHeader, open_idx
 
@@ -40,17 +37,32 @@ STAGING_MARK = ".mnist2db-tmp-"
 
 ProgressCallback = Callable[[int, int], None]
 
+TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
+if TYPE_CHECKING:
+    from typing import NamedTuple
 
-@dataclass(frozen=True)
-class ConvertResult:
-    """What :func:`convert` wrote."""
+    class _ConvertResultFields(NamedTuple):
+        path: str
+        backend: str
+        count: int  # type: ignore[assignment]  # the field hides tuple.count
+        rows: int
+        cols: int
+        seconds: float
 
-    path: str
-    backend: str
-    count: int
-    rows: int
-    cols: int
-    seconds: float
+else:
+    # A named tuple rather than a dataclass: importing dataclasses costs ~15 ms of start-up.
+    _ConvertResultFields = namedtuple(
+        "_ConvertResultFields", "path backend count rows cols seconds"
+    )
+
+
+class ConvertResult(_ConvertResultFields):
+    """What :func:`convert` wrote (immutable).
+
+    Fields: ``path``, ``backend``, ``count``, ``rows``, ``cols``, ``seconds``.
+    """
+
+    __slots__ = ()
 
 
 def check_pair(images: IdxHeader, labels: IdxHeader) -> None:
@@ -100,11 +112,10 @@ _RENAME_EXCHANGE = 2
 
 def _load_renameat2() -> Callable[[str, str, int], None] | None:
     """renameat2(2) from libc, for moves that never replace (or that swap) atomically."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return None
     try:
-        libc = ctypes.CDLL(name, use_errno=True)
+        # The running program's own symbols include libc's; ctypes.util.find_library
+        # would cost ~15 ms of start-up (it imports subprocess).
+        libc = ctypes.CDLL(None, use_errno=True)
         func = libc.renameat2
     except (OSError, AttributeError):
         return None
@@ -177,6 +188,18 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _mkdtemp(parent: str, prefix: str) -> str:
+    """``tempfile.mkdtemp(prefix=prefix, dir=parent)`` without tempfile's ~10 ms import."""
+    for _ in range(100):
+        path = os.path.join(parent, prefix + os.urandom(6).hex())
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return os.path.abspath(path)
+    raise FileExistsError(errno.EEXIST, "no free staging directory name", parent)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -221,7 +244,7 @@ def _staged_directory(out: str, overwrite: bool) -> Iterator[str]:
     parent = _check_destination(out, overwrite)
     name = os.path.basename(os.path.normpath(out))
     try:
-        staging = tempfile.mkdtemp(prefix=f".{name}{STAGING_MARK}{os.getpid()}-", dir=parent)
+        staging = _mkdtemp(parent, f".{name}{STAGING_MARK}{os.getpid()}-")
     except OSError as exc:
         raise BackendError(f"{out}: cannot write in {parent}: {exc.strerror}") from None
     try:
@@ -232,6 +255,8 @@ def _staged_directory(out: str, overwrite: bool) -> Iterator[str]:
         _place(staging, out, overwrite)
     finally:
         if os.path.lexists(staging):
+            import shutil
+
             shutil.rmtree(staging, ignore_errors=True)
 
 
@@ -305,16 +330,16 @@ def convert(
             )
             try:
                 done = 0
+                # Raw bytes in, bytes out: no numpy and no per-record message objects.
                 batches = zip(
-                    image_reader.iter_batches(batch_size),
-                    label_reader.iter_batches(batch_size),
+                    image_reader.iter_raw_batches(batch_size),
+                    label_reader.iter_raw_batches(batch_size),
                     strict=True,
                 )
                 for image_batch, label_batch in batches:
-                    n = len(image_batch)
-                    keys = [b"%08d" % i for i in range(done, done + n)]
-                    values = encode_batch(image_batch, label_batch)
-                    writer.write_batch(list(zip(keys, values, strict=True)))
+                    n = len(label_batch)
+                    values = encode_raw_batch(image_batch, label_batch, rows, cols)
+                    writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))
                     done += n
                     if progress is not None:
                         progress(done, count)
@@ -330,6 +355,29 @@ def convert(
         cols=cols,
         seconds=time.perf_counter() - start,
     )
+
+
+_TRIPLES = [b"%03d" % i for i in range(1000)]
+
+
+def record_keys(start: int, count: int) -> Sequence[bytes]:
+    """The keys ``b"%08d" % i`` for ``i`` in ``range(start, start + count)``, as Caffe writes them.
+
+    Built a thousand at a time from five leading digits joined onto the precomputed last
+    three, and cut by struct: about five times faster than formatting each key.
+    """
+    end = start + count
+    if end > _APPEND_LIMIT:
+        return [b"%08d" % i for i in range(start, end)]
+    parts = []
+    i = start
+    while i < end:
+        block, low = divmod(i, 1000)
+        stop = min(end, (block + 1) * 1000)
+        head = b"%05d" % block
+        parts.append(head + head.join(_TRIPLES[low : low + stop - i]))
+        i = stop
+    return splitter(8, count).unpack(b"".join(parts))
 
 
 def _round_page(size: int, page: int = 4096) -> int:

@@ -13,11 +13,14 @@ layout directly, without a message object per record; the tests prove the bytes 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import struct
 
 from .errors import Mnist2dbError
 
+TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
+    from typing import Any
+
     import numpy as np
 
 __all__ = [
@@ -27,7 +30,9 @@ __all__ = [
     "decode_datum",
     "encode_batch",
     "encode_datum",
+    "encode_raw_batch",
     "encode_varint",
+    "splitter",
 ]
 
 
@@ -97,6 +102,70 @@ def encode_batch(images: np.ndarray, labels: np.ndarray) -> list[bytes]:
         return [raw[i : i + length] for i in range(0, n * length, length)]
     flat = images.reshape(n, pixels)
     return [prefix + flat[i].tobytes() + b"\x28" + encode_varint(int(labels[i])) for i in range(n)]
+
+
+#: ``0x28`` (field 5, varint) followed by the label's varint, for every uint8 label.
+_LABEL_TAILS = [b"\x28" + encode_varint(label) for label in range(256)]
+
+
+def encode_raw_batch(
+    pixels: bytes | bytearray | memoryview,
+    labels: bytes | bytearray | memoryview,
+    rows: int,
+    cols: int,
+) -> list[bytes]:
+    """Serialize one Datum per image from raw IDX bytes, without numpy.
+
+    The converter's hot path: ``channels=1, height=rows, width=cols``, image ``i`` being
+    ``pixels[i * rows * cols : (i + 1) * rows * cols]`` and its label the uint8 ``labels[i]``.
+
+    Args:
+        pixels: ``n × rows × cols`` uint8 pixels, image after image (any bytes-like object).
+        labels: ``n`` uint8 labels.
+
+    Returns:
+        ``n`` serialized Datum values, byte-identical to ``SerializeToString()``.
+    """
+    size = rows * cols
+    labels = bytes(labels)
+    n = len(labels)
+    view = memoryview(pixels).cast("B")
+    if len(view) != n * size:
+        raise ValueError(f"{len(view)} pixel bytes for {n} images of {rows} × {cols}")
+    prefix = datum_prefix(1, rows, cols, size)
+    if n == 0:
+        return []
+    if max(labels) < 0x80:
+        # Every label is a one-byte varint, so every record has one length. The batch is
+        # laid out in one buffer (the images joined by the bytes between them, the labels
+        # patched in by one strided assignment) and cut into records; struct does the
+        # cutting, so no Python bytecode runs per record.
+        head = len(prefix)
+        length = head + size + 2
+        layout = bytearray(prefix)
+        layout += (b"\x28\x00" + prefix).join(splitter(size, n).unpack(view))
+        layout += b"\x28\x00"
+        layout[head + size + 1 :: length] = labels
+        return list(splitter(length, n).unpack(layout))
+    tails = _LABEL_TAILS
+    return [
+        b"".join((prefix, view[i * size : (i + 1) * size], tails[label]))
+        for i, label in enumerate(labels)
+    ]
+
+
+_SPLITTERS: dict[tuple[int, int], struct.Struct] = {}
+
+
+def splitter(size: int, count: int) -> struct.Struct:
+    """A ``struct.Struct`` whose ``unpack`` cuts ``count × size`` bytes into ``count`` objects."""
+    key = (size, count)
+    found = _SPLITTERS.get(key)
+    if found is None:
+        if len(_SPLITTERS) > 8:  # a batch size and the last, shorter batch: a few suffice
+            _SPLITTERS.clear()
+        found = _SPLITTERS[key] = struct.Struct(f"{size}s" * count)
+    return found
 
 
 def decode_datum(value: bytes) -> Any:

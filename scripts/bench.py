@@ -1,0 +1,427 @@
+"""Benchmark mnist2db against the naive Python converter and the backends' own floors.
+
+Every contender runs as its own process, several times, the contenders alternating; the
+medians of wall time and peak RSS (``wait4`` rusage of that child) are printed, with the
+anonymous memory (``RssAnon`` in ``/proc/PID/status``) sampled while it runs. Ratios are
+against the naive converter measured in the same run. Inputs are plain IDX files: Debian's
+Fashion-MNIST gunzipped into a temporary directory (Caffe's tool needs plain files, and so
+every contender reads the same bytes), else a generated 60 000 + 10 000 record dataset.
+
+    python scripts/bench.py [--repeat 5] [--scale 10000,100000,1000000] [--markdown FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FASHION = Path("/usr/share/datasets/fashion-mnist")
+BIN = Path(sys.executable).parent
+
+#: The naive converter of issue 5: what most published scripts do. Run with ``python -c``.
+NAIVE = """
+import sys
+import lmdb
+import numpy as np
+from mnist2db.datum_pb2 import Datum
+
+images_path, labels_path, out = sys.argv[1:4]
+images = np.fromfile(images_path, dtype=np.uint8, offset=16)
+labels = np.fromfile(labels_path, dtype=np.uint8, offset=8)
+n = len(labels)
+rows, cols = 28, 28
+images = images.reshape(n, rows, cols)
+env = lmdb.open(out, map_size=1 << 40)
+txn = env.begin(write=True)
+for i in range(n):
+    datum = Datum()
+    datum.channels = 1
+    datum.height = rows
+    datum.width = cols
+    datum.data = images[i].tobytes()
+    datum.label = int(labels[i])
+    txn.put(b"%08d" % i, datum.SerializeToString())
+    if (i + 1) % 1000 == 0:
+        txn.commit()
+        txn = env.begin(write=True)
+txn.commit()
+env.close()
+"""
+
+#: The floors: the same keys and values, precomputed (reading excluded from the timing),
+#: written by py-lmdb in one putmulti(append=True) transaction or by plyvel in write
+#: batches of 1000, then flushed as mnist2db flushes. Prints the seconds of the writing.
+FLOOR = """
+import os, sys, time
+images_path, labels_path, out, backend = sys.argv[1:5]
+with open(images_path, "rb") as f:
+    f.seek(16)
+    pixels = f.read()
+with open(labels_path, "rb") as f:
+    f.seek(8)
+    labels = f.read()
+size = 28 * 28
+prefix = b"\\x08\\x01\\x10\\x1c\\x18\\x1c\\x22\\x90\\x06"
+values = [prefix + pixels[i * size:(i + 1) * size] + b"\\x28" + labels[i:i + 1]
+          for i in range(len(labels))]
+keys = [b"%08d" % i for i in range(len(labels))]
+start = time.perf_counter()
+if backend == "lmdb":
+    import lmdb
+    env = lmdb.open(out, map_size=2 * len(values) * 1024 + (16 << 20), sync=False,
+                    metasync=False, readahead=False, meminit=False)
+    with env.begin(write=True) as txn:
+        txn.cursor().putmulti(zip(keys, values), append=True)
+    env.sync(True)
+    env.close()
+elif backend == "lmdb1000":
+    import lmdb
+    env = lmdb.open(out, map_size=2 * len(values) * 1024 + (16 << 20), sync=False,
+                    metasync=False, readahead=False, meminit=False)
+    for s in range(0, len(values), 1000):
+        with env.begin(write=True) as txn:
+            txn.cursor().putmulti(zip(keys[s:s + 1000], values[s:s + 1000]), append=True)
+    env.sync(True)
+    env.close()
+else:
+    import plyvel
+    db = plyvel.DB(out, create_if_missing=True, error_if_exists=True, block_size=65536,
+                   write_buffer_size=268435456, max_open_files=100)
+    for s in range(0, len(values), 1000):
+        with db.write_batch() as batch:
+            for k, v in zip(keys[s:s + 1000], values[s:s + 1000]):
+                batch.put(k, v)
+    db.write_batch(sync=True).write()
+    db.close()
+for name in os.listdir(out):
+    fd = os.open(os.path.join(out, name), os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+print(time.perf_counter() - start)
+"""
+
+
+@dataclass
+class Contender:
+    name: str
+    dataset: str
+    argv: list[str]  # {images} {labels} {out} are substituted
+    records: int = 0
+    floor: bool = False  # the time that counts is what the process prints
+    times: list[float] = field(default_factory=list)
+    rss: list[int] = field(default_factory=list)  # KiB
+    anon: list[int] = field(default_factory=list)  # KiB, sampled
+
+    def median_time(self) -> float:
+        return statistics.median(self.times)
+
+    def median_rss(self) -> float:
+        return statistics.median(self.rss) / 1024
+
+    def median_anon(self) -> float:
+        return statistics.median(self.anon) / 1024 if self.anon else float("nan")
+
+
+#: Runs one contender and writes "wall_seconds peak_rss_kib peak_rss_anon_kib" to argv[1].
+#: A separate small process spawns it because Linux counts the spawning process's memory
+#: in the child's ru_maxrss (exec records the old address space's high-water mark): spawned
+#: from this script or from pytest, every child would "peak" at their size. This reaper is
+#: a bare interpreter (~9 MB), below every contender.
+REAPER = """
+import os, sys, threading, time
+report, argv = sys.argv[1], sys.argv[2:]
+anon = [0]
+done = threading.Event()
+def sample(pid):
+    path = f"/proc/{pid}/status"
+    while not done.is_set():
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("RssAnon:"):
+                        anon[0] = max(anon[0], int(line.split()[1]))
+                        break
+        except OSError:
+            return
+        time.sleep(0.002)
+start = time.perf_counter()
+pid = os.posix_spawnp(argv[0], argv, os.environ)
+sampler = threading.Thread(target=sample, args=(pid,), daemon=True)
+sampler.start()
+_, status, usage = os.wait4(pid, 0)
+wall = time.perf_counter() - start
+done.set()
+with open(report, "w") as f:
+    f.write(f"{wall} {usage.ru_maxrss} {anon[0]}")
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def run_once(argv: list[str], out: Path) -> tuple[float, int, int, str]:
+    """Run one process; returns (wall seconds, peak RSS KiB, peak sampled RssAnon KiB, stdout)."""
+    if out.exists():
+        shutil.rmtree(out)
+    # Start every run with no dirty data waiting for the disk (the previous run's deleted
+    # output, a freshly generated input), so no run pays for another's writeback.
+    os.sync()
+    report = out.with_name("report.txt")
+    proc = subprocess.run(
+        [sys.executable, "-c", REAPER, str(report), *argv], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmark: {' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr}")
+    wall, rss, anon = report.read_text().split()
+    shutil.rmtree(out, ignore_errors=True)
+    return float(wall), int(rss), int(anon), proc.stdout
+
+
+def gunzip_or_generate(work: Path) -> tuple[dict[str, tuple[Path, Path]], str]:
+    data: dict[str, tuple[Path, Path]] = {}
+    if all((FASHION / f"{n}.gz").exists() for n in _names("train") + _names("t10k")):
+        for stem in ("train", "t10k"):
+            paths = []
+            for name in _names(stem):
+                target = work / name
+                with gzip.open(FASHION / f"{name}.gz") as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                paths.append(target)
+            data["train" if stem == "train" else "test"] = (paths[0], paths[1])
+        return data, f"Debian's Fashion-MNIST ({FASHION}, gunzipped first)"
+    data["train"] = generate(work, 60000, "train")
+    data["test"] = generate(work, 10000, "test")
+    return data, "generated 60 000 + 10 000 records (Fashion-MNIST not installed)"
+
+
+def _names(stem: str) -> list[str]:
+    return [f"{stem}-images-idx3-ubyte", f"{stem}-labels-idx1-ubyte"]
+
+
+def generate(work: Path, count: int, stem: str) -> tuple[Path, Path]:
+    """Random 28 × 28 images and 0-9 labels, written a chunk at a time."""
+    images, labels = work / f"{stem}-images-idx3-ubyte", work / f"{stem}-labels-idx1-ubyte"
+    rng = __import__("random").Random(count)
+    with open(images, "wb") as f:
+        f.write(bytes([0, 0, 8, 3]) + count.to_bytes(4, "big") + (28).to_bytes(4, "big") * 2)
+        left = count
+        while left:
+            n = min(left, 10000)
+            f.write(os.urandom(n * 784))
+            left -= n
+    with open(labels, "wb") as f:
+        f.write(bytes([0, 0, 8, 1]) + count.to_bytes(4, "big"))
+        f.write(bytes(rng.randrange(10) for _ in range(count)))
+    return images, labels
+
+
+def measure(
+    contenders: list[Contender], data: dict[str, tuple[Path, Path]], work: Path, repeat: int
+) -> None:
+    out = work / "out-db"
+    for _ in range(repeat):
+        for c in contenders:  # alternating: one run of each, then again
+            images, labels = data[c.dataset]
+            argv = [a.format(images=images, labels=labels, out=out) for a in c.argv]
+            wall, rss, anon, stdout = run_once(argv, out)
+            c.times.append(float(stdout.strip()) if c.floor else wall)
+            c.rss.append(rss)
+            c.anon.append(anon)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7, help="runs of each contender")
+    parser.add_argument(
+        "--scale",
+        default="10000,100000,1000000",
+        help="generated record counts for the scale series ('' for none)",
+    )
+    parser.add_argument("--scale-repeat", type=int, default=3)
+    parser.add_argument("--markdown", type=Path, help="also write the tables here")
+    args = parser.parse_args()
+
+    py = sys.executable
+    m2d = str(BIN / "mnist2db")
+    cmd = str(BIN / "convert_mnist_data")
+    # Byte-compile the package as pip does on install: without it (an editable install
+    # with PYTHONDONTWRITEBYTECODE set) every run would compile mnist2db's sources anew.
+    import mnist2db
+
+    subprocess.run([py, "-m", "compileall", "-q", str(Path(mnist2db.__file__).parent)], check=True)
+    work = Path(tempfile.mkdtemp(prefix="mnist2db-bench-"))
+    lines: list[str] = []
+    try:
+        data, source = gunzip_or_generate(work)
+        counts = {k: (v[1].stat().st_size - 8) for k, v in data.items()}
+
+        def convert(backend: str) -> list[str]:
+            return [m2d, "convert", "-q", f"--backend={backend}", "{images}", "{labels}", "{out}"]
+
+        contenders = [
+            Contender(
+                "naive Python converter, LMDB",
+                "train",
+                [py, "-c", NAIVE, "{images}", "{labels}", "{out}"],
+            ),
+            Contender("mnist2db convert, LMDB", "train", convert("lmdb")),
+            Contender(
+                "convert_mnist_data (mnist2db), LMDB",
+                "train",
+                [cmd, "{images}", "{labels}", "{out}"],
+            ),
+            Contender("mnist2db convert, LevelDB", "train", convert("leveldb")),
+            Contender(
+                "convert_mnist_data (mnist2db), LevelDB",
+                "train",
+                [cmd, "--backend=leveldb", "{images}", "{labels}", "{out}"],
+            ),
+            Contender(
+                "floor: py-lmdb putmulti(append), one txn",
+                "train",
+                [py, "-c", FLOOR, "{images}", "{labels}", "{out}", "lmdb"],
+                floor=True,
+            ),
+            Contender(
+                "floor: py-lmdb putmulti(append), txns of 1000",
+                "train",
+                [py, "-c", FLOOR, "{images}", "{labels}", "{out}", "lmdb1000"],
+                floor=True,
+            ),
+            Contender(
+                "floor: plyvel write batches of 1000",
+                "train",
+                [py, "-c", FLOOR, "{images}", "{labels}", "{out}", "leveldb"],
+                floor=True,
+            ),
+            Contender(
+                "naive Python converter, LMDB",
+                "test",
+                [py, "-c", NAIVE, "{images}", "{labels}", "{out}"],
+            ),
+            Contender("mnist2db convert, LMDB", "test", convert("lmdb")),
+            Contender(
+                "convert_mnist_data (mnist2db), LMDB",
+                "test",
+                [cmd, "{images}", "{labels}", "{out}"],
+            ),
+            Contender("mnist2db --help", "test", [m2d, "--help"]),
+            Contender('python -c "import numpy"', "test", [py, "-c", "import numpy"]),
+            Contender('python -c "import click"', "test", [py, "-c", "import click"]),
+        ]
+        print(f"data: {source}; {args.repeat} runs each, alternating ...", file=sys.stderr)
+        measure(contenders, data, work, args.repeat)
+
+        naive = {c.dataset: c.median_time() for c in contenders if c.name.startswith("naive")}
+        lines += [
+            f"Machine: {platform.machine()}, {os.cpu_count()} cores, "
+            f"{platform.system()} {platform.release()}, Python {platform.python_version()}; "
+            f"data: {source}; medians of {args.repeat} alternating runs.",
+            "",
+            "| contender | set | wall s | × naive | peak RSS MB | RssAnon MB |",
+            "|---|---|---|---|---|---|",
+        ]
+        for c in contenders:
+            ratio = c.median_time() / naive[c.dataset]
+            wall = f"{c.median_time():.3f}" + (" (write only)" if c.floor else "")
+            lines.append(
+                f"| {c.name} | {c.dataset} ({counts[c.dataset]}) | {wall} | {ratio:.2f}× "
+                f"| {c.median_rss():.1f} | {c.median_anon():.1f} |"
+            )
+
+        by = {(c.name, c.dataset): c for c in contenders}
+        scale_rows: list[tuple[int, Contender]] = []
+        for n in [int(x) for x in args.scale.split(",") if x.strip()]:
+            print(f"scale: {n} records ...", file=sys.stderr)
+            sdir = work / f"scale-{n}"
+            sdir.mkdir()
+            sdata = {"scale": generate(sdir, n, "scale")}
+            c = Contender("mnist2db convert, LMDB", "scale", convert("lmdb"), records=n)
+            measure([c], sdata, work, args.scale_repeat)
+            scale_rows.append((n, c))
+            shutil.rmtree(sdir)
+        train_lmdb = by[("mnist2db convert, LMDB", "train")]
+        per_train = train_lmdb.median_time() / counts["train"]
+        if scale_rows:
+            lines += [
+                "",
+                "Scale series (generated 28 × 28 records, mnist2db convert, LMDB, "
+                f"medians of {args.scale_repeat}):",
+                "",
+                "| records | wall s | µs / record | vs train set | peak RSS MB | RssAnon MB |",
+                "|---|---|---|---|---|---|",
+            ]
+            for n, c in scale_rows:
+                per = c.median_time() / n
+                lines.append(
+                    f"| {n} | {c.median_time():.3f} | {per * 1e6:.2f} | {per / per_train:.2f}× "
+                    f"| {c.median_rss():.1f} | {c.median_anon():.1f} |"
+                )
+
+        lines += ["", "Targets (issue 5):", ""]
+        lines += targets(by, naive, scale_rows, per_train)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text)
+
+
+def targets(
+    by: dict[tuple[str, str], Contender],
+    naive: dict[str, float],
+    scale_rows: list[tuple[int, Contender]],
+    per_train: float,
+) -> list[str]:
+    def row(what: str, value: str, ok: bool) -> str:
+        return f"| {what} | {value} | {'met' if ok else 'MISSED'} |"
+
+    lmdb_train = by[("mnist2db convert, LMDB", "train")].median_time() / naive["train"]
+    lmdb_test = by[("mnist2db convert, LMDB", "test")].median_time() / naive["test"]
+    ldb = by[("mnist2db convert, LevelDB", "train")].median_time()
+    ldb_floor = by[("floor: plyvel write batches of 1000", "train")].median_time()
+    rss = by[("mnist2db convert, LMDB", "train")].median_rss()
+    helptime = by[("mnist2db --help", "test")].median_time()
+    out = [
+        "| target | measured | |",
+        "|---|---|---|",
+        row(
+            "1. LMDB train ≤ 0.33× naive (stretch 0.25×)", f"{lmdb_train:.2f}×", lmdb_train <= 0.33
+        ),
+        row("2. LMDB test ≤ 0.42× naive", f"{lmdb_test:.2f}×", lmdb_test <= 0.42),
+        row("3. LevelDB train ≤ 0.35 s", f"{ldb:.3f} s", ldb <= 0.35),
+        row(
+            "3. LevelDB train ≤ 1.3× floor (floor: write only)",
+            f"{ldb / ldb_floor:.2f}×",
+            ldb / ldb_floor <= 1.3,
+        ),
+        row("4. LMDB train peak RSS ≤ 35 MB", f"{rss:.1f} MB", rss <= 35),
+    ]
+    big = [c for n, c in scale_rows if n >= 1_000_000]
+    if big:
+        anon = big[0].median_anon()
+        per = big[0].median_time() / big[0].records
+        out.append(
+            row("4. RssAnon at 1 000 000 records ≤ 30 MB (sampled)", f"{anon:.1f} MB", anon <= 30)
+        )
+        out.append(
+            row(
+                "5. time/record at 1 000 000 ≤ 1.2× train set",
+                f"{per / per_train:.2f}×",
+                per / per_train <= 1.2,
+            )
+        )
+    out.append(row("6. mnist2db --help ≤ 0.06 s", f"{helptime:.3f} s", helptime <= 0.06))
+    return out
+
+
+if __name__ == "__main__":
+    main()
