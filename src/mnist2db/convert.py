@@ -13,7 +13,10 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import hashlib
 import os
+import re
+import resource
 import shutil
 import tempfile
 import time
@@ -25,7 +28,7 @@ from .datum import datum_prefix, encode_batch
 from .errors import BackendError, IdxFormatError, Mnist2dbError, OutputExistsError
 from .idx import IdxHeader, open_idx
 
-__all__ = ["ConvertResult", "convert", "check_pair"]
+__all__ = ["ConvertResult", "convert", "check_pair", "remove_stale_staging"]
 
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049
@@ -37,6 +40,8 @@ _APPEND_LIMIT = 10**8
 
 #: Marker in the names of staging directories, so left-overs are recognisable.
 STAGING_MARK = ".mnist2db-tmp-"
+#: Free space (bytes) below which a failed write is blamed on a full file system.
+_LOW_SPACE = 1 << 20
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -203,25 +208,131 @@ def _check_destination(out: str, overwrite: bool) -> str:
     return parent
 
 
+def _checkpoint(stage: str, staging: str) -> None:
+    """A no-op called at fixed points of the staging life cycle, for the fault tests.
+
+    The tests replace it, in a child process, to pause there and kill the process. Stages:
+    ``"staging"`` (the staging directory exists, nothing written yet), ``"staged"`` (the
+    database is complete and flushed, about to be moved), ``"placed"`` (moved into place;
+    ``staging`` now holds nothing, or the replaced database, still to be removed).
+    """
+
+
+def _staging_tag(name: str) -> str:
+    """The destination's name as it appears in staging names; hashed if too long for one."""
+    if len(os.fsencode(name)) <= 128:
+        return name
+    return hashlib.sha256(os.fsencode(name)).hexdigest()[:32]
+
+
+def _staging_prefix(name: str) -> str:
+    return f".{_staging_tag(name)}{STAGING_MARK}"
+
+
+# What follows the prefix in a staging name: the writer's pid, then mkdtemp's random part.
+_STAGING_SUFFIX = re.compile(r"([0-9]+)-[a-z0-9_]+")
+
+
+def _pid_alive(pid: int) -> bool:
+    """True unless ``pid`` certainly does not exist (when unsure, assume it does)."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def remove_stale_staging(out: str | os.PathLike[str]) -> list[str]:
+    """Remove staging directories left beside ``out`` by conversions that were killed.
+
+    Only directories named as :func:`convert` names its staging directories for this very
+    destination (``.<name>.mnist2db-tmp-<pid>-<random>``) are touched, and only when the
+    process ``<pid>`` no longer exists: a conversion still running keeps its own. Returns
+    the paths removed.
+    """
+    out = os.fspath(out)
+    parent = os.path.dirname(os.path.abspath(out))
+    prefix = _staging_prefix(os.path.basename(os.path.normpath(out)))
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        match = _STAGING_SUFFIX.fullmatch(entry.name[len(prefix) :])
+        if match is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        pid = int(match.group(1))
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        if not os.path.lexists(entry.path):
+            removed.append(entry.path)
+    return removed
+
+
+def _explain_write_error(message: str, staging: str, out: str) -> str:
+    """Name the destination rather than the staging directory, and say if space ran out.
+
+    Backends report a full disk or an exceeded file size limit in their own words (LMDB
+    often as an I/O error after a short write); the user should read the cause.
+    """
+    if message.startswith(staging + ": "):
+        message = f"{out}: {message[len(staging) + 2 :]}"
+    hints = []
+    try:
+        vfs = os.statvfs(staging)
+        if vfs.f_bavail * vfs.f_frsize < _LOW_SPACE:
+            hints.append(f"the file system holding {os.path.dirname(staging)} is full")
+    except OSError:
+        pass
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY:
+        with contextlib.suppress(OSError):
+            if any(e.stat().st_size + _LOW_SPACE >= limit for e in os.scandir(staging)):
+                hints.append(f"the file size limit (ulimit -f) of {limit} bytes was reached")
+    return message + "".join(f" ({hint})" for hint in hints)
+
+
 @contextlib.contextmanager
 def _staged_directory(out: str, overwrite: bool) -> Iterator[str]:
     """Yield a fresh staging directory beside ``out``; on success move it to ``out``.
 
     On any exception (KeyboardInterrupt included) the staging directory is removed and the
-    destination is untouched.
+    destination is untouched. Staging directories of killed runs for the same destination
+    are removed first (see :func:`remove_stale_staging`).
     """
     parent = _check_destination(out, overwrite)
     name = os.path.basename(os.path.normpath(out))
+    remove_stale_staging(out)
     try:
-        staging = tempfile.mkdtemp(prefix=f".{name}{STAGING_MARK}{os.getpid()}-", dir=parent)
+        staging = tempfile.mkdtemp(prefix=f"{_staging_prefix(name)}{os.getpid()}-", dir=parent)
     except OSError as exc:
         raise BackendError(f"{out}: cannot write in {parent}: {exc.strerror}") from None
     try:
-        # mkdtemp makes 0700; the finished database should follow the umask like mkdir.
-        os.chmod(staging, 0o777 & ~_umask())
-        yield staging
-        _fsync_tree(staging)
+        try:
+            # mkdtemp makes 0700; the finished database should follow the umask like mkdir.
+            os.chmod(staging, 0o777 & ~_umask())
+        except OSError as exc:
+            raise BackendError(f"{out}: cannot set permissions of {staging}: {exc}") from None
+        _checkpoint("staging", staging)
+        try:
+            yield staging
+        except BackendError as exc:
+            raise BackendError(_explain_write_error(str(exc), staging, out)) from exc
+        try:
+            _fsync_tree(staging)
+        except OSError as exc:
+            raise BackendError(f"{out}: cannot flush the database to disk: {exc}") from None
+        _checkpoint("staged", staging)
         _place(staging, out, overwrite)
+        _checkpoint("placed", staging)
     finally:
         if os.path.lexists(staging):
             shutil.rmtree(staging, ignore_errors=True)
@@ -230,17 +341,21 @@ def _staged_directory(out: str, overwrite: bool) -> Iterator[str]:
 def _place(staging: str, out: str, overwrite: bool) -> None:
     parent = os.path.dirname(staging)
     try:
-        _move_noreplace(staging, out)
-    except FileExistsError:
-        if not overwrite:
-            raise OutputExistsError(
-                f"{out}: appeared while converting; left it alone (use --overwrite to replace it)"
-            ) from None
-        _check_destination(out, overwrite)
-        _swap(staging, out)  # staging now holds the old database and is removed by the caller
+        try:
+            _move_noreplace(staging, out)
+        except FileExistsError:
+            if not overwrite:
+                raise OutputExistsError(
+                    f"{out}: appeared while converting; left it alone (use --overwrite to replace it)"
+                ) from None
+            _check_destination(out, overwrite)
+            _swap(staging, out)  # staging now holds the old database and is removed by the caller
     except OSError as exc:
         raise BackendError(f"{out}: cannot move the finished database into place: {exc}") from None
-    _fsync_dir(parent)
+    try:
+        _fsync_dir(parent)
+    except OSError as exc:
+        raise BackendError(f"{out}: moved into place, but cannot flush {parent}: {exc}") from None
 
 
 # -- the pipeline -------------------------------------------------------------------------
