@@ -10,11 +10,9 @@ then knows exactly where the child is when it strikes. Nothing else is patched.
 from __future__ import annotations
 
 import ast
-import contextlib
 import gzip
 import json
 import os
-import resource
 import shutil
 import signal
 import stat
@@ -608,7 +606,8 @@ def test_decompression_bomb_is_refused_early(tmp_path: Path, zeros: int) -> None
     head = bytes([0, 0, 8, 3]) + struct.pack(">3I", count, 28, 28) + images.tobytes()
     bomb = tmp_path / "bomb-images-idx3-ubyte.gz"
     write_zero_bomb(bomb, head, zeros)
-    assert gzip.open(bomb).read(len(head)) == head  # it is a real gzip stream
+    with gzip.open(bomb) as stream:
+        assert stream.read(len(head)) == head  # it is a real gzip stream
     labels = write_idx(tmp_path / "labels-idx1-ubyte", make_labels(count))
     out = tmp_path / "db"
 

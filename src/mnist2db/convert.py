@@ -346,7 +346,8 @@ def _place(staging: str, out: str, overwrite: bool) -> None:
         except FileExistsError:
             if not overwrite:
                 raise OutputExistsError(
-                    f"{out}: appeared while converting; left it alone (use --overwrite to replace it)"
+                    f"{out}: appeared while converting; left it alone "
+                    "(use --overwrite to replace it)"
                 ) from None
             _check_destination(out, overwrite)
             _swap(staging, out)  # staging now holds the old database and is removed by the caller

@@ -15,7 +15,7 @@ import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, BinaryIO
+from typing import IO, TYPE_CHECKING, BinaryIO, cast
 
 from .errors import IdxFormatError
 
@@ -199,7 +199,7 @@ class IdxReader:
         self._raw.seek(0)
         gzipped = first == GZIP_MAGIC
         if gzipped:
-            self._stream = gzip.GzipFile(fileobj=self._raw, mode="rb")
+            self._stream = cast(IO[bytes], gzip.GzipFile(fileobj=self._raw, mode="rb"))
         self.header = _parse_header(self._stream, path, gzipped)
         if gzipped:
             self._check_gzip_size()
@@ -242,7 +242,7 @@ class IdxReader:
 
     def _reopen_after_header(self) -> None:
         self._raw.seek(0)
-        self._stream = gzip.GzipFile(fileobj=self._raw, mode="rb")
+        self._stream = cast(IO[bytes], gzip.GzipFile(fileobj=self._raw, mode="rb"))
         _guarded_read(self._stream, self.header.header_size, self.path)
 
     # -- reading -------------------------------------------------------------------
@@ -251,7 +251,7 @@ class IdxReader:
         """Fill ``array`` from the stream; a short read is a truncation error."""
         if array.nbytes == 0:
             return
-        buffer = memoryview(array).cast("B")
+        buffer = array.data.cast("B")
         filled = 0
         total = len(buffer)
         while filled < total:
