@@ -82,6 +82,12 @@ def check_pair(images: IdxHeader, labels: IdxHeader) -> None:
             f"{images.path}: {images.count} images, but {labels.path} has {labels.count} labels"
         )
     rows, cols = images.dims[1], images.dims[2]
+    if rows > _INT32_MAX or cols > _INT32_MAX:
+        # Datum's height and width are int32 (found by tests/test_fuzz.py: 2**31 × 0 images).
+        raise IdxFormatError(
+            f"{images.path}: images of {rows} × {cols} pixels do not fit a Datum "
+            f"(height and width at most {_INT32_MAX})"
+        )
     if rows * cols > _INT32_MAX:
         raise IdxFormatError(
             f"{images.path}: images of {rows} × {cols} pixels are too large for a Datum "
