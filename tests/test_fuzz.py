@@ -75,10 +75,11 @@ def idx_file(
         code = draw(st.sampled_from([0x08, 0x09, 0x0B, 0x0C, 0x0D, 0x0E, 0x00, 0x07, 0xFF]))
         ndim = draw(st.integers(0, 5))
     dims = list(dims)
-    if draw(st.integers(0, 3)) == 0:  # mutate the dimension sizes
-        dims = draw(st.lists(DIM_VALUES, min_size=0, max_size=5)) if not dims else dims
-        for i in draw(st.lists(st.integers(0, len(dims) - 1), max_size=3)) if dims else []:
+    if draw(st.integers(0, 3)) == 0:  # mutate the dimension sizes, or how many are written
+        for i in draw(st.lists(st.integers(0, len(dims) - 1), max_size=3)):
             dims[i] = draw(DIM_VALUES)
+        if draw(st.integers(0, 3)) == 0:
+            dims = dims[:-1] if draw(st.booleans()) else [*dims, draw(DIM_VALUES)]
     mode = draw(st.sampled_from(["keep"] * 3 + ["cut", "extend"]))
     if mode == "cut":
         payload = payload[: draw(st.integers(0, max(0, len(payload) - 1)))]
