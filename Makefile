@@ -31,3 +31,15 @@ proto: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# The main job: fetch a dataset (verified) and write both databases, as Caffe's
+# get_mnist.sh + create_mnist.sh. make mnist DATASET=fashion-mnist BACKEND=leveldb MIRROR=URL
+# (MIRROR: a URL or directory tried first; several separated by spaces; MNIST2DB_MIRROR works too).
+DATASET ?= mnist
+BACKEND ?= lmdb
+MIRROR ?=
+
+.PHONY: mnist
+mnist: $(STAMP)
+	$(BIN)/mnist2db fetch --dataset $(DATASET) $(foreach m,$(MIRROR),--mirror $(m))
+	$(BIN)/mnist2db create --dataset $(DATASET) --backend $(BACKEND) --overwrite

@@ -32,6 +32,8 @@ _LAZY = {
     "detect_backend": "backends",
     "iter_db": "backends",
     "open_reader": "backends",
+    "DatumDataset": "dataset",
+    "open_db": "dataset",
 }
 
 __all__ = sorted([*_LAZY, "__version__"])
@@ -39,6 +41,7 @@ __all__ = sorted([*_LAZY, "__version__"])
 if TYPE_CHECKING:
     from .backends import detect_backend, iter_db, open_reader
     from .convert import ConvertResult, convert
+    from .dataset import DatumDataset, open_db
     from .datum import DatumError, array_to_datum, datum_to_array, decode_datum, encode_datum
     from .errors import (
         BackendError,

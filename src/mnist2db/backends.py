@@ -221,7 +221,10 @@ class DbReader:
         try:
             self._db = plyvel.DB(self.path, create_if_missing=False)
         except plyvel.Error as exc:
-            raise BackendError(f"{self.path}: cannot open LevelDB database: {exc}") from exc
+            hint = ""
+            if "lock" in str(exc).lower():
+                hint = " (LevelDB admits one process at a time; LMDB has no such limit)"
+            raise BackendError(f"{self.path}: cannot open LevelDB database: {exc}{hint}") from exc
 
     def __len__(self) -> int:
         if self.backend == "lmdb":
@@ -244,6 +247,38 @@ class DbReader:
         else:
             yield from self._db.iterator()
 
+    def iter_from(self, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Iterate ``(key, value)`` in key order from the first key at or after ``start``."""
+        if self.backend == "lmdb":
+            with self._env.begin() as txn:
+                cursor = txn.cursor()
+                if cursor.set_range(start):
+                    yield from cursor.iternext(keys=True, values=True)
+        else:
+            yield from self._db.iterator(start=start)
+
+    def last_key(self) -> bytes | None:
+        """The greatest key, or None for an empty database."""
+        if self.backend == "lmdb":
+            with self._env.begin() as txn:
+                cursor = txn.cursor()
+                return bytes(cursor.key()) if cursor.last() else None
+        with self._db.iterator(reverse=True, include_value=False) as keys:
+            for key in keys:
+                return bytes(key)
+        return None
+
+    def first_key(self) -> bytes | None:
+        """The smallest key, or None for an empty database."""
+        if self.backend == "lmdb":
+            with self._env.begin() as txn:
+                cursor = txn.cursor()
+                return bytes(cursor.key()) if cursor.first() else None
+        with self._db.iterator(include_value=False) as keys:
+            for key in keys:
+                return bytes(key)
+        return None
+
     def close(self) -> None:
         if self.backend == "lmdb":
             self._env.close()
@@ -262,7 +297,9 @@ def open_reader(path: str | os.PathLike[str], backend: str | None = None) -> DbR
     return DbReader(path, backend)
 
 
-def iter_db(path: str | os.PathLike[str], backend: str | None = None) -> Iterator[tuple[bytes, Any]]:
+def iter_db(
+    path: str | os.PathLike[str], backend: str | None = None
+) -> Iterator[tuple[bytes, Any]]:
     """Iterate a finished database as ``(key, caffe.Datum)`` in key order, for either backend.
 
     Raises:

@@ -98,7 +98,13 @@ def cli() -> None:
 @click.option("--overwrite", is_flag=True, help="Replace OUT_DB if it is an existing database.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 def convert(
-    images: str, labels: str, out_db: str, backend: str, batch_size: int, overwrite: bool, quiet: bool
+    images: str,
+    labels: str,
+    out_db: str,
+    backend: str,
+    batch_size: int,
+    overwrite: bool,
+    quiet: bool,
 ) -> None:
     """Convert an IDX image file and its label file into a Caffe Datum database.
 
@@ -125,9 +131,7 @@ def convert(
         click.echo(f"A total of {result.count} items.", err=True)
         click.echo(f"Rows: {result.rows} Cols: {result.cols}", err=True)
         click.echo(f"Processed {result.count} files.", err=True)
-        click.echo(
-            f"Wrote {result.path} ({result.backend}) in {result.seconds:.2f} s.", err=True
-        )
+        click.echo(f"Wrote {result.path} ({result.backend}) in {result.seconds:.2f} s.", err=True)
 
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -176,3 +180,460 @@ def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
     run_with_signals(lambda: cli.main(args=args, prog_name=prog_name or "mnist2db"))
     # cli.main exits on its own (standalone mode); reaching here means success.
     sys.exit(0)
+
+
+# -- Looking at the data: show, info, verify, export ---------------------------------------
+
+
+def _format_counts(counts: dict[int, int]) -> list[str]:
+    """A label histogram as lines of at most five ``label: count`` entries."""
+    entries = [f"{label}: {n}" for label, n in counts.items()]
+    return ["  ".join(entries[i : i + 5]) for i in range(0, len(entries), 5)] or ["(none)"]
+
+
+@cli.command()
+@click.argument("source", type=click.Path(path_type=str))
+@click.option(
+    "--labels",
+    type=click.Path(dir_okay=False, path_type=str),
+    help="IDX label file for an IDX SOURCE (default: the *-labels-idx1-ubyte file beside it).",
+)
+@click.option(
+    "--offset",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="First record to show (from 0).",
+)
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Number of records to show.",
+)
+@click.option(
+    "--threshold",
+    type=click.IntRange(0, 255),
+    default=None,
+    metavar="T",
+    help="Print the seed's 0/1 view: 1 where a pixel is above T.",
+)
+@click.option("--ascii", "ascii_", is_flag=True, help="Draw with plain ASCII characters.")
+@click.option(
+    "--png",
+    type=click.Path(dir_okay=False, path_type=str),
+    default=None,
+    help="Write a labelled grid of the images to this PNG file instead.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace the --png file if it exists.")
+def show(
+    source: str,
+    labels: str | None,
+    offset: int,
+    count: int,
+    threshold: int | None,
+    ascii_: bool,
+    png: str | None,
+    overwrite: bool,
+) -> None:
+    """Show records of an IDX image file or a Datum database: index, key, label, image.
+
+    SOURCE is an IDX image file (plain or gzip; its labels are read from --labels or the
+    matching *-labels-idx1-ubyte file beside it) or an LMDB/LevelDB database directory.
+    Images are drawn in the terminal with Unicode shading (--ascii for plain terminals,
+    --threshold for a 0/1 view), or written as a PNG grid with --png.
+
+    Example: mnist2db show examples/mnist/mnist_train_lmdb --offset 40000 --count 10 --png digits.png
+    """
+    import os
+
+    from .inspect import select_records
+    from .render import image_to_text, write_png_grid
+
+    if png is not None and (threshold is not None or ascii_):
+        raise click.UsageError(
+            "--png draws images itself: it does not combine with --threshold or --ascii"
+        )
+    if labels is not None and os.path.isdir(source):
+        raise click.UsageError("--labels is for an IDX image file; a database holds its labels")
+    with library_errors():
+        total, records = select_records(source, labels, offset=offset, count=count)
+        shown = 0
+        if png is not None:
+            selected = list(records)
+            captions = [f"#{r.index}: {r.label if r.label is not None else '-'}" for r in selected]
+            width, height = write_png_grid(
+                [r.image for r in selected], captions, png, overwrite=overwrite
+            )
+            shown = len(selected)
+            click.echo(f"Wrote {png}: {shown} images, {width} × {height} pixels.", err=True)
+        else:
+            for record in records:
+                head = f"#{record.index}"
+                if record.key is not None:
+                    head += f"  key {record.key.decode('ascii', errors='backslashreplace')}"
+                head += f"  label {record.label if record.label is not None else '-'}"
+                click.echo(head)
+                for line in image_to_text(record.image, threshold=threshold, ascii=ascii_):
+                    click.echo(line)
+                click.echo()
+                shown += 1
+    if shown < count:
+        click.echo(
+            f"Showed {shown} of {count} requested: {source} ends at {total} records.", err=True
+        )
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=str))
+def info(path: str) -> None:
+    """Describe an IDX file or a Datum database; exit 1 if it is not valid.
+
+    For an IDX file: magic, type, dimensions, item count, expected and actual size, gzip or
+    not (and the label histogram of a label file). For a database: backend, record count,
+    key range, Datum shape and encoding, label histogram, size on disk. Reading an LMDB
+    database does not wait for, or block, other processes using it.
+
+    Example: mnist2db info examples/mnist/mnist_train_lmdb
+    """
+    import os
+
+    from .inspect import db_info, idx_info
+
+    def row(name: str, value: object) -> None:
+        click.echo(f"{name:<12}{value}")
+
+    with library_errors():
+        if os.path.isdir(path):
+            db = db_info(path)
+            row("database", db.path)
+            row("backend", db.backend)
+            row("records", db.count)
+            if db.first_key is not None and db.last_key is not None:
+                first = db.first_key.decode("ascii", errors="backslashreplace")
+                last = db.last_key.decode("ascii", errors="backslashreplace")
+                order = (
+                    "Caffe's %08d sequence" if db.sequential_keys else "not Caffe's %08d sequence"
+                )
+                row("keys", f"{first} … {last} ({order})")
+            if db.shape is not None:
+                row(
+                    "datum",
+                    f"{' × '.join(map(str, db.shape))} (channels × height × width), {db.encoding}",
+                )
+            for i, line in enumerate(_format_counts(db.label_counts)):
+                row("labels" if i == 0 else "", line)
+            row("size", f"{db.disk_size} bytes on disk")
+            problem = db.problem
+        else:
+            idx = idx_info(path)
+            header = idx.header
+            row("file", header.path)
+            row(
+                "storage",
+                f"gzip, {idx.file_size} bytes compressed"
+                if header.gzipped
+                else f"plain, {idx.file_size} bytes",
+            )
+            row("magic", f"0x{header.magic:08x} ({idx.kind})")
+            row("type", header.type_name)
+            row("dimensions", " × ".join(map(str, header.dims)))
+            row("items", header.count)
+            row(
+                "size",
+                f"{idx.expected_size} bytes expected, {idx.actual_size} found "
+                f"(header {header.header_size} + data)",
+            )
+            if idx.label_counts is not None:
+                for i, line in enumerate(_format_counts(idx.label_counts)):
+                    row("labels" if i == 0 else "", line)
+            problem = idx.problem
+        row("valid", "yes" if problem is None else "no")
+    if problem is not None:
+        raise click.ClickException(f"{path}: {problem}")
+
+
+@cli.command()
+@click.argument("db", type=click.Path(path_type=str))
+@click.argument("images", type=click.Path(path_type=str))
+@click.argument("labels", type=click.Path(path_type=str))
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+def verify(db: str, images: str, labels: str, quiet: bool) -> None:
+    """Check that database DB holds exactly the records converted from IMAGES and LABELS.
+
+    Every record is compared (key, channels, height, width, data, label); the first
+    difference exits 1 naming the key and the field, as do missing or extra records.
+
+    Example: mnist2db verify examples/mnist/mnist_train_lmdb data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte
+    """
+    from .inspect import verify_db
+
+    with library_errors(), progress_reporter("Verifying", quiet) as progress:
+        result = verify_db(db, images, labels, progress=progress)
+    if not quiet:
+        click.echo(f"OK: {db} holds the {result.count} records of {images} and {labels}.")
+
+
+@cli.command()
+@click.argument("db", type=click.Path(path_type=str))
+@click.argument("out_dir", type=click.Path(file_okay=False, path_type=str))
+@click.option(
+    "--prefix",
+    default=None,
+    help="File name stem: PREFIX-images-idx3-ubyte, PREFIX-labels-idx1-ubyte "
+    "(default: t10k for a test database, train for a training one).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace existing files of the same names.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bool) -> None:
+    """Write the IDX image and label files back from database DB into OUT_DIR.
+
+    For a database made by convert, the files equal the originals byte for byte. The files
+    appear only when both are complete.
+
+    Example: mnist2db export examples/mnist/mnist_train_lmdb out/
+    """
+    from .inspect import export_db
+
+    with library_errors(), progress_reporter("Exporting", quiet) as progress:
+        result = export_db(db, out_dir, prefix=prefix, overwrite=overwrite, progress=progress)
+    if not quiet:
+        click.echo(
+            f"Wrote {result.images} and {result.labels} ({result.count} items, "
+            f"{result.rows} × {result.cols}).",
+            err=True,
+        )
+
+
+# -- fetch and create: the dataset downloaded, verified, and turned into both databases ----
+
+DATASET_NAMES = ["mnist", "fashion-mnist", "kmnist"]  # fetch.DATASETS, without importing it
+MIRROR_ENVVAR = "MNIST2DB_MIRROR"
+
+
+class _BarPerName:
+    """A ``progress(name, done, total)`` callback: one progress bar per name, on stderr,
+    only on a terminal; ``in_bytes`` shows the amount and the rate."""
+
+    def __init__(self, quiet: bool, in_bytes: bool) -> None:
+        self.enabled = not quiet and sys.stderr.isatty()
+        self.in_bytes = in_bytes
+        self.bar: Any = None
+        self.name: str | None = None
+        self.shown = 0
+        self.started = 0.0
+
+    def __call__(self, name: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        import time
+
+        if self.bar is None or name != self.name or done < self.shown:
+            self.close()
+            self.name, self.shown, self.started = name, 0, time.monotonic()
+            self.bar = click.progressbar(
+                length=max(total, done, 1),
+                label=name,
+                file=sys.stderr,
+                item_show_func=self._describe if self.in_bytes else None,
+            )
+            self.bar.__enter__()
+        self.bar.update(done - self.shown, done)
+        self.shown = done
+
+    def _describe(self, done: int | None) -> str | None:
+        import time
+
+        if done is None:
+            return None
+        rate = done / max(time.monotonic() - self.started, 1e-6)
+        return f"{_human_bytes(done)}, {_human_bytes(rate)}/s"
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+def _fetched_line(item: Any) -> str:
+    if item.status == "present":
+        return f"{item.path}: present, verified ({item.verified_by}); not downloaded"
+    rate = _human_bytes(item.nbytes / max(item.seconds, 1e-6))
+    verb = "unpacked from" if item.status == "unpacked" else "fetched from"
+    return (
+        f"{item.path}: {verb} {item.source} ({_human_bytes(item.nbytes)} in "
+        f"{item.seconds:.2f} s, {rate}/s), verified ({item.verified_by})"
+    )
+
+
+def _human_bytes(count: float) -> str:
+    for unit in ("B", "kB", "MB"):
+        if count < 1000:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} GB"
+
+
+@cli.command()
+@click.option(
+    "--dataset",
+    type=click.Choice(DATASET_NAMES),
+    default="mnist",
+    show_default=True,
+    help="Which dataset.",
+)
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(file_okay=False, path_type=str),
+    help="Directory to store the files in.  [default: data/DATASET]",
+)
+@click.option(
+    "--mirror",
+    "mirrors",
+    multiple=True,
+    metavar="URL",
+    help=f"Try this mirror first: an http(s):// or file:// URL or a directory (repeatable; "
+    f"{MIRROR_ENVVAR}, whitespace-separated, adds more after these).",
+)
+@click.option("--force", is_flag=True, help="Download even files present and verified.")
+@click.option("--keep-gz", is_flag=True, help="Keep the verified .gz archives too.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait for a connection or for data.",
+)
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="Retries per mirror after a transient failure (cut, timeout, HTTP 5xx).",
+)
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+def fetch(
+    dataset: str,
+    data_dir: str | None,
+    mirrors: tuple[str, ...],
+    force: bool,
+    keep_gz: bool,
+    timeout: float,
+    retries: int,
+    quiet: bool,
+) -> None:
+    """Download a dataset's four IDX files, verify them, and unpack them.
+
+    Each file is checked against the published digests (of the .gz, or of the unpacked
+    file, since mirrors re-compress) before it appears under its final name; files already
+    present and verified are not downloaded again. Mirrors are tried in order, transient
+    failures retried, partial downloads resumed. HTTPS certificates are always verified;
+    proxies come from the environment (https_proxy, no_proxy).
+
+    Example: mnist2db fetch --dataset fashion-mnist --mirror http://cache.internal/fashion-mnist/
+    """
+    import os
+
+    from .fetch import fetch as run_fetch
+
+    extra = [*mirrors, *os.environ.get(MIRROR_ENVVAR, "").split()]
+    bar = _BarPerName(quiet, in_bytes=True)
+
+    def done(item: Any) -> None:
+        bar.close()
+        if not quiet:
+            click.echo(_fetched_line(item), err=True)
+
+    with library_errors():
+        try:
+            results = run_fetch(
+                dataset,
+                data_dir,
+                mirrors=extra,
+                force=force,
+                keep_gz=keep_gz,
+                timeout=timeout,
+                retries=retries,
+                progress=bar,
+                on_file=done,
+            )
+        finally:
+            bar.close()
+    if not quiet:
+        where = os.path.dirname(results[0].path) if results else data_dir
+        click.echo(f"{dataset}: {len(results)} files ready in {where}", err=True)
+
+
+@cli.command()
+@click.option(
+    "--dataset",
+    type=click.Choice(DATASET_NAMES),
+    default="mnist",
+    show_default=True,
+    help="Which dataset (gives the default --data and --out).",
+)
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(file_okay=False, path_type=str),
+    help="Directory holding the IDX files.  [default: data/DATASET]",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=str),
+    help="Directory for the databases.  [default: examples/DATASET]",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["lmdb", "leveldb"], case_sensitive=False),
+    default="lmdb",
+    show_default=True,
+    help="Database to write.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace existing databases.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+def create(
+    dataset: str,
+    data_dir: str | None,
+    out_dir: str | None,
+    backend: str,
+    overwrite: bool,
+    quiet: bool,
+) -> None:
+    """Write mnist_train_BACKEND and mnist_test_BACKEND from a fetched dataset.
+
+    What Caffe's create_mnist.sh does: train-images/labels become mnist_train_BACKEND and
+    t10k-images/labels become mnist_test_BACKEND, by the same conversion as
+    `mnist2db convert`. Each database appears only when complete.
+
+    Example: mnist2db fetch && mnist2db create --backend=lmdb --overwrite
+    """
+    from .fetch import create_databases
+
+    bar = _BarPerName(quiet, in_bytes=False)
+
+    def done(result: Any) -> None:
+        bar.close()
+        if not quiet:
+            click.echo(
+                f"Wrote {result.path} ({result.backend}): {result.count} records of "
+                f"{result.rows}x{result.cols} in {result.seconds:.2f} s.",
+                err=True,
+            )
+
+    with library_errors():
+        try:
+            create_databases(
+                dataset,
+                data_dir,
+                out_dir,
+                backend.lower(),
+                overwrite=overwrite,
+                progress=bar,
+                on_database=done,
+            )
+        finally:
+            bar.close()

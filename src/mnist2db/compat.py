@@ -56,7 +56,9 @@ class FlagError(Exception):
 
 @dataclass
 class ParsedArgs:
-    flags: dict[str, object] = field(default_factory=lambda: {n: d for n, (_, d, _) in FLAGS.items()})
+    flags: dict[str, object] = field(
+        default_factory=lambda: {n: d for n, (_, d, _) in FLAGS.items()}
+    )
     positional: list[str] = field(default_factory=list)
     help: bool = False
     version: bool = False
@@ -69,11 +71,11 @@ def _set_value(parsed: ParsedArgs, name: str, value: str) -> None:
         try:
             number = int(value)
         except ValueError:
-            raise FlagError(
-                f"illegal value '{value}' specified for int32 flag '{name}'"
-            ) from None
+            raise FlagError(f"illegal value '{value}' specified for int32 flag '{name}'") from None
         if name == "batch_size" and number < 1:
-            raise FlagError(f"illegal value '{value}' specified for int32 flag '{name}': must be >= 1")
+            raise FlagError(
+                f"illegal value '{value}' specified for int32 flag '{name}': must be >= 1"
+            )
         parsed.flags[name] = number
     elif kind == "bool":
         lowered = value.lower()

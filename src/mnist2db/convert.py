@@ -66,13 +66,21 @@ def check_pair(images: IdxHeader, labels: IdxHeader) -> None:
             counts differ, or image dimensions that a Datum cannot hold.
     """
     if images.magic != IMAGES_MAGIC:
-        hint = " (is it the label file? the image file comes first)" if images.magic == LABELS_MAGIC else ""
+        hint = (
+            " (is it the label file? the image file comes first)"
+            if images.magic == LABELS_MAGIC
+            else ""
+        )
         raise IdxFormatError(
             f"{images.path}: magic 0x{images.magic:08x}, expected 0x{IMAGES_MAGIC:08x} "
             f"(uint8 images, 3 dimensions){hint}"
         )
     if labels.magic != LABELS_MAGIC:
-        hint = " (is it the image file? the label file comes second)" if labels.magic == IMAGES_MAGIC else ""
+        hint = (
+            " (is it the image file? the label file comes second)"
+            if labels.magic == IMAGES_MAGIC
+            else ""
+        )
         raise IdxFormatError(
             f"{labels.path}: magic 0x{labels.magic:08x}, expected 0x{LABELS_MAGIC:08x} "
             f"(uint8 labels, 1 dimension){hint}"
@@ -428,7 +436,7 @@ def convert(
                     n = len(image_batch)
                     keys = [b"%08d" % i for i in range(done, done + n)]
                     values = encode_batch(image_batch, label_batch)
-                    writer.write_batch(list(zip(keys, values)))
+                    writer.write_batch(list(zip(keys, values, strict=True)))
                     done += n
                     if progress is not None:
                         progress(done, count)

@@ -63,9 +63,7 @@ def datum_prefix(channels: int, height: int, width: int, data_length: int) -> by
 
 def encode_datum(data: bytes, channels: int, height: int, width: int, label: int) -> bytes:
     """Serialize ``Datum(channels, height, width, data, label)`` exactly as protobuf would."""
-    return (
-        datum_prefix(channels, height, width, len(data)) + data + b"\x28" + encode_varint(label)
-    )
+    return datum_prefix(channels, height, width, len(data)) + data + b"\x28" + encode_varint(label)
 
 
 def encode_batch(images: np.ndarray, labels: np.ndarray) -> list[bytes]:
@@ -98,9 +96,7 @@ def encode_batch(images: np.ndarray, labels: np.ndarray) -> list[bytes]:
         raw = matrix.tobytes()
         return [raw[i : i + length] for i in range(0, n * length, length)]
     flat = images.reshape(n, pixels)
-    return [
-        prefix + flat[i].tobytes() + b"\x28" + encode_varint(int(labels[i])) for i in range(n)
-    ]
+    return [prefix + flat[i].tobytes() + b"\x28" + encode_varint(int(labels[i])) for i in range(n)]
 
 
 def decode_datum(value: bytes) -> Any:
@@ -134,7 +130,9 @@ def array_to_datum(arr: np.ndarray, label: int | None = None) -> Any:
     from .datum_pb2 import Datum
 
     if arr.ndim != 3:
-        raise ValueError(f"array_to_datum needs a 3-D (channels, height, width) array, got {arr.shape}")
+        raise ValueError(
+            f"array_to_datum needs a 3-D (channels, height, width) array, got {arr.shape}"
+        )
     datum = Datum()
     datum.channels, datum.height, datum.width = (int(d) for d in arr.shape)
     if arr.dtype == np.uint8:

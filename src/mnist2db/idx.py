@@ -15,7 +15,7 @@ import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, BinaryIO, cast
+from typing import TYPE_CHECKING
 
 from .errors import IdxFormatError
 
@@ -100,7 +100,7 @@ class IdxHeader:
         return " × ".join(str(d) for d in self.dims) + " " + self.type_name
 
 
-def _open_raw(path: str) -> BinaryIO:
+def _open_raw(path: str) -> io.BufferedReader:
     try:
         return open(path, "rb")  # noqa: SIM115 - the caller owns and closes it
     except FileNotFoundError:
@@ -113,7 +113,7 @@ def _open_raw(path: str) -> BinaryIO:
         raise IdxFormatError(f"{path}: cannot open: {exc.strerror or exc}") from None
 
 
-def _read_exactly(stream: IO[bytes], n: int, path: str, what: str) -> bytes:
+def _read_exactly(stream: io.BufferedIOBase, n: int, path: str, what: str) -> bytes:
     data = _guarded_read(stream, n, path)
     if len(data) != n:
         raise IdxFormatError(
@@ -122,7 +122,7 @@ def _read_exactly(stream: IO[bytes], n: int, path: str, what: str) -> bytes:
     return data
 
 
-def _guarded_read(stream: IO[bytes], n: int, path: str) -> bytes:
+def _guarded_read(stream: io.BufferedIOBase, n: int, path: str) -> bytes:
     """Read up to ``n`` bytes, turning decompression faults into IdxFormatError."""
     try:
         return stream.read(n)
@@ -132,7 +132,7 @@ def _guarded_read(stream: IO[bytes], n: int, path: str) -> bytes:
         raise IdxFormatError(f"{path}: read error: {exc.strerror or exc}") from None
 
 
-def _parse_header(stream: IO[bytes], path: str, gzipped: bool) -> IdxHeader:
+def _parse_header(stream: io.BufferedIOBase, path: str, gzipped: bool) -> IdxHeader:
     magic = _read_exactly(stream, 4, path, "the magic number")
     if magic[0] != 0 or magic[1] != 0:
         raise IdxFormatError(
@@ -151,16 +151,17 @@ def _parse_header(stream: IO[bytes], path: str, gzipped: bool) -> IdxHeader:
     return IdxHeader(path=path, type_code=type_code, dims=dims, gzipped=gzipped)
 
 
-def _size_error(header: IdxHeader, actual: int) -> IdxFormatError:
+def _size_error(header: IdxHeader, actual: int, at_least: bool = False) -> IdxFormatError:
     expected = header.payload_size
     fault = "truncated" if actual < expected else "trailing bytes"
+    holds = f"at least {actual}" if at_least else str(actual)
     return IdxFormatError(
         f"{header.path}: {fault}: header declares {expected} bytes of data "
-        f"({header.describe()}), file holds {actual}"
+        f"({header.describe()}), file holds {holds}"
     )
 
 
-def _gzip_isize(raw: BinaryIO) -> int | None:
+def _gzip_isize(raw: io.BufferedReader) -> int | None:
     """The gzip trailer's ISIZE (uncompressed size mod 2**32), or None if unreadable."""
     try:
         end = raw.seek(0, io.SEEK_END)
@@ -186,7 +187,7 @@ class IdxReader:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._raw = _open_raw(self.path)
-        self._stream: IO[bytes] = self._raw
+        self._stream: io.BufferedIOBase = self._raw
         try:
             self._open()
         except BaseException:
@@ -199,7 +200,7 @@ class IdxReader:
         self._raw.seek(0)
         gzipped = first == GZIP_MAGIC
         if gzipped:
-            self._stream = cast(IO[bytes], gzip.GzipFile(fileobj=self._raw, mode="rb"))
+            self._stream = gzip.GzipFile(fileobj=self._raw, mode="rb")
         self.header = _parse_header(self._stream, path, gzipped)
         if gzipped:
             self._check_gzip_size()
@@ -227,22 +228,22 @@ class IdxReader:
             self._reopen_after_header()
             return
         # The trailer disagrees (or the file is multi-member): count the real length,
-        # reading at most the declared size plus one chunk.
+        # reading at most the declared size plus one chunk, holding one chunk at a time.
         self._reopen_after_header()
         actual = 0
-        limit = header.payload_size + 1
+        limit = header.payload_size + _READ_CHUNK
         while actual < limit:
             chunk = _guarded_read(self._stream, min(_READ_CHUNK, limit - actual), self.path)
             if not chunk:
                 break
             actual += len(chunk)
         if actual != header.payload_size:
-            raise _size_error(header, actual)
+            raise _size_error(header, actual, at_least=actual >= limit)
         self._reopen_after_header()
 
     def _reopen_after_header(self) -> None:
         self._raw.seek(0)
-        self._stream = cast(IO[bytes], gzip.GzipFile(fileobj=self._raw, mode="rb"))
+        self._stream = gzip.GzipFile(fileobj=self._raw, mode="rb")
         _guarded_read(self._stream, self.header.header_size, self.path)
 
     # -- reading -------------------------------------------------------------------
@@ -256,7 +257,7 @@ class IdxReader:
         total = len(buffer)
         while filled < total:
             try:
-                n = self._stream.readinto(buffer[filled:])  # type: ignore[attr-defined]
+                n = self._stream.readinto(buffer[filled:])
             except (gzip.BadGzipFile, zlib.error, EOFError) as exc:
                 raise IdxFormatError(f"{self.path}: corrupt gzip stream: {exc}") from None
             except OSError as exc:
@@ -268,8 +269,12 @@ class IdxReader:
     def _check_end(self) -> None:
         extra = _guarded_read(self._stream, _READ_CHUNK, self.path)
         if extra:
-            # Count what follows, bounded: the message only needs to say "more".
-            raise _size_error(self.header, self.header.payload_size + len(extra))
+            # Bounded: one chunk past the end is enough to tell; beyond it, say "at least".
+            raise _size_error(
+                self.header,
+                self.header.payload_size + len(extra),
+                at_least=len(extra) == _READ_CHUNK,
+            )
 
     def iter_batches(self, batch_size: int) -> Iterator[np.ndarray]:
         """Yield arrays of up to ``batch_size`` items, shape ``(n, *item_shape)``, in file order.

@@ -1,0 +1,617 @@
+"""Look inside IDX files and Datum databases: select records to show, describe files
+(``info``), compare a database with its sources (``verify``), and write IDX files back
+(``export``). Everything streams a batch at a time; memory does not grow with the data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import os
+import tempfile
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .backends import detect_backend, open_reader
+from .convert import check_pair
+from .datum import DatumError, decode_datum, encode_batch
+from .errors import IdxFormatError, Mnist2dbError, OutputExistsError
+from .idx import GZIP_MAGIC, IdxHeader, _parse_header, _size_error, open_idx
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = [
+    "DbInfo",
+    "ExportResult",
+    "IdxInfo",
+    "Record",
+    "VerifyError",
+    "db_info",
+    "export_db",
+    "find_labels",
+    "idx_info",
+    "select_records",
+    "verify_db",
+]
+
+ProgressCallback = Callable[[int, int], None]
+
+_BATCH = 1000
+_CHUNK = 1 << 20
+
+
+class VerifyError(Mnist2dbError):
+    """A database differs from the IDX files it is compared with."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One item to show: its position, its key (databases only), label and image."""
+
+    index: int
+    key: bytes | None
+    label: int | None
+    image: np.ndarray  # (channels, height, width)
+
+
+def _key_text(key: bytes) -> str:
+    return key.decode("ascii", errors="backslashreplace")
+
+
+# -- selecting records to show ---------------------------------------------------------------
+
+
+def find_labels(images: str | os.PathLike[str]) -> str | None:
+    """The label file beside an image file, found by name (``*-images-idx3-ubyte[.gz]`` ->
+    ``*-labels-idx1-ubyte[.gz]``, gzip or not), or None."""
+    directory, name = os.path.split(os.fspath(images))
+    if "images" not in name:
+        return None
+    stem = name.removesuffix(".gz")
+    stem = stem.replace("images", "labels").replace("idx3", "idx1")
+    for candidate in (stem, stem + ".gz"):
+        path = os.path.join(directory, candidate)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def select_records(
+    source: str | os.PathLike[str],
+    labels: str | os.PathLike[str] | None = None,
+    *,
+    offset: int = 0,
+    count: int = 10,
+) -> tuple[int, Iterator[Record]]:
+    """The records ``offset`` to ``offset + count`` of an IDX image file or a database.
+
+    Checks happen before this returns; the records are then read as the iterator runs.
+
+    Args:
+        source: an IDX image file (uint8, count × rows × cols) or a database directory.
+        labels: the IDX label file for an image file; None looks for it beside ``source``
+            (see :func:`find_labels`) and shows no labels when there is none.
+        offset: the first record, from 0.
+        count: at most this many records; fewer when the source ends first.
+
+    Returns:
+        ``(total, records)``: the number of records in the source, and the selected ones.
+
+    Raises:
+        IdxFormatError: the IDX file is not uint8 images, or the pair does not match.
+        BackendError: a directory that is not a database.
+        RecordIndexError: ``offset`` is past the end.
+    """
+    from .dataset import RecordIndexError, open_db
+
+    if offset < 0 or count < 0:
+        raise ValueError("offset and count must not be negative")
+    path = os.fspath(source)
+    if os.path.isdir(path):
+        db = open_db(path)
+        total = len(db)
+        if offset >= total:
+            db.close()
+            raise RecordIndexError(f"{path}: offset {offset} is past the end ({total} records)")
+
+        def db_records() -> Iterator[Record]:
+            with db:
+                for index, key, image, label in db.records(offset, offset + count):
+                    yield Record(index, key, label, image)
+
+        return total, db_records()
+
+    images_reader = open_idx(path)
+    header = images_reader.header
+    labels_path = os.fspath(labels) if labels is not None else find_labels(path)
+    try:
+        if header.type_code != 0x08 or len(header.dims) != 3:
+            raise IdxFormatError(
+                f"{path}: cannot show {header.describe()} data: expected uint8 images "
+                f"(magic 0x00000803, count × rows × cols), found magic 0x{header.magic:08x}"
+            )
+        labels_reader = open_idx(labels_path) if labels_path is not None else None
+    except BaseException:
+        images_reader.close()
+        raise
+    total = header.count
+    try:
+        if labels_reader is not None:
+            check_pair(header, labels_reader.header)
+        if offset >= total:
+            raise RecordIndexError(f"{path}: offset {offset} is past the end ({total} images)")
+    except BaseException:
+        images_reader.close()
+        if labels_reader is not None:
+            labels_reader.close()
+        raise
+
+    def idx_records() -> Iterator[Record]:
+        stop = min(offset + count, total)
+        try:
+            label_batches = (
+                labels_reader.iter_batches(_BATCH) if labels_reader is not None else None
+            )
+            start = 0
+            for batch in images_reader.iter_batches(_BATCH):
+                label_batch = next(label_batches) if label_batches is not None else None
+                end = start + len(batch)
+                for i in range(max(start, offset), min(end, stop)):
+                    label = int(label_batch[i - start]) if label_batch is not None else None
+                    yield Record(i, None, label, batch[i - start][None].copy())
+                start = end
+                if start >= stop:
+                    break
+        finally:
+            images_reader.close()
+            if labels_reader is not None:
+                labels_reader.close()
+
+    return total, idx_records()
+
+
+# -- info --------------------------------------------------------------------------------------
+
+
+@dataclass
+class IdxInfo:
+    """What ``info`` reports on an IDX file."""
+
+    header: IdxHeader
+    file_size: int
+    data_size: int  # bytes of data found after the header (decompressed for gzip)
+    problem: str | None
+    label_counts: dict[int, int] | None = None
+
+    @property
+    def expected_size(self) -> int:
+        return self.header.header_size + self.header.payload_size
+
+    @property
+    def actual_size(self) -> int:
+        return self.header.header_size + self.data_size
+
+    @property
+    def kind(self) -> str:
+        if self.header.magic == 0x00000803:
+            return "MNIST images"
+        if self.header.magic == 0x00000801:
+            return "MNIST labels"
+        return "IDX array"
+
+
+def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
+    """Describe an IDX file: header, sizes, gzip or not, whether it is valid.
+
+    The file is read through once (a chunk at a time) when it is gzip-compressed or a label
+    file, to measure its data and count labels; a plain image file is measured by its size.
+
+    Raises:
+        IdxFormatError: the file cannot be read or its header cannot be parsed at all.
+    """
+    import numpy as np
+
+    path = os.fspath(path)
+    with open_raw(path) as raw:
+        file_size = os.fstat(raw.fileno()).st_size
+        gzipped = raw.read(2) == GZIP_MAGIC
+        raw.seek(0)
+        stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
+        try:
+            header = _parse_header(stream, path, gzipped)
+        except (gzip.BadGzipFile, zlib.error, EOFError, OSError) as exc:
+            raise IdxFormatError(f"{path}: corrupt gzip stream: {exc}") from None
+        count_labels = header.magic == 0x00000801
+        problem = None
+        counts = np.zeros(256, dtype=np.int64) if count_labels else None
+        if not gzipped and not count_labels:
+            data_size = file_size - header.header_size
+        else:
+            data_size = 0
+            try:
+                while chunk := stream.read(_CHUNK):
+                    if counts is not None:
+                        room = max(0, header.payload_size - data_size)
+                        counts += np.bincount(
+                            np.frombuffer(chunk[:room], dtype=np.uint8), minlength=256
+                        )
+                    data_size += len(chunk)
+            except (gzip.BadGzipFile, zlib.error, EOFError, OSError) as exc:
+                problem = f"corrupt gzip stream after {data_size} bytes of data: {exc}"
+    if problem is None and data_size != header.payload_size:
+        problem = str(_size_error(header, data_size)).removeprefix(f"{path}: ")
+    label_counts = (
+        {int(v): int(n) for v, n in enumerate(counts) if n} if counts is not None else None
+    )
+    return IdxInfo(header, file_size, data_size, problem, label_counts)
+
+
+def open_raw(path: str) -> io.BufferedReader:
+    from .idx import _open_raw
+
+    return _open_raw(path)
+
+
+@dataclass
+class DbInfo:
+    """What ``info`` reports on a database."""
+
+    path: str
+    backend: str
+    count: int
+    first_key: bytes | None
+    last_key: bytes | None
+    sequential_keys: bool
+    shape: tuple[int, int, int] | None
+    encoding: str | None
+    label_counts: dict[int, int] = field(default_factory=dict)
+    disk_size: int = 0
+    problem: str | None = None
+
+
+def _datum_encoding(datum: object) -> str:
+    if getattr(datum, "encoded", False):
+        return "encoded image (Datum.encoded)"
+    if len(getattr(datum, "data", b"")):
+        return "uint8 data"
+    if len(getattr(datum, "float_data", ())):
+        return "float_data"
+    return "empty"
+
+
+def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = None) -> DbInfo:
+    """Describe a database: backend, records, key range, Datum shape and encoding, labels.
+
+    Reads every record once, in one read transaction (LMDB readers neither wait for nor
+    block other readers or a writer). ``problem`` names the first record that does not fit.
+
+    Raises:
+        BackendError: the path is not a database of either backend, or cannot be opened.
+    """
+    from .dataset import record_key
+
+    path = os.fspath(path)
+    backend = detect_backend(path)
+    info = DbInfo(path, backend, 0, None, None, True, None, None)
+    counts: dict[int, int] = {}
+    with open_reader(path, backend) as reader:
+        total = len(reader) if progress is not None else 0
+        count = 0
+        key = b""
+        for key, value in reader:
+            if count == 0:
+                info.first_key = bytes(key)
+            if info.sequential_keys and key != record_key(count):
+                info.sequential_keys = False
+            count += 1
+            if info.problem is not None:
+                continue
+            try:
+                datum = decode_datum(bytes(value))
+            except DatumError as exc:
+                info.problem = f"key {_key_text(bytes(key))}: {exc}"
+                continue
+            shape = (int(datum.channels), int(datum.height), int(datum.width))
+            encoding = _datum_encoding(datum)
+            if info.shape is None:
+                info.shape, info.encoding = shape, encoding
+            elif shape != info.shape or encoding != info.encoding:
+                info.problem = (
+                    f"key {_key_text(bytes(key))}: Datum {'×'.join(map(str, shape))} "
+                    f"{encoding}, the first record is {'×'.join(map(str, info.shape))} "
+                    f"{info.encoding}"
+                )
+            counts[int(datum.label)] = counts.get(int(datum.label), 0) + 1
+            if progress is not None and count % _BATCH == 0:
+                progress(count, total)
+        info.last_key = bytes(key) if count else None
+    info.count = count
+    # Measured after closing: opening a LevelDB database may rewrite its log into a table.
+    info.disk_size = sum(
+        os.path.getsize(os.path.join(path, name))
+        for name in os.listdir(path)
+        if os.path.isfile(os.path.join(path, name))
+    )
+    info.label_counts = dict(sorted(counts.items()))
+    if progress is not None:
+        progress(count, total)
+    return info
+
+
+# -- verify ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    count: int
+    rows: int
+    cols: int
+
+
+def _describe_mismatch(key: bytes, value: bytes, image: np.ndarray, label: int) -> str:
+    """Name the first field in which ``value`` differs from the Datum Caffe writes."""
+    try:
+        datum = decode_datum(value)
+    except DatumError as exc:
+        return f"key {_key_text(key)}: {exc}"
+    rows, cols = image.shape
+    for name, got, want in (
+        ("channels", datum.channels, 1),
+        ("height", datum.height, rows),
+        ("width", datum.width, cols),
+    ):
+        if got != want:
+            return f"key {_key_text(key)}: field {name} is {got}, the source has {want}"
+    expected = image.tobytes()
+    data = bytes(datum.data)
+    if len(data) != len(expected):
+        return (
+            f"key {_key_text(key)}: field data holds {len(data)} bytes, "
+            f"the source image has {len(expected)}"
+        )
+    if data != expected:
+        diffs = [i for i in range(len(data)) if data[i] != expected[i]]
+        row, col = divmod(diffs[0], cols)
+        more = f" ({len(diffs)} bytes differ)" if len(diffs) > 1 else ""
+        return (
+            f"key {_key_text(key)}: field data differs at byte {diffs[0]} (row {row}, "
+            f"column {col}): database {data[diffs[0]]}, source {expected[diffs[0]]}{more}"
+        )
+    if datum.label != label:
+        return f"key {_key_text(key)}: field label is {datum.label}, the source has {label}"
+    return (
+        f"key {_key_text(key)}: value of {len(value)} bytes is not Caffe's encoding of "
+        f"the source's fields (extra or reordered fields)"
+    )
+
+
+def verify_db(
+    db: str | os.PathLike[str],
+    images: str | os.PathLike[str],
+    labels: str | os.PathLike[str],
+    *,
+    progress: ProgressCallback | None = None,
+) -> VerifyResult:
+    """Check that database ``db`` holds exactly what ``convert(images, labels)`` writes.
+
+    Every record is compared with the source, key and value, in one pass over the three
+    inputs, a batch at a time. A value equal byte for byte to Caffe's encoding passes;
+    otherwise the first differing field is named.
+
+    Raises:
+        VerifyError: a record differs (naming its key and field), records are missing, or
+            the database holds records the source does not.
+        IdxFormatError, BackendError: an input cannot be read.
+    """
+    from .dataset import record_key
+
+    db_path = os.fspath(db)
+    with open_idx(images) as images_reader, open_idx(labels) as labels_reader:
+        check_pair(images_reader.header, labels_reader.header)
+        total = images_reader.header.count
+        rows, cols = images_reader.header.dims[1:]
+        with open_reader(db_path) as reader:
+            records = iter(reader)
+            index = 0
+            for image_batch, label_batch in zip(
+                images_reader.iter_batches(_BATCH), labels_reader.iter_batches(_BATCH), strict=True
+            ):
+                expected_values = encode_batch(image_batch, label_batch)
+                for j, expected in enumerate(expected_values):
+                    want_key = record_key(index)
+                    record = next(records, None)
+                    if record is None:
+                        missing = total - index
+                        raise VerifyError(
+                            f"{db_path}: {missing} record{'s' if missing > 1 else ''} missing: "
+                            f"the database ends after {index} records, the source has {total} "
+                            f"(first missing key {want_key.decode()})"
+                        )
+                    key, value = bytes(record[0]), bytes(record[1])
+                    if key != want_key:
+                        if key > want_key:
+                            raise VerifyError(
+                                f"{db_path}: key {want_key.decode()} missing "
+                                f"(the next key is {_key_text(key)})"
+                            )
+                        raise VerifyError(
+                            f"{db_path}: key {_key_text(key)} is not in the source "
+                            f"(expected key {want_key.decode()})"
+                        )
+                    if value != expected:
+                        raise VerifyError(
+                            f"{db_path}: "
+                            + _describe_mismatch(key, value, image_batch[j], int(label_batch[j]))
+                            + f" ({os.fspath(images)} item {index})"
+                        )
+                    index += 1
+                if progress is not None:
+                    progress(index, total)
+            extra_first = next(records, None)
+            if extra_first is not None:
+                extra = 1
+                last = bytes(extra_first[0])
+                for last_key, _ in records:
+                    extra += 1
+                    last = bytes(last_key)
+                first = _key_text(bytes(extra_first[0]))
+                keys = first if extra == 1 else f"{first} to {_key_text(last)}"
+                raise VerifyError(
+                    f"{db_path}: {extra} extra record{'s' if extra > 1 else ''} not in the "
+                    f"source ({total} items): key{'s' if extra > 1 else ''} {keys}"
+                )
+    return VerifyResult(total, rows, cols)
+
+
+# -- export ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    images: str
+    labels: str
+    count: int
+    rows: int
+    cols: int
+
+
+def default_prefix(db: str | os.PathLike[str]) -> str:
+    """The file-name stem for :func:`export_db`: ``t10k`` for a test database, ``train`` for
+    a training one (MNIST's names), else the database's own name."""
+    name = os.path.basename(os.path.normpath(os.fspath(db)))
+    lowered = name.lower()
+    if "test" in lowered or "t10k" in lowered:
+        return "t10k"
+    if "train" in lowered:
+        return "train"
+    return name
+
+
+def export_db(
+    db: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    prefix: str | None = None,
+    overwrite: bool = False,
+    progress: ProgressCallback | None = None,
+) -> ExportResult:
+    """Write ``PREFIX-images-idx3-ubyte`` and ``PREFIX-labels-idx1-ubyte`` from a database of
+    single-channel uint8 Datums, in key order. For a database made by ``convert`` the files
+    equal the sources byte for byte.
+
+    Both files are written under temporary names in ``out_dir`` (created if missing) and
+    renamed into place only when both are complete.
+
+    Raises:
+        OutputExistsError: a destination file exists and ``overwrite`` is false.
+        DatumError: a record is not a 1-channel uint8 Datum of the first record's size, or
+            its label does not fit a uint8 label file.
+        BackendError: ``db`` is not a database.
+    """
+    import struct
+
+    import numpy as np
+
+    db_path = os.fspath(db)
+    out = os.fspath(out_dir)
+    stem = prefix if prefix is not None else default_prefix(db_path)
+    images_out = os.path.join(out, f"{stem}-images-idx3-ubyte")
+    labels_out = os.path.join(out, f"{stem}-labels-idx1-ubyte")
+    if not overwrite:
+        for target in (images_out, labels_out):
+            if os.path.lexists(target):
+                raise OutputExistsError(f"{target}: already exists (use --overwrite to replace it)")
+    with open_reader(db_path) as reader:
+        total = len(reader)
+        if total == 0:
+            raise DatumError(f"{db_path}: the database is empty, nothing to export")
+        first_key = reader.first_key()
+        first = decode_datum(reader.get(first_key) or b"" if first_key is not None else b"")
+        rows, cols = int(first.height), int(first.width)
+        try:
+            os.makedirs(out, exist_ok=True)
+        except OSError as exc:
+            raise OutputExistsError(f"{out}: cannot create directory: {exc.strerror}") from None
+        temps: list[str] = []
+        try:
+            image_fd, image_tmp = tempfile.mkstemp(prefix=".mnist2db-tmp-", dir=out)
+            temps.append(image_tmp)
+            label_fd, label_tmp = tempfile.mkstemp(prefix=".mnist2db-tmp-", dir=out)
+            temps.append(label_tmp)
+            with os.fdopen(image_fd, "wb") as image_file, os.fdopen(label_fd, "wb") as label_file:
+                image_file.write(struct.pack(">4I", 0x00000803, total, rows, cols))
+                label_file.write(struct.pack(">2I", 0x00000801, total))
+                labels = np.empty(_BATCH, dtype=np.uint8)
+                pending: list[bytes] = []
+                count = 0
+                for key, value in reader:
+                    datum = decode_datum(bytes(value))
+                    where = f"{db_path}: key {_key_text(bytes(key))}"
+                    if (datum.channels, datum.height, datum.width) != (1, rows, cols):
+                        raise DatumError(
+                            f"{where}: Datum {datum.channels}×{datum.height}×{datum.width}, "
+                            f"an IDX image file needs every record 1×{rows}×{cols}"
+                        )
+                    if datum.encoded or len(datum.data) != rows * cols:
+                        raise DatumError(
+                            f"{where}: not raw uint8 pixels ({_datum_encoding(datum)}, "
+                            f"{len(datum.data)} data bytes)"
+                        )
+                    if not 0 <= datum.label <= 255:
+                        raise DatumError(
+                            f"{where}: label {datum.label} does not fit a uint8 IDX label file"
+                        )
+                    labels[len(pending)] = datum.label
+                    pending.append(datum.data)
+                    count += 1
+                    if len(pending) == _BATCH:
+                        image_file.write(b"".join(pending))
+                        label_file.write(labels[: len(pending)].tobytes())
+                        pending.clear()
+                        if progress is not None:
+                            progress(count, total)
+                image_file.write(b"".join(pending))
+                label_file.write(labels[: len(pending)].tobytes())
+                if count != total:
+                    raise DatumError(
+                        f"{db_path}: read {count} records, the database reported {total} "
+                        "(was it changed while exporting?)"
+                    )
+                for stream in (image_file, label_file):
+                    stream.flush()
+                    os.fsync(stream.fileno())
+            mode = 0o666 & ~_umask()
+            for tmp in temps:
+                os.chmod(tmp, mode)
+            os.replace(image_tmp, images_out)
+            temps.remove(image_tmp)
+            os.replace(label_tmp, labels_out)
+            temps.remove(label_tmp)
+        except OSError as exc:
+            raise Mnist2dbError(f"{out}: cannot write: {exc.strerror or exc}") from None
+        finally:
+            for tmp in temps:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+    if progress is not None:
+        progress(count, total)
+    _fsync_dir(out)
+    return ExportResult(images_out, labels_out, count, rows, cols)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

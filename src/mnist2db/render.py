@@ -1,0 +1,183 @@
+"""Draw images for people: as text for a terminal, or as a labelled PNG grid.
+
+Text views take one pixel per character cell row, two characters wide (a terminal cell is
+about twice as tall as it is wide), so a 28 × 28 digit keeps its proportions:
+
+* shading (default): ``" ░▒▓█"``, darker glyph for a brighter pixel;
+* ``ascii=True``: the same idea with ``" .:-=+*#%@"`` for plain terminals;
+* ``threshold=T``: the seed script's 0/1 view, ``1`` where a pixel is above ``T``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .errors import Mnist2dbError, OutputExistsError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = [
+    "ASCII_RAMP",
+    "SHADE_RAMP",
+    "RenderError",
+    "grid_layout",
+    "image_to_gray",
+    "image_to_text",
+    "write_png_grid",
+]
+
+SHADE_RAMP = " ░▒▓█"
+ASCII_RAMP = " .:-=+*#%@"
+
+#: PNG grid geometry: each pixel becomes SCALE × SCALE, cells are separated by PAD white
+#: pixels, and a LABEL_HEIGHT band above each image holds its caption.
+SCALE = 3
+PAD = 4
+LABEL_HEIGHT = 14
+MAX_COLUMNS = 10
+
+
+class RenderError(Mnist2dbError):
+    """An image cannot be drawn (a channel count other than 1 or 3), or a PNG not written."""
+
+
+def image_to_gray(image: np.ndarray) -> np.ndarray:
+    """A ``(height, width)`` uint8 view of a ``(channels, height, width)`` image.
+
+    One channel is taken as is; three are Caffe's BGR order, reduced to luminance.
+
+    Raises:
+        RenderError: another number of channels, or a non-uint8 image.
+    """
+    import numpy as np
+
+    if image.ndim != 3:
+        raise RenderError(f"cannot draw an array of shape {image.shape}: expected (c, h, w)")
+    if image.dtype != np.uint8:
+        raise RenderError(f"cannot draw {image.dtype} pixels: expected uint8")
+    if image.shape[0] == 1:
+        gray: np.ndarray = image[0]
+        return gray
+    if image.shape[0] == 3:
+        blue, green, red = (image[i].astype(np.float32) for i in range(3))
+        gray = np.rint(0.299 * red + 0.587 * green + 0.114 * blue).astype(np.uint8)
+        return gray
+    raise RenderError(f"cannot draw an image with {image.shape[0]} channels (expected 1 or 3)")
+
+
+def image_to_text(
+    image: np.ndarray, *, threshold: int | None = None, ascii: bool = False
+) -> list[str]:
+    """The lines that draw ``image`` (``(channels, height, width)`` uint8) in a terminal.
+
+    Args:
+        threshold: draw ``1`` where a pixel is greater than this and ``0`` elsewhere,
+            digits separated by spaces, as the seed script prints.
+        ascii: use printable ASCII instead of Unicode shading.
+    """
+    import numpy as np
+
+    gray = image_to_gray(image)
+    if threshold is not None:
+        bits = (gray > threshold).astype(np.uint8)
+        return [" ".join("01"[b] for b in row) for row in bits.tolist()]
+    ramp = ASCII_RAMP if ascii else SHADE_RAMP
+    levels = (gray.astype(np.uint16) * len(ramp)) >> 8
+    return ["".join(ramp[v] * 2 for v in row).rstrip() for row in levels.tolist()]
+
+
+def grid_layout(count: int, height: int, width: int) -> tuple[int, int, int, int]:
+    """``(columns, rows, png_width, png_height)`` of the grid for ``count`` images."""
+    columns = min(count, max(5, math.ceil(math.sqrt(count))), MAX_COLUMNS)
+    columns = max(columns, 1)
+    rows = max(1, math.ceil(count / columns))
+    cell_w = width * SCALE
+    cell_h = LABEL_HEIGHT + height * SCALE
+    return columns, rows, columns * cell_w + (columns + 1) * PAD, rows * cell_h + (rows + 1) * PAD
+
+
+def cell_origin(position: int, columns: int, height: int, width: int) -> tuple[int, int]:
+    """Top-left corner ``(x, y)`` of the image (below its caption) in grid cell ``position``."""
+    row, column = divmod(position, columns)
+    x = PAD + column * (width * SCALE + PAD)
+    y = PAD + row * (LABEL_HEIGHT + height * SCALE + PAD) + LABEL_HEIGHT
+    return x, y
+
+
+def write_png_grid(
+    images: Sequence[np.ndarray],
+    captions: Sequence[str],
+    path: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+) -> tuple[int, int]:
+    """Write ``images`` (each ``(channels, height, width)`` uint8, one shape) as a PNG grid,
+    each under its caption; white background, pixels as stored (MNIST: white on black).
+
+    The file is written beside ``path`` under a temporary name and renamed when complete.
+
+    Returns:
+        The PNG's ``(width, height)``.
+
+    Raises:
+        OutputExistsError: ``path`` exists and ``overwrite`` is false.
+        RenderError: no images, images of different shapes, or the file cannot be written.
+    """
+    import numpy as np
+    from PIL import Image, ImageDraw, ImageFont
+
+    out = os.fspath(path)
+    if not images:
+        raise RenderError(f"{out}: no images to draw")
+    if os.path.lexists(out) and not overwrite:
+        raise OutputExistsError(f"{out}: already exists (use --overwrite to replace it)")
+    grays = [image_to_gray(image) for image in images]
+    height, width = grays[0].shape
+    for gray in grays:
+        if gray.shape != (height, width):
+            raise RenderError(
+                f"{out}: images of different sizes ({height} × {width} and "
+                f"{gray.shape[0]} × {gray.shape[1]}) cannot share a grid"
+            )
+    columns, _, png_w, png_h = grid_layout(len(grays), height, width)
+    canvas = Image.new("L", (png_w, png_h), color=255)
+    draw = ImageDraw.Draw(canvas)
+    font = ImageFont.load_default()
+    block = np.ones((SCALE, SCALE), dtype=np.uint8)
+    for position, (gray, caption) in enumerate(zip(grays, captions, strict=True)):
+        x, y = cell_origin(position, columns, height, width)
+        canvas.paste(Image.fromarray(np.kron(gray, block)), (x, y))
+        text = caption
+        while text and draw.textlength(text, font=font) > width * SCALE:
+            text = text[1:]
+        draw.text((x, y - LABEL_HEIGHT + 1), text, fill=0, font=font)
+    directory = os.path.dirname(os.path.abspath(out))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".mnist2db-tmp-", suffix=".png", dir=directory)
+    except OSError as exc:
+        raise RenderError(f"{out}: cannot write: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as stream:
+            canvas.save(stream, format="PNG")
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, out)
+    except OSError as exc:
+        os.unlink(tmp)
+        raise RenderError(f"{out}: cannot write: {exc.strerror or exc}") from None
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return png_w, png_h
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,0 +1,256 @@
+"""mnist2db create and the drop-in scripts: both databases, through the one conversion pipeline."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import FASHION_DIR, write_idx
+
+from mnist2db.backends import detect_backend, open_reader
+from mnist2db.cli import cli
+from mnist2db.datum import datum_to_array, decode_datum
+from mnist2db.errors import IdxFormatError, OutputExistsError
+from mnist2db.fetch import create_databases
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "scripts"
+
+
+def write_dataset(directory: Path, *, gz: bool = False, train: int = 12, test: int = 7) -> dict:
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(3)
+    arrays = {}
+    for stem, count in (("train", train), ("t10k", test)):
+        images = rng.integers(0, 256, size=(count, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, size=count, dtype=np.uint8)
+        suffix = ".gz" if gz else ""
+        write_idx(directory / f"{stem}-images-idx3-ubyte{suffix}", images, gz=gz)
+        write_idx(directory / f"{stem}-labels-idx1-ubyte{suffix}", labels, gz=gz)
+        arrays[stem] = (images, labels)
+    return arrays
+
+
+def read_back(path: Path) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+    keys, images, labels = [], [], []
+    with open_reader(path) as reader:
+        for key, value in reader:
+            datum = decode_datum(bytes(value))
+            keys.append(bytes(key))
+            images.append(datum_to_array(datum)[0])
+            labels.append(datum.label)
+    return keys, np.array(images), np.array(labels, dtype=np.uint8)
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_create_writes_train_and_test(tmp_path: Path, backend: str) -> None:
+    arrays = write_dataset(tmp_path / "data")
+    results = create_databases("mnist", tmp_path / "data", tmp_path / "out", backend)
+    assert [Path(r.path).name for r in results] == [
+        f"mnist_train_{backend}",
+        f"mnist_test_{backend}",
+    ]
+    assert [r.count for r in results] == [12, 7]
+    for db, stem in ((f"mnist_train_{backend}", "train"), (f"mnist_test_{backend}", "t10k")):
+        assert detect_backend(tmp_path / "out" / db) == backend
+        keys, images, labels = read_back(tmp_path / "out" / db)
+        assert keys == [b"%08d" % i for i in range(len(keys))]
+        np.testing.assert_array_equal(images, arrays[stem][0])
+        np.testing.assert_array_equal(labels, arrays[stem][1])
+
+
+def test_create_goes_through_the_one_conversion_pipeline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_dataset(tmp_path / "data")
+    # The module, not the function: mnist2db.convert is the function once the lazy
+    # package attribute has been used.
+    convert_module = importlib.import_module("mnist2db.convert")
+    calls = []
+    real = convert_module.convert
+
+    def spy(*args: object, **kwargs: object) -> object:
+        calls.append((Path(str(args[0])).name, Path(str(args[2])).name, args[3]))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(convert_module, "convert", spy)
+    create_databases("mnist", tmp_path / "data", tmp_path / "out", "leveldb")
+    assert calls == [
+        ("train-images-idx3-ubyte", "mnist_train_leveldb", "leveldb"),
+        ("t10k-images-idx3-ubyte", "mnist_test_leveldb", "leveldb"),
+    ]
+
+
+def test_create_reads_gz_when_only_that_is_present(tmp_path: Path) -> None:
+    arrays = write_dataset(tmp_path / "data", gz=True)
+    create_databases("mnist", tmp_path / "data", tmp_path / "out")
+    _, images, _ = read_back(tmp_path / "out" / "mnist_test_lmdb")
+    np.testing.assert_array_equal(images, arrays["t10k"][0])
+
+
+def test_cli_create_defaults_follow_the_dataset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    write_dataset(tmp_path / "data" / "mnist")
+    write_dataset(tmp_path / "data" / "kmnist", train=3, test=2)
+    runner = CliRunner()
+    result = runner.invoke(cli, ["create"])
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(
+        "Wrote examples/mnist/mnist_train_lmdb (lmdb): 12 records of 28x28 in "
+    )
+    assert lines[1].startswith("Wrote examples/mnist/mnist_test_lmdb (lmdb): 7 records of 28x28")
+    assert len(lines) == 2
+    result = runner.invoke(cli, ["create", "--dataset", "kmnist", "--backend", "LevelDB", "-q"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    assert sorted(os.listdir(tmp_path / "examples" / "kmnist")) == [
+        "mnist_test_leveldb",
+        "mnist_train_leveldb",
+    ]
+    assert read_back(tmp_path / "examples" / "kmnist" / "mnist_test_leveldb")[2].shape == (2,)
+
+
+def test_cli_create_missing_input_says_to_fetch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["create", "--dataset", "fashion-mnist"])
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "Error: data/fashion-mnist/train-images-idx3-ubyte: not found "
+        "(run: mnist2db fetch --dataset fashion-mnist)\n"
+    )
+    result = CliRunner().invoke(cli, ["create", "--data", "elsewhere"])
+    assert result.stderr == (
+        "Error: elsewhere/train-images-idx3-ubyte: not found "
+        "(run: mnist2db fetch --dataset mnist --data elsewhere)\n"
+    )
+    assert not (tmp_path / "examples").exists()
+
+
+def test_missing_test_split_writes_nothing(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "data")
+    (tmp_path / "data" / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(IdxFormatError, match="t10k-labels-idx1-ubyte: not found"):
+        create_databases("mnist", tmp_path / "data", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_create_existing_output(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "data")
+    args = ["create", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "-q"]
+    runner = CliRunner()
+    assert runner.invoke(cli, args).exit_code == 0
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {tmp_path / 'out' / 'mnist_train_lmdb'}: already exists "
+        "(use --overwrite to replace it)\n"
+    )
+    write_dataset(tmp_path / "data", train=5)
+    result = runner.invoke(cli, [*args, "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert len(read_back(tmp_path / "out" / "mnist_train_lmdb")[0]) == 5
+
+
+def test_create_never_replaces_a_directory_that_is_not_a_database(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "data")
+    precious = tmp_path / "out" / "mnist_train_lmdb"
+    precious.mkdir(parents=True)
+    (precious / "notes.txt").write_text("mine")
+    with pytest.raises(OutputExistsError, match="is not an LMDB or LevelDB database"):
+        create_databases("mnist", tmp_path / "data", tmp_path / "out", overwrite=True)
+    assert (precious / "notes.txt").read_text() == "mine"
+
+
+# -- the drop-in scripts, on Debian's Fashion-MNIST --------------------------------------------
+
+
+def record_digest(path: Path) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    count = 0
+    with open_reader(path) as reader:
+        for key, value in reader:
+            digest.update(struct.pack(">I", len(key)) + bytes(key))
+            digest.update(struct.pack(">I", len(value)) + bytes(value))
+            count += 1
+    return count, digest.hexdigest()
+
+
+def test_scripts_fetch_and_create_like_caffe(tmp_path: Path) -> None:
+    if not all((FASHION_DIR / f"{s}-images-idx3-ubyte.gz").exists() for s in ("train", "t10k")):
+        pytest.skip(f"Debian's dataset-fashion-mnist is not installed ({FASHION_DIR})")
+    env = {
+        **os.environ,
+        "MNIST2DB": f"{sys.executable} -m mnist2db",
+        "MNIST2DB_MIRROR": str(FASHION_DIR),  # a plain directory as the mirror
+        "DATASET": "fashion-mnist",
+        "BACKEND": "leveldb",
+    }
+    run = subprocess.run(
+        ["sh", str(SCRIPTS / "get_mnist.sh"), "-q"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "Downloading...\nDone.\n"
+    assert sorted(os.listdir(tmp_path / "data" / "fashion-mnist")) == sorted(
+        [".mnist2db.sha256"]
+        + [
+            f"{s}-{k}"
+            for s in ("t10k", "train")
+            for k in ("images-idx3-ubyte", "labels-idx1-ubyte")
+        ]
+    )
+    # Caffe's create_mnist.sh removes the old databases first: so does ours (--overwrite).
+    stale = tmp_path / "examples" / "fashion-mnist" / "mnist_test_leveldb"
+    for _ in range(2):
+        run = subprocess.run(
+            ["sh", str(SCRIPTS / "create_mnist.sh"), "-q"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr
+        assert run.stdout == "Creating leveldb...\nDone.\n"
+    assert detect_backend(stale) == "leveldb"
+    assert record_digest(stale) == (
+        10000,
+        "2dc00bc680cecf9443cc7c4214066f4211d4b3989991745da969dc0a442c3e21",
+    )
+    train = tmp_path / "examples" / "fashion-mnist" / "mnist_train_leveldb"
+    assert record_digest(train)[0] == 60000
+
+
+def test_scripts_fail_with_set_e(tmp_path: Path) -> None:
+    env = {**os.environ, "MNIST2DB": f"{sys.executable} -m mnist2db"}
+    run = subprocess.run(
+        ["sh", str(SCRIPTS / "create_mnist.sh")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 1
+    assert run.stdout == "Creating lmdb...\n"  # no "Done."
+    assert run.stderr == (
+        "Error: data/mnist/train-images-idx3-ubyte: not found "
+        "(run: mnist2db fetch --dataset mnist --data data/mnist)\n"
+    )
