@@ -48,13 +48,13 @@ import mnist2db.cli as cli
 import mnist2db.convert as conv
 
 
-def pause(where):
-    with open(cfg["flag"] + ".tmp", "w") as f:
+def pause(where, flag=cfg["flag"], release=cfg.get("release")):
+    with open(flag + ".tmp", "w") as f:
         f.write(where)
-    os.rename(cfg["flag"] + ".tmp", cfg["flag"])
+    os.rename(flag + ".tmp", flag)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if cfg.get("release") and os.path.exists(cfg["release"]):
+        if release and os.path.exists(release):
             return
         time.sleep(0.005)
 
@@ -73,6 +73,13 @@ if stage == "midway":
         yield report
 
     cli.progress_reporter = reporter
+    if cfg.get("pause_cleanup"):  # a second stop, while the staging directory is removed
+
+        def checkpoint(s, staging):
+            if s == "cleanup":
+                pause(staging, cfg["flag"] + "-cleanup", cfg["release_cleanup"])
+
+        conv._checkpoint = checkpoint
 elif stage:
 
     def checkpoint(s, staging):
@@ -291,6 +298,31 @@ def test_signal_cleans_up_and_exits_with_one_line(
     proc, flag = spawn(tmp_path, ["convert", *data.args(out)], pause=point)
     wait_for(flag, proc)
     proc.send_signal(sig)
+    assert finish(proc) == (code, "", "Interrupted\n")
+    assert not os.path.lexists(out)
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(("first", "second", "code"), [("INT", "TERM", 130), ("TERM", "INT", 143)])
+def test_second_signal_during_cleanup_is_ignored(
+    tmp_path: Path, data: Dataset, first: str, second: str, code: int
+) -> None:
+    out = tmp_path / "db"
+    release = tmp_path / "go"
+    proc, flag = spawn(
+        tmp_path,
+        ["convert", *data.args(out)],
+        pause="midway",
+        pause_cleanup=True,
+        release_cleanup=str(release),
+    )
+    wait_for(flag, proc)
+    proc.send_signal(getattr(signal, f"SIG{first}"))
+    staging = wait_for(Path(f"{flag}-cleanup"), proc)  # stopped just before the removal
+    assert os.path.isdir(staging)
+    proc.send_signal(getattr(signal, f"SIG{second}"))
+    time.sleep(0.05)  # let it arrive (if it were acted on, the child would end here)
+    release.touch()
     assert finish(proc) == (code, "", "Interrupted\n")
     assert not os.path.lexists(out)
     assert leftovers(tmp_path) == []

@@ -228,7 +228,8 @@ def _checkpoint(stage: str, staging: str) -> None:
     The tests replace it, in a child process, to pause there and kill the process. Stages:
     ``"staging"`` (the staging directory exists, nothing written yet), ``"staged"`` (the
     database is complete and flushed, about to be moved), ``"placed"`` (moved into place;
-    ``staging`` now holds nothing, or the replaced database, still to be removed).
+    ``staging`` now holds nothing, or the replaced database, still to be removed),
+    ``"cleanup"`` (about to remove a staging directory that still exists).
     """
 
 
@@ -349,6 +350,7 @@ def _staged_directory(out: str, overwrite: bool) -> Iterator[str]:
         _checkpoint("placed", staging)
     finally:
         if os.path.lexists(staging):
+            _checkpoint("cleanup", staging)
             shutil.rmtree(staging, ignore_errors=True)
 
 
