@@ -134,27 +134,45 @@ def convert(
         click.echo(f"Wrote {result.path} ({result.backend}) in {result.seconds:.2f} s.", err=True)
 
 
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def _raise_interrupted(signum: int, frame: object) -> None:
+    # One signal is enough: ignore more while the clean-up runs, so that a second Ctrl-C
+    # can neither cut the removal of temporaries short nor print a traceback.
+    for sig in _SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     raise Interrupted(signum)
 
 
 def run_with_signals(func: Callable[[], Any]) -> None:
-    """Run ``func`` so that SIGINT/SIGTERM clean up and exit 130/143 with one line, no traceback."""
-    previous = {
-        sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)
-    }
+    """Run ``func`` so that SIGINT/SIGTERM clean up and exit 130/143 with one line, no traceback.
+
+    The signal handler raises :class:`Interrupted` (a BaseException, so ``except Exception``
+    does not swallow it); every ``finally`` and context manager on the way out runs, which is
+    how the staging directory of a conversion is removed.
+    """
+    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in _SIGNALS}
     try:
         func()
-    except Interrupted as exc:
-        # Further signals during the exit would only print a traceback.
-        for sig in previous:
+    except (Interrupted, KeyboardInterrupt) as exc:
+        for sig in _SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         click.echo("Interrupted", err=True)
-        sys.exit(EXIT_SIGTERM if exc.signum == signal.SIGTERM else EXIT_SIGINT)
-    finally:
-        for sig, handler in previous.items():
-            with contextlib.suppress(ValueError, TypeError):
-                signal.signal(sig, handler)
+        # Handlers stay ignored until the process ends: a late signal would only print a
+        # traceback.
+        sys.exit(EXIT_SIGTERM if signum == signal.SIGTERM else EXIT_SIGINT)
+    except BaseException:
+        _restore(previous)
+        raise
+    _restore(previous)
+
+
+def _restore(previous: dict[signal.Signals, Any]) -> None:
+    for sig, handler in previous.items():
+        with contextlib.suppress(ValueError, TypeError):
+            signal.signal(sig, handler)
 
 
 def main(args: list[str] | None = None, prog_name: str | None = None) -> None:

@@ -12,7 +12,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import hashlib
 import os
+import resource
+import shutil
 import time
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Sequence
@@ -22,7 +25,7 @@ from .datum import datum_prefix, encode_raw_batch, splitter
 from .errors import BackendError, IdxFormatError, Mnist2dbError, OutputExistsError
 from .idx import IdxHeader, open_idx
 
-__all__ = ["ConvertResult", "convert", "check_pair"]
+__all__ = ["ConvertResult", "convert", "check_pair", "remove_stale_staging"]
 
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049
@@ -34,6 +37,8 @@ _APPEND_LIMIT = 10**8
 
 #: Marker in the names of staging directories, so left-overs are recognisable.
 STAGING_MARK = ".mnist2db-tmp-"
+#: Free space (bytes) below which a failed write is blamed on a full file system.
+_LOW_SPACE = 1 << 20
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -97,6 +102,12 @@ def check_pair(images: IdxHeader, labels: IdxHeader) -> None:
             f"{images.path}: {images.count} images, but {labels.path} has {labels.count} labels"
         )
     rows, cols = images.dims[1], images.dims[2]
+    if rows > _INT32_MAX or cols > _INT32_MAX:
+        # Datum's height and width are int32 (found by tests/test_fuzz.py: 2**31 × 0 images).
+        raise IdxFormatError(
+            f"{images.path}: images of {rows} × {cols} pixels do not fit a Datum "
+            f"(height and width at most {_INT32_MAX})"
+        )
     if rows * cols > _INT32_MAX:
         raise IdxFormatError(
             f"{images.path}: images of {rows} × {cols} pixels are too large for a Datum "
@@ -234,46 +245,162 @@ def _check_destination(out: str, overwrite: bool) -> str:
     return parent
 
 
+def _checkpoint(stage: str, staging: str) -> None:
+    """A no-op called at fixed points of the staging life cycle, for the fault tests.
+
+    The tests replace it, in a child process, to pause there and kill the process. Stages:
+    ``"staging"`` (the staging directory exists, nothing written yet), ``"staged"`` (the
+    database is complete and flushed, about to be moved), ``"placed"`` (moved into place;
+    ``staging`` now holds nothing, or the replaced database, still to be removed),
+    ``"cleanup"`` (about to remove a staging directory that still exists).
+    """
+
+
+def _staging_tag(name: str) -> str:
+    """The destination's name as it appears in staging names; hashed if too long for one."""
+    if len(os.fsencode(name)) <= 128:
+        return name
+    return hashlib.sha256(os.fsencode(name)).hexdigest()[:32]
+
+
+def _staging_prefix(name: str) -> str:
+    return f".{_staging_tag(name)}{STAGING_MARK}"
+
+
+def _staging_pid(suffix: str) -> int | None:
+    """The writer's pid from what follows the prefix in a staging name (``<pid>-<random>``)."""
+    pid, dash, random_part = suffix.partition("-")
+    if not (dash and pid.isascii() and pid.isdigit() and random_part.isascii()):
+        return None
+    if not random_part.replace("_", "").isalnum() or random_part.lower() != random_part:
+        return None
+    return int(pid)
+
+
+def _pid_alive(pid: int) -> bool:
+    """True unless ``pid`` certainly does not exist (when unsure, assume it does)."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def remove_stale_staging(out: str | os.PathLike[str]) -> list[str]:
+    """Remove staging directories left beside ``out`` by conversions that were killed.
+
+    Only directories named as :func:`convert` names its staging directories for this very
+    destination (``.<name>.mnist2db-tmp-<pid>-<random>``) are touched, and only when the
+    process ``<pid>`` no longer exists: a conversion still running keeps its own. Returns
+    the paths removed.
+    """
+    out = os.fspath(out)
+    parent = os.path.dirname(os.path.abspath(out))
+    prefix = _staging_prefix(os.path.basename(os.path.normpath(out)))
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        pid = _staging_pid(entry.name[len(prefix) :])
+        if pid is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        if not os.path.lexists(entry.path):
+            removed.append(entry.path)
+    return removed
+
+
+def _explain_write_error(message: str, staging: str, out: str) -> str:
+    """Name the destination rather than the staging directory, and say if space ran out.
+
+    Backends report a full disk or an exceeded file size limit in their own words (LMDB
+    often as an I/O error after a short write); the user should read the cause.
+    """
+    if message.startswith(staging + ": "):
+        message = f"{out}: {message[len(staging) + 2 :]}"
+    hints = []
+    try:
+        vfs = os.statvfs(staging)
+        if vfs.f_bavail * vfs.f_frsize < _LOW_SPACE:
+            hints.append(f"the file system holding {os.path.dirname(staging)} is full")
+    except OSError:
+        pass
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY:
+        with contextlib.suppress(OSError):
+            if any(e.stat().st_size + _LOW_SPACE >= limit for e in os.scandir(staging)):
+                hints.append(f"the file size limit (ulimit -f) of {limit} bytes was reached")
+    return message + "".join(f" ({hint})" for hint in hints)
+
+
 @contextlib.contextmanager
 def _staged_directory(out: str, overwrite: bool) -> Iterator[str]:
     """Yield a fresh staging directory beside ``out``; on success move it to ``out``.
 
     On any exception (KeyboardInterrupt included) the staging directory is removed and the
-    destination is untouched.
+    destination is untouched. Staging directories of killed runs for the same destination
+    are removed first (see :func:`remove_stale_staging`).
     """
     parent = _check_destination(out, overwrite)
     name = os.path.basename(os.path.normpath(out))
+    remove_stale_staging(out)
     try:
-        staging = _mkdtemp(parent, f".{name}{STAGING_MARK}{os.getpid()}-")
+        staging = _mkdtemp(parent, f"{_staging_prefix(name)}{os.getpid()}-")
     except OSError as exc:
         raise BackendError(f"{out}: cannot write in {parent}: {exc.strerror}") from None
     try:
-        # mkdtemp makes 0700; the finished database should follow the umask like mkdir.
-        os.chmod(staging, 0o777 & ~_umask())
-        yield staging
-        _fsync_tree(staging)
+        try:
+            # mkdtemp makes 0700; the finished database should follow the umask like mkdir.
+            os.chmod(staging, 0o777 & ~_umask())
+        except OSError as exc:
+            raise BackendError(f"{out}: cannot set permissions of {staging}: {exc}") from None
+        _checkpoint("staging", staging)
+        try:
+            yield staging
+        except BackendError as exc:
+            raise BackendError(_explain_write_error(str(exc), staging, out)) from exc
+        try:
+            _fsync_tree(staging)
+        except OSError as exc:
+            raise BackendError(f"{out}: cannot flush the database to disk: {exc}") from None
+        _checkpoint("staged", staging)
         _place(staging, out, overwrite)
+        _checkpoint("placed", staging)
     finally:
         if os.path.lexists(staging):
-            import shutil
-
+            _checkpoint("cleanup", staging)
             shutil.rmtree(staging, ignore_errors=True)
 
 
 def _place(staging: str, out: str, overwrite: bool) -> None:
     parent = os.path.dirname(staging)
     try:
-        _move_noreplace(staging, out)
-    except FileExistsError:
-        if not overwrite:
-            raise OutputExistsError(
-                f"{out}: appeared while converting; left it alone (use --overwrite to replace it)"
-            ) from None
-        _check_destination(out, overwrite)
-        _swap(staging, out)  # staging now holds the old database and is removed by the caller
+        try:
+            _move_noreplace(staging, out)
+        except FileExistsError:
+            if not overwrite:
+                raise OutputExistsError(
+                    f"{out}: appeared while converting; left it alone "
+                    "(use --overwrite to replace it)"
+                ) from None
+            _check_destination(out, overwrite)
+            _swap(staging, out)  # staging now holds the old database and is removed by the caller
     except OSError as exc:
         raise BackendError(f"{out}: cannot move the finished database into place: {exc}") from None
-    _fsync_dir(parent)
+    try:
+        _fsync_dir(parent)
+    except OSError as exc:
+        raise BackendError(f"{out}: moved into place, but cannot flush {parent}: {exc}") from None
 
 
 # -- the pipeline -------------------------------------------------------------------------

@@ -55,6 +55,8 @@ IDX_TYPES: dict[int, tuple[str, str]] = {
 
 GZIP_MAGIC = b"\x1f\x8b"
 _READ_CHUNK = 1 << 20
+#: Deflate's largest expansion (258 bytes from 2 bits), bounding what a gzip file can hold.
+_MAX_DEFLATE_RATIO = 1032
 
 
 class IdxHeader(_IdxHeaderFields):
@@ -221,8 +223,18 @@ class IdxReader:
     def _check_gzip_size(self) -> None:
         header = self.header
         expected_total = header.header_size + header.payload_size
+        compressed = os.fstat(self._raw.fileno()).st_size
+        most = _MAX_DEFLATE_RATIO * compressed + _READ_CHUNK
+        if expected_total > most:
+            # Deflate cannot expand more than ~1032:1: refuse a header that claims more
+            # than the file could hold before reading (or allocating) anything.
+            raise IdxFormatError(
+                f"{header.path}: truncated: header declares {header.payload_size} bytes of data "
+                f"({header.describe()}), a gzip file of {compressed} bytes holds at most {most}"
+            )
         isize = _gzip_isize(self._raw)
-        if isize == expected_total % (1 << 32):
+        # ISIZE is the length modulo 2**32, so it settles nothing for longer streams.
+        if isize == expected_total and expected_total < (1 << 32):
             # Likely right; iter_batches still verifies the exact length as it streams.
             self._reopen_after_header()
             return
@@ -296,7 +308,12 @@ class IdxReader:
         done = 0
         while done < header.count:
             n = min(batch_size, header.count - done)
-            batch = np.empty((n, *header.item_shape), dtype=dtype)
+            try:
+                batch = np.empty((n, *header.item_shape), dtype=dtype)
+            except (MemoryError, ValueError) as exc:
+                raise IdxFormatError(
+                    f"{self.path}: cannot hold {n * header.item_size} bytes in memory ({exc})"
+                ) from None
             self._fill(batch, done * header.item_size)
             done += n
             yield batch
