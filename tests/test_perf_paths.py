@@ -15,13 +15,13 @@ from conftest import fashion_file, make_images, make_labels, write_idx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mnist2db.__main__ import parse_convert
 from mnist2db.backends import open_reader
 from mnist2db.convert import convert, record_keys
 from mnist2db.datum import encode_batch, encode_raw_batch
 from mnist2db.datum_pb2 import Datum
 from mnist2db.errors import IdxFormatError
 from mnist2db.idx import open_idx
-from mnist2db.launch import parse_convert
 
 FASHION_DIGESTS = {
     "train": (60000, "cf8f41069ab0b4f729a2a1637b04f586e936e1319fd6033af8fc71cedd01668c"),
@@ -226,7 +226,7 @@ def test_parse_convert_leaves_everything_else_to_click(args: list[str]) -> None:
 
 LAUNCH = (
     "import sys\n"
-    "from mnist2db.launch import main\n"
+    "from mnist2db.__main__ import main\n"
     "try:\n"
     "    main()\n"
     "finally:\n"
@@ -235,12 +235,15 @@ LAUNCH = (
 
 
 def run_both(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], ...]:
-    """Run ``args`` through the launcher (fast path) and through click (python -m mnist2db)."""
+    """Run ``args`` through the launcher (fast path) and through click (mnist2db.cli.main)."""
     fast = subprocess.run(
         [sys.executable, "-c", LAUNCH, *args], capture_output=True, text=True, cwd=cwd
     )
     slow = subprocess.run(
-        [sys.executable, "-m", "mnist2db", *args], capture_output=True, text=True, cwd=cwd
+        [sys.executable, "-c", "from mnist2db.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
     )
     return fast, slow
 
@@ -254,7 +257,15 @@ def test_launcher_converts_without_click_like_click(mnist_pair, tmp_path: Path) 
         cwd=tmp_path,
     )
     slow = subprocess.run(
-        [sys.executable, "-m", "mnist2db", "convert", str(ipath), str(lpath), "slow_db"],
+        [
+            sys.executable,
+            "-c",
+            "from mnist2db.cli import main; main()",
+            "convert",
+            str(ipath),
+            str(lpath),
+            "slow_db",
+        ],
         capture_output=True,
         text=True,
         cwd=tmp_path,

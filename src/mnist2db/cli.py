@@ -7,7 +7,6 @@ Only click is imported at start-up: each command imports what it needs when it r
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,19 +14,9 @@ from typing import Any
 import click
 
 from . import __version__
+from .interrupt import Interrupted, exit_code, signals_raise_interrupted
 
 __all__ = ["cli", "main"]
-
-EXIT_SIGINT = 130
-EXIT_SIGTERM = 143
-
-
-class Interrupted(BaseException):
-    """Raised from a signal handler (SIGINT, SIGTERM) so that clean-up code runs."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
 
 
 @contextlib.contextmanager
@@ -128,56 +117,17 @@ def convert(
             progress=progress,
         )
     if not quiet:
-        click.echo(f"A total of {result.count} items.", err=True)
-        click.echo(f"Rows: {result.rows} Cols: {result.cols}", err=True)
-        click.echo(f"Processed {result.count} files.", err=True)
-        click.echo(f"Wrote {result.path} ({result.backend}) in {result.seconds:.2f} s.", err=True)
-
-
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def _raise_interrupted(signum: int, frame: object) -> None:
-    # One signal is enough: ignore more while the clean-up runs, so that a second Ctrl-C
-    # can neither cut the removal of temporaries short nor print a traceback.
-    for sig in _SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    raise Interrupted(signum)
-
-
-def run_with_signals(func: Callable[[], Any]) -> None:
-    """Run ``func`` so that SIGINT/SIGTERM clean up and exit 130/143 with one line, no traceback.
-
-    The signal handler raises :class:`Interrupted` (a BaseException, so ``except Exception``
-    does not swallow it); every ``finally`` and context manager on the way out runs, which is
-    how the staging directory of a conversion is removed.
-    """
-    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in _SIGNALS}
-    try:
-        func()
-    except (Interrupted, KeyboardInterrupt) as exc:
-        for sig in _SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
-        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
-        click.echo("Interrupted", err=True)
-        # Handlers stay ignored until the process ends: a late signal would only print a
-        # traceback.
-        sys.exit(EXIT_SIGTERM if signum == signal.SIGTERM else EXIT_SIGINT)
-    except BaseException:
-        _restore(previous)
-        raise
-    _restore(previous)
-
-
-def _restore(previous: dict[signal.Signals, Any]) -> None:
-    for sig, handler in previous.items():
-        with contextlib.suppress(ValueError, TypeError):
-            signal.signal(sig, handler)
+        click.echo(result.summary(), err=True)
 
 
 def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
-    """Entry point of the ``mnist2db`` console script."""
-    run_with_signals(lambda: cli.main(args=args, prog_name=prog_name or "mnist2db"))
+    """Run the click command line; SIGINT/SIGTERM clean up and exit 130/143 with one line."""
+    try:
+        with signals_raise_interrupted():
+            cli.main(args=args, prog_name=prog_name or "mnist2db")
+    except (Interrupted, KeyboardInterrupt) as exc:
+        click.echo("Interrupted", err=True)
+        sys.exit(exit_code(exc))
     # cli.main exits on its own (standalone mode); reaching here means success.
     sys.exit(0)
 

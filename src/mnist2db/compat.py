@@ -213,9 +213,12 @@ def run(argv: list[str]) -> int:
 
 def main() -> None:
     """Entry point of the ``convert_mnist_data`` console script."""
-    from .cli import run_with_signals
+    from .interrupt import Interrupted, exit_code, signals_raise_interrupted
 
-    def go() -> None:
-        sys.exit(run(sys.argv[1:]))
-
-    run_with_signals(go)
+    try:
+        with signals_raise_interrupted():
+            code = run(sys.argv[1:])
+    except (Interrupted, KeyboardInterrupt) as exc:
+        sys.stderr.write("Interrupted\n")
+        sys.exit(exit_code(exc))
+    sys.exit(code)

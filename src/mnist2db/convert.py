@@ -69,6 +69,15 @@ class ConvertResult(_ConvertResultFields):
 
     __slots__ = ()
 
+    def summary(self) -> str:
+        """What Caffe's convert_mnist_data logs, then where the database went and how fast."""
+        return (
+            f"A total of {self.count} items.\n"
+            f"Rows: {self.rows} Cols: {self.cols}\n"
+            f"Processed {self.count} files.\n"
+            f"Wrote {self.path} ({self.backend}) in {self.seconds:.2f} s."
+        )
+
 
 def check_pair(images: IdxHeader, labels: IdxHeader) -> None:
     """Check that two IDX headers are an MNIST image file and its label file.

@@ -1,0 +1,74 @@
+"""SIGINT and SIGTERM as an exception, so that every clean-up on the way out runs.
+
+The front ends (``mnist2db``, ``convert_mnist_data``) run their work inside
+:func:`signals_raise_interrupted` and turn :class:`Interrupted` into the line ``Interrupted``
+and exit code 130 (SIGINT) or 143 (SIGTERM). This module imports neither click nor anything
+heavy: the click-free fast path of ``mnist2db convert`` uses it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+
+TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+__all__ = ["Interrupted", "exit_code", "signals_raise_interrupted"]
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+EXIT_SIGINT = 128 + signal.SIGINT  # 130
+EXIT_SIGTERM = 128 + signal.SIGTERM  # 143
+
+
+class Interrupted(BaseException):
+    """Raised from the signal handler; a BaseException, so ``except Exception`` lets it pass."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _ignore_signals() -> None:
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    # One signal is enough: ignore more while the clean-up runs, so that a second Ctrl-C
+    # can neither cut the removal of temporaries short nor print a traceback.
+    _ignore_signals()
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def signals_raise_interrupted() -> Iterator[None]:
+    """Within the block, SIGINT and SIGTERM raise :class:`Interrupted`.
+
+    After an interruption the signals stay ignored until the process ends (a late signal
+    would only print a traceback); otherwise the previous handlers are restored.
+    """
+    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in SIGNALS}
+    try:
+        yield
+    except (Interrupted, KeyboardInterrupt):
+        _ignore_signals()
+        raise
+    except BaseException:
+        _restore(previous)
+        raise
+    _restore(previous)
+
+
+def _restore(previous: dict[signal.Signals, signal._HANDLER]) -> None:
+    for sig, handler in previous.items():
+        with contextlib.suppress(ValueError, TypeError):
+            signal.signal(sig, handler)
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code for an interruption: 143 for SIGTERM, 130 for SIGINT / KeyboardInterrupt."""
+    if isinstance(exc, Interrupted) and exc.signum == signal.SIGTERM:
+        return EXIT_SIGTERM
+    return EXIT_SIGINT
