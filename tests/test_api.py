@@ -57,3 +57,13 @@ def test_import_is_light() -> None:
     code = "import sys, mnist2db; print(sorted(m for m in ('numpy', 'lmdb', 'plyvel', 'google.protobuf', 'click') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_convert_is_the_function_whatever_was_imported_first() -> None:
+    code = (
+        "import mnist2db.conversion, mnist2db.cli, mnist2db\n"
+        "from mnist2db import convert\n"
+        "print(callable(convert), callable(mnist2db.convert), type(convert).__name__)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "True True function"

@@ -71,9 +71,7 @@ def test_create_goes_through_the_one_conversion_pipeline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_dataset(tmp_path / "data")
-    # The module, not the function: mnist2db.convert is the function once the lazy
-    # package attribute has been used.
-    convert_module = importlib.import_module("mnist2db.convert")
+    convert_module = importlib.import_module("mnist2db.conversion")
     calls = []
     real = convert_module.convert
 

@@ -2,7 +2,7 @@
 odd destinations, readers during writes, decompression bombs, permissions.
 
 Processes that are killed or signalled run a small driver script (``DRIVER``) that replaces
-``mnist2db.convert._checkpoint`` (a no-op hook at the staging life cycle's fixed points) or
+``mnist2db.conversion._checkpoint`` (a no-op hook at the staging life cycle's fixed points) or
 the CLI's progress reporter with a function that writes a flag file and waits: the test
 then knows exactly where the child is when it strikes. Nothing else is patched.
 """
@@ -32,7 +32,7 @@ from conftest import make_images, make_labels, write_idx
 
 from mnist2db.backends import detect_backend, iter_db, open_reader
 from mnist2db.cli import cli
-from mnist2db.convert import STAGING_MARK, convert, remove_stale_staging
+from mnist2db.conversion import STAGING_MARK, convert, remove_stale_staging
 from mnist2db.errors import BackendError, IdxFormatError
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "mnist2db"
@@ -45,7 +45,7 @@ import contextlib, json, os, resource, sys, time
 
 cfg = json.loads(sys.argv[1])
 import mnist2db.cli as cli
-import mnist2db.convert as conv
+import mnist2db.conversion as conv
 
 
 def pause(where, flag=cfg["flag"], release=cfg.get("release")):

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from mnist2db.backends import iter_db
 from mnist2db.cli import cli
-from mnist2db.convert import STAGING_MARK, convert
+from mnist2db.conversion import STAGING_MARK, convert
 from mnist2db.errors import Mnist2dbError
 
 INT32_MAX = (1 << 31) - 1

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from mnist2db.__main__ import parse_convert
 from mnist2db.backends import open_reader
-from mnist2db.convert import convert, record_keys
+from mnist2db.conversion import convert, record_keys
 from mnist2db.datum import encode_batch, encode_raw_batch
 from mnist2db.datum_pb2 import Datum
 from mnist2db.errors import IdxFormatError

@@ -29,8 +29,8 @@ _LAZY = {
     "open_idx": "idx",
     "read_header": "idx",
     "read_idx": "idx",
-    "ConvertResult": "convert",
-    "convert": "convert",
+    "ConvertResult": "conversion",
+    "convert": "conversion",
     "detect_backend": "backends",
     "iter_db": "backends",
     "open_reader": "backends",
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .backends import detect_backend, iter_db, open_reader
-    from .convert import ConvertResult, convert
+    from .conversion import ConvertResult, convert
     from .dataset import DatumDataset, open_db
     from .datum import DatumError, array_to_datum, datum_to_array, decode_datum, encode_datum
     from .errors import (

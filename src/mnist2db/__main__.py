@@ -62,7 +62,7 @@ def parse_convert(args: list[str]) -> dict[str, object] | None:
 
 
 def _run_convert(options: dict[str, object]) -> int:
-    from .convert import convert
+    from .conversion import convert
     from .errors import Mnist2dbError
 
     quiet = bool(options.get("quiet", False))

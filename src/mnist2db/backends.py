@@ -1,7 +1,7 @@
 """LMDB and LevelDB behind one small interface: writers that take key/value batches, readers
 that iterate ``(key, value)`` in key order.
 
-Writers are opened on a fresh directory (the staging directory of :mod:`mnist2db.convert`)
+Writers are opened on a fresh directory (the staging directory of :mod:`mnist2db.conversion`)
 and do not fsync per batch: the finished database is flushed once, by :meth:`Writer.close`,
 before it is moved to its final name. Caffe's own options are kept (LMDB: a directory with
 ``data.mdb`` and ``lock.mdb``; LevelDB: 64 KiB blocks, 256 MiB write buffer, 100 open files).

@@ -104,7 +104,7 @@ def convert(
 
     Example: mnist2db convert --backend=lmdb data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte examples/mnist/mnist_train_lmdb
     """
-    from .convert import convert as run_convert
+    from .conversion import convert as run_convert
 
     with library_errors(), progress_reporter("Converting", quiet) as progress:
         result = run_convert(

@@ -188,7 +188,7 @@ def run(argv: list[str]) -> int:
     image_file, label_file, db_path = parsed.positional
     info = parsed.minloglevel < 1
 
-    from .convert import convert
+    from .conversion import convert
     from .errors import Mnist2dbError
 
     try:

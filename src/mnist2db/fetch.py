@@ -40,7 +40,7 @@ from . import __version__
 from .errors import ChecksumError, DownloadError, IdxFormatError, Mnist2dbError
 
 if TYPE_CHECKING:
-    from .convert import ConvertResult
+    from .conversion import ConvertResult
 
 __all__ = [
     "DATASETS",
@@ -848,7 +848,7 @@ def create_databases(
 ) -> list[ConvertResult]:
     """Convert a fetched dataset into ``mnist_train_<backend>`` and ``mnist_test_<backend>``.
 
-    The same conversion as ``mnist2db convert`` (:func:`mnist2db.convert.convert`), run
+    The same conversion as ``mnist2db convert`` (:func:`mnist2db.conversion.convert`), run
     for the training and the test split, as Caffe's ``create_mnist.sh`` does. Each input
     is the unpacked file, or its ``.gz`` when only that is present.
 
@@ -867,9 +867,9 @@ def create_databases(
 
     Raises:
         IdxFormatError: an input is missing (with a hint to run ``mnist2db fetch``) or bad.
-        OutputExistsError, BackendError: as :func:`mnist2db.convert.convert`.
+        OutputExistsError, BackendError: as :func:`mnist2db.conversion.convert`.
     """
-    from .convert import DEFAULT_BATCH_SIZE, convert
+    from .conversion import DEFAULT_BATCH_SIZE, convert
 
     spec = get_dataset(dataset)
     data = os.fspath(data_dir) if data_dir is not None else default_data_dir(spec)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .backends import detect_backend, open_reader
-from .convert import check_pair
+from .conversion import check_pair
 from .datum import DatumError, decode_datum, encode_batch
 from .errors import IdxFormatError, Mnist2dbError, OutputExistsError
 from .idx import GZIP_MAGIC, IdxHeader, _parse_header, _size_error, open_idx
