@@ -12,10 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import hashlib
 import os
-import resource
-import shutil
 import time
 from collections import namedtuple
 from collections.abc import Callable, Iterator, Sequence
@@ -265,10 +262,19 @@ def _checkpoint(stage: str, staging: str) -> None:
     """
 
 
+def _rmtree(path: str) -> None:
+    # shutil costs ~5 ms of start-up and is needed only when something is left to remove.
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _staging_tag(name: str) -> str:
     """The destination's name as it appears in staging names; hashed if too long for one."""
     if len(os.fsencode(name)) <= 128:
         return name
+    import hashlib  # rare: only for very long names; kept off the start-up path
+
     return hashlib.sha256(os.fsencode(name)).hexdigest()[:32]
 
 
@@ -323,7 +329,7 @@ def remove_stale_staging(out: str | os.PathLike[str]) -> list[str]:
             continue
         if pid == os.getpid() or _pid_alive(pid):
             continue
-        shutil.rmtree(entry.path, ignore_errors=True)
+        _rmtree(entry.path)
         if not os.path.lexists(entry.path):
             removed.append(entry.path)
     return removed
@@ -344,6 +350,8 @@ def _explain_write_error(message: str, staging: str, out: str) -> str:
             hints.append(f"the file system holding {os.path.dirname(staging)} is full")
     except OSError:
         pass
+    import resource
+
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     if limit != resource.RLIM_INFINITY:
         with contextlib.suppress(OSError):
@@ -388,7 +396,7 @@ def _staged_directory(out: str, overwrite: bool) -> Iterator[str]:
     finally:
         if os.path.lexists(staging):
             _checkpoint("cleanup", staging)
-            shutil.rmtree(staging, ignore_errors=True)
+            _rmtree(staging)
 
 
 def _place(staging: str, out: str, overwrite: bool) -> None:
