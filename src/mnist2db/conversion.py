@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from .backends import BACKENDS, detect_backend, open_writer
 from .datum import datum_prefix, encode_raw_batch, splitter
 from .errors import BackendError, IdxFormatError, Mnist2dbError, OutputExistsError
+from .fsutil import fsync_dir, fsync_tree, mkdtemp_beside, umask
 from .idx import IdxHeader, open_idx
 
 __all__ = ["ConvertResult", "convert", "check_pair", "remove_stale_staging"]
@@ -185,44 +186,6 @@ def _swap(src: str, dst: str) -> None:
     os.rename(aside, src)
 
 
-def _fsync_tree(path: str) -> None:
-    """fsync every file in ``path`` and the directory itself."""
-    for entry in os.scandir(path):
-        if entry.is_file(follow_symlinks=False):
-            fd = os.open(entry.path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    _fsync_dir(path)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _mkdtemp(parent: str, prefix: str) -> str:
-    """``tempfile.mkdtemp(prefix=prefix, dir=parent)`` without tempfile's ~10 ms import."""
-    for _ in range(100):
-        path = os.path.join(parent, prefix + os.urandom(6).hex())
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            continue
-        return os.path.abspath(path)
-    raise FileExistsError(errno.EEXIST, "no free staging directory name", parent)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def _check_destination(out: str, overwrite: bool) -> str:
     """Validate the destination; returns its parent directory (created if missing)."""
     if os.path.lexists(out):
@@ -372,13 +335,13 @@ def _staged_directory(out: str, overwrite: bool) -> Iterator[str]:
     name = os.path.basename(os.path.normpath(out))
     remove_stale_staging(out)
     try:
-        staging = _mkdtemp(parent, f"{_staging_prefix(name)}{os.getpid()}-")
+        staging = mkdtemp_beside(parent, f"{_staging_prefix(name)}{os.getpid()}-")
     except OSError as exc:
         raise BackendError(f"{out}: cannot write in {parent}: {exc.strerror}") from None
     try:
         try:
             # mkdtemp makes 0700; the finished database should follow the umask like mkdir.
-            os.chmod(staging, 0o777 & ~_umask())
+            os.chmod(staging, 0o777 & ~umask())
         except OSError as exc:
             raise BackendError(f"{out}: cannot set permissions of {staging}: {exc}") from None
         _checkpoint("staging", staging)
@@ -387,7 +350,7 @@ def _staged_directory(out: str, overwrite: bool) -> Iterator[str]:
         except BackendError as exc:
             raise BackendError(_explain_write_error(str(exc), staging, out)) from exc
         try:
-            _fsync_tree(staging)
+            fsync_tree(staging)
         except OSError as exc:
             raise BackendError(f"{out}: cannot flush the database to disk: {exc}") from None
         _checkpoint("staged", staging)
@@ -415,7 +378,7 @@ def _place(staging: str, out: str, overwrite: bool) -> None:
     except OSError as exc:
         raise BackendError(f"{out}: cannot move the finished database into place: {exc}") from None
     try:
-        _fsync_dir(parent)
+        fsync_dir(parent)
     except OSError as exc:
         raise BackendError(f"{out}: moved into place, but cannot flush {parent}: {exc}") from None
 

@@ -38,6 +38,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from . import __version__
 from .errors import ChecksumError, DownloadError, IdxFormatError, Mnist2dbError
+from .fsutil import file_mode, fsync_dir
 
 if TYPE_CHECKING:
     from .conversion import ConvertResult
@@ -385,7 +386,7 @@ class _Sink:
 
     def place(self) -> None:
         """fsync the verified temp files and move them to their final names."""
-        mode = 0o666 & ~_umask()
+        mode = file_mode()
         pairs = [(self.raw_file, self.raw_path, self.final)]
         if self.gz_file is not None and self.gz_path is not None:
             pairs.append((self.gz_file, self.gz_path, self.final + ".gz"))
@@ -395,7 +396,7 @@ class _Sink:
             handle.close()
             os.chmod(temp, mode)
             os.replace(temp, final)
-        _fsync_dir(os.path.dirname(self.final) or ".")
+        fsync_dir(os.path.dirname(self.final) or ".")
 
     def discard(self) -> None:
         for handle in (getattr(self, "raw_file", None), getattr(self, "gz_file", None)):
@@ -647,7 +648,7 @@ def _write_manifest(directory: str, entries: Mapping[str, str]) -> None:
                 handle.write(f"{entries[name]}  {name}\n")
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(temp, 0o666 & ~_umask())
+        os.chmod(temp, file_mode())
         os.replace(temp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -920,17 +921,3 @@ def _mkstemp(directory: str, prefix: str, suffix: str = "") -> str:
     fd, path = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
     os.close(fd)
     return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

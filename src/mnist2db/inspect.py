@@ -5,11 +5,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import io
 import os
-import tempfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,6 +17,7 @@ from .backends import detect_backend, open_reader
 from .conversion import check_pair
 from .datum import DatumError, decode_datum, encode_batch
 from .errors import IdxFormatError, Mnist2dbError, OutputExistsError
+from .fsutil import AtomicFile
 from .idx import GZIP_MAGIC, IdxHeader, _parse_header, _size_error, open_idx
 
 if TYPE_CHECKING:
@@ -536,15 +535,10 @@ def export_db(
             os.makedirs(out, exist_ok=True)
         except OSError as exc:
             raise OutputExistsError(f"{out}: cannot create directory: {exc.strerror}") from None
-        temps: list[str] = []
         try:
-            image_fd, image_tmp = tempfile.mkstemp(prefix=".mnist2db-tmp-", dir=out)
-            temps.append(image_tmp)
-            label_fd, label_tmp = tempfile.mkstemp(prefix=".mnist2db-tmp-", dir=out)
-            temps.append(label_tmp)
-            with os.fdopen(image_fd, "wb") as image_file, os.fdopen(label_fd, "wb") as label_file:
-                image_file.write(struct.pack(">4I", 0x00000803, total, rows, cols))
-                label_file.write(struct.pack(">2I", 0x00000801, total))
+            with AtomicFile(images_out) as image_target, AtomicFile(labels_out) as label_target:
+                image_target.stream.write(struct.pack(">4I", 0x00000803, total, rows, cols))
+                label_target.stream.write(struct.pack(">2I", 0x00000801, total))
                 labels = np.empty(_BATCH, dtype=np.uint8)
                 pending: list[bytes] = []
                 count = 0
@@ -569,49 +563,23 @@ def export_db(
                     pending.append(datum.data)
                     count += 1
                     if len(pending) == _BATCH:
-                        image_file.write(b"".join(pending))
-                        label_file.write(labels[: len(pending)].tobytes())
+                        image_target.stream.write(b"".join(pending))
+                        label_target.stream.write(labels[: len(pending)].tobytes())
                         pending.clear()
                         if progress is not None:
                             progress(count, total)
-                image_file.write(b"".join(pending))
-                label_file.write(labels[: len(pending)].tobytes())
+                image_target.stream.write(b"".join(pending))
+                label_target.stream.write(labels[: len(pending)].tobytes())
                 if count != total:
                     raise DatumError(
                         f"{db_path}: read {count} records, the database reported {total} "
                         "(was it changed while exporting?)"
                     )
-                for stream in (image_file, label_file):
-                    stream.flush()
-                    os.fsync(stream.fileno())
-            mode = 0o666 & ~_umask()
-            for tmp in temps:
-                os.chmod(tmp, mode)
-            os.replace(image_tmp, images_out)
-            temps.remove(image_tmp)
-            os.replace(label_tmp, labels_out)
-            temps.remove(label_tmp)
+                # Both complete: only now do they reach their names.
+                image_target.commit()
+                label_target.commit()
         except OSError as exc:
             raise Mnist2dbError(f"{out}: cannot write: {exc.strerror or exc}") from None
-        finally:
-            for tmp in temps:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
     if progress is not None:
         progress(count, total)
-    _fsync_dir(out)
     return ExportResult(images_out, labels_out, count, rows, cols)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .errors import Mnist2dbError, OutputExistsError
+from .fsutil import AtomicFile
 
 if TYPE_CHECKING:
     import numpy as np
@@ -156,28 +156,10 @@ def write_png_grid(
         while text and draw.textlength(text, font=font) > width * SCALE:
             text = text[1:]
         draw.text((x, y - LABEL_HEIGHT + 1), text, fill=0, font=font)
-    directory = os.path.dirname(os.path.abspath(out))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".mnist2db-tmp-", suffix=".png", dir=directory)
+        with AtomicFile(out, suffix=".png") as target:
+            canvas.save(target.stream, format="PNG")
+            target.commit()
     except OSError as exc:
         raise RenderError(f"{out}: cannot write: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as stream:
-            canvas.save(stream, format="PNG")
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, out)
-    except OSError as exc:
-        os.unlink(tmp)
-        raise RenderError(f"{out}: cannot write: {exc.strerror or exc}") from None
-    except BaseException:
-        os.unlink(tmp)
-        raise
     return png_w, png_h
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
