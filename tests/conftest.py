@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -77,3 +78,25 @@ def fashion_file(name: str) -> Path:
         if candidate.exists():
             return candidate
     pytest.skip(f"Debian's dataset-fashion-mnist is not installed ({FASHION_DIR})")
+
+
+#: Records written by the real Caffe convert_mnist_data from Debian's Fashion-MNIST: count and
+#: the :func:`record_digest` of its output (the same for its LMDB and LevelDB outputs).
+FASHION_DIGESTS = {
+    "train": (60000, "cf8f41069ab0b4f729a2a1637b04f586e936e1319fd6033af8fc71cedd01668c"),
+    "t10k": (10000, "2dc00bc680cecf9443cc7c4214066f4211d4b3989991745da969dc0a442c3e21"),
+}
+
+
+def record_digest(path: Path) -> tuple[int, str]:
+    """Count and sha256 over, in key order, 4-byte big-endian len(key), key, len(value), value."""
+    from mnist2db.backends import open_reader
+
+    digest = hashlib.sha256()
+    count = 0
+    with open_reader(path) as reader:
+        for key, value in reader:
+            key, value = bytes(key), bytes(value)
+            digest.update(struct.pack(">I", len(key)) + key + struct.pack(">I", len(value)) + value)
+            count += 1
+    return count, digest.hexdigest()

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import os
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import FASHION_DIR, write_idx
+from conftest import FASHION_DIGESTS, FASHION_DIR, record_digest, write_idx
 
 from mnist2db.backends import detect_backend, open_reader
 from mnist2db.cli import cli
@@ -175,17 +173,6 @@ def test_create_never_replaces_a_directory_that_is_not_a_database(tmp_path: Path
 # -- the drop-in scripts, on Debian's Fashion-MNIST --------------------------------------------
 
 
-def record_digest(path: Path) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    count = 0
-    with open_reader(path) as reader:
-        for key, value in reader:
-            digest.update(struct.pack(">I", len(key)) + bytes(key))
-            digest.update(struct.pack(">I", len(value)) + bytes(value))
-            count += 1
-    return count, digest.hexdigest()
-
-
 def test_scripts_fetch_and_create_like_caffe(tmp_path: Path) -> None:
     if not all((FASHION_DIR / f"{s}-images-idx3-ubyte.gz").exists() for s in ("train", "t10k")):
         pytest.skip(f"Debian's dataset-fashion-mnist is not installed ({FASHION_DIR})")
@@ -228,10 +215,7 @@ def test_scripts_fetch_and_create_like_caffe(tmp_path: Path) -> None:
         assert run.returncode == 0, run.stderr
         assert run.stdout == "Creating leveldb...\nDone.\n"
     assert detect_backend(stale) == "leveldb"
-    assert record_digest(stale) == (
-        10000,
-        "2dc00bc680cecf9443cc7c4214066f4211d4b3989991745da969dc0a442c3e21",
-    )
+    assert record_digest(stale) == FASHION_DIGESTS["t10k"]
     train = tmp_path / "examples" / "fashion-mnist" / "mnist_train_leveldb"
     assert record_digest(train)[0] == 60000
 

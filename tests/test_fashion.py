@@ -7,35 +7,18 @@ big-endian len(value), value. They hold for Caffe's LMDB and LevelDB outputs ali
 
 from __future__ import annotations
 
-import hashlib
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import fashion_file
+from conftest import FASHION_DIGESTS, fashion_file, record_digest
 
 from mnist2db import convert
-from mnist2db.backends import open_reader
 from mnist2db.cli import cli
 
-REFERENCE = {
-    "train": (60000, "cf8f41069ab0b4f729a2a1637b04f586e936e1319fd6033af8fc71cedd01668c"),
-    "t10k": (10000, "2dc00bc680cecf9443cc7c4214066f4211d4b3989991745da969dc0a442c3e21"),
-}
-
-
-def record_digest(path: Path) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    count = 0
-    with open_reader(path) as reader:
-        for key, value in reader:
-            digest.update(struct.pack(">I", len(key)) + bytes(key))
-            digest.update(struct.pack(">I", len(value)) + bytes(value))
-            count += 1
-    return count, digest.hexdigest()
+REFERENCE = FASHION_DIGESTS
 
 
 def inputs(split: str) -> tuple[Path, Path]:

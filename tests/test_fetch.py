@@ -14,7 +14,6 @@ import http.server
 import os
 import re
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -26,10 +25,16 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import FASHION_DIR, idx_bytes, make_images, make_labels
+from conftest import (
+    FASHION_DIGESTS,
+    FASHION_DIR,
+    idx_bytes,
+    make_images,
+    make_labels,
+    record_digest,
+)
 
 from mnist2db import fetch as fetch_module
-from mnist2db.backends import open_reader
 from mnist2db.cli import DATASET_NAMES, cli
 from mnist2db.errors import ChecksumError, DownloadError
 from mnist2db.fetch import DATASETS, FILE_NAMES, MANIFEST_NAME, Dataset, Resource, fetch
@@ -659,20 +664,9 @@ def test_cli_help_ends_with_an_example() -> None:
 # -- real data: Debian's Fashion-MNIST served over HTTP ---------------------------------------
 
 FASHION_REFERENCE = {
-    "mnist_train_lmdb": (60000, "cf8f41069ab0b4f729a2a1637b04f586e936e1319fd6033af8fc71cedd01668c"),
-    "mnist_test_lmdb": (10000, "2dc00bc680cecf9443cc7c4214066f4211d4b3989991745da969dc0a442c3e21"),
+    "mnist_train_lmdb": FASHION_DIGESTS["train"],
+    "mnist_test_lmdb": FASHION_DIGESTS["t10k"],
 }
-
-
-def record_digest(path: Path) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    count = 0
-    with open_reader(path) as reader:
-        for key, value in reader:
-            digest.update(struct.pack(">I", len(key)) + bytes(key))
-            digest.update(struct.pack(">I", len(value)) + bytes(value))
-            count += 1
-    return count, digest.hexdigest()
 
 
 def test_fashion_mnist_over_http_then_create(server: Server, tmp_path: Path) -> None:
