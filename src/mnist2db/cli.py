@@ -54,6 +54,35 @@ def progress_reporter(label: str, quiet: bool) -> Iterator[Callable[[int, int], 
             bar.__exit__(None, None, None)
 
 
+# -- options several commands share ---------------------------------------------------------
+
+backend_option = click.option(
+    "--backend",
+    type=click.Choice(["lmdb", "leveldb"], case_sensitive=False),
+    default="lmdb",
+    show_default=True,
+    help="Database to write.",
+)
+quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+DATASET_NAMES = ["mnist", "fashion-mnist", "kmnist"]  # fetch.DATASETS, without importing it
+
+
+def dataset_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(
+        "--dataset",
+        type=click.Choice(DATASET_NAMES),
+        default="mnist",
+        show_default=True,
+        help=help_text,
+    )
+
+
+def data_dir_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(
+        "--data", "data_dir", type=click.Path(file_okay=False, path_type=str), help=help_text
+    )
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="mnist2db")
 def cli() -> None:
@@ -70,13 +99,7 @@ def cli() -> None:
 @click.argument("images", type=click.Path(dir_okay=True, path_type=str))
 @click.argument("labels", type=click.Path(dir_okay=True, path_type=str))
 @click.argument("out_db", type=click.Path(path_type=str))
-@click.option(
-    "--backend",
-    type=click.Choice(["lmdb", "leveldb"], case_sensitive=False),
-    default="lmdb",
-    show_default=True,
-    help="Database to write.",
-)
+@backend_option
 @click.option(
     "--batch-size",
     type=click.IntRange(min=1),
@@ -85,7 +108,7 @@ def cli() -> None:
     help="Records per transaction (Caffe: 1000).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUT_DB if it is an existing database.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+@quiet_option
 def convert(
     images: str,
     labels: str,
@@ -308,7 +331,7 @@ def info(path: str) -> None:
 @click.argument("db", type=click.Path(path_type=str))
 @click.argument("images", type=click.Path(path_type=str))
 @click.argument("labels", type=click.Path(path_type=str))
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+@quiet_option
 def verify(db: str, images: str, labels: str, quiet: bool) -> None:
     """Check that database DB holds exactly the records converted from IMAGES and LABELS.
 
@@ -335,7 +358,7 @@ def verify(db: str, images: str, labels: str, quiet: bool) -> None:
     "(default: t10k for a test database, train for a training one).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace existing files of the same names.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+@quiet_option
 def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bool) -> None:
     """Write the IDX image and label files back from database DB into OUT_DIR.
 
@@ -358,7 +381,6 @@ def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bo
 
 # -- fetch and create: the dataset downloaded, verified, and turned into both databases ----
 
-DATASET_NAMES = ["mnist", "fashion-mnist", "kmnist"]  # fetch.DATASETS, without importing it
 MIRROR_ENVVAR = "MNIST2DB_MIRROR"
 
 
@@ -426,19 +448,8 @@ def _human_bytes(count: float) -> str:
 
 
 @cli.command()
-@click.option(
-    "--dataset",
-    type=click.Choice(DATASET_NAMES),
-    default="mnist",
-    show_default=True,
-    help="Which dataset.",
-)
-@click.option(
-    "--data",
-    "data_dir",
-    type=click.Path(file_okay=False, path_type=str),
-    help="Directory to store the files in.  [default: data/DATASET]",
-)
+@dataset_option("Which dataset.")
+@data_dir_option("Directory to store the files in.  [default: data/DATASET]")
 @click.option(
     "--mirror",
     "mirrors",
@@ -463,7 +474,7 @@ def _human_bytes(count: float) -> str:
     show_default=True,
     help="Retries per mirror after a transient failure (cut, timeout, HTTP 5xx).",
 )
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+@quiet_option
 def fetch(
     dataset: str,
     data_dir: str | None,
@@ -517,34 +528,17 @@ def fetch(
 
 
 @cli.command()
-@click.option(
-    "--dataset",
-    type=click.Choice(DATASET_NAMES),
-    default="mnist",
-    show_default=True,
-    help="Which dataset (gives the default --data and --out).",
-)
-@click.option(
-    "--data",
-    "data_dir",
-    type=click.Path(file_okay=False, path_type=str),
-    help="Directory holding the IDX files.  [default: data/DATASET]",
-)
+@dataset_option("Which dataset (gives the default --data and --out).")
+@data_dir_option("Directory holding the IDX files.  [default: data/DATASET]")
 @click.option(
     "--out",
     "out_dir",
     type=click.Path(file_okay=False, path_type=str),
     help="Directory for the databases.  [default: examples/DATASET]",
 )
-@click.option(
-    "--backend",
-    type=click.Choice(["lmdb", "leveldb"], case_sensitive=False),
-    default="lmdb",
-    show_default=True,
-    help="Database to write.",
-)
+@backend_option
 @click.option("--overwrite", is_flag=True, help="Replace existing databases.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+@quiet_option
 def create(
     dataset: str,
     data_dir: str | None,
