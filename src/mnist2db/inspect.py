@@ -18,7 +18,7 @@ from .conversion import check_pair
 from .datum import DatumError, decode_datum, encode_batch
 from .errors import IdxFormatError, Mnist2dbError, OutputExistsError
 from .fsutil import AtomicFile
-from .idx import GZIP_MAGIC, IdxHeader, _parse_header, _size_error, open_idx
+from .idx import GZIP_MAGIC, IdxHeader, open_idx, open_raw, parse_header, size_error
 
 if TYPE_CHECKING:
     import numpy as np
@@ -220,10 +220,7 @@ def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
         gzipped = raw.read(2) == GZIP_MAGIC
         raw.seek(0)
         stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
-        try:
-            header = _parse_header(stream, path, gzipped)
-        except (gzip.BadGzipFile, zlib.error, EOFError, OSError) as exc:
-            raise IdxFormatError(f"{path}: corrupt gzip stream: {exc}") from None
+        header = parse_header(stream, path, gzipped)
         count_labels = header.magic == 0x00000801
         problem = None
         counts = np.zeros(256, dtype=np.int64) if count_labels else None
@@ -242,17 +239,11 @@ def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
             except (gzip.BadGzipFile, zlib.error, EOFError, OSError) as exc:
                 problem = f"corrupt gzip stream after {data_size} bytes of data: {exc}"
     if problem is None and data_size != header.payload_size:
-        problem = str(_size_error(header, data_size)).removeprefix(f"{path}: ")
+        problem = str(size_error(header, data_size)).removeprefix(f"{path}: ")
     label_counts = (
         {int(v): int(n) for v, n in enumerate(counts) if n} if counts is not None else None
     )
     return IdxInfo(header, file_size, data_size, problem, label_counts)
-
-
-def open_raw(path: str) -> io.BufferedReader:
-    from .idx import _open_raw
-
-    return _open_raw(path)
 
 
 @dataclass
