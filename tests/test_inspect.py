@@ -411,3 +411,22 @@ def test_export_header_matches_caffe_layout(tmp_path: Path) -> None:
     assert (tmp_path / "one-labels-idx1-ubyte").read_bytes() == struct.pack(
         ">2I", 0x801, 1
     ) + b"\x04"
+
+
+def test_info_verify_export_while_a_dataset_holds_the_database(
+    mnist_pair, tmp_path: Path, backend: str
+) -> None:
+    """Neither backend lets one process open a database twice: the commands share the
+    dataset's handle instead of failing with 'already open' / 'lock already held'."""
+    from mnist2db import open_db
+    from mnist2db.inspect import db_info, export_db, verify_db
+
+    db, images, labels, _, label_array = converted(mnist_pair, tmp_path, backend)
+    with open_db(db) as dataset:
+        assert dataset[3][1] == int(label_array[3])
+        assert db_info(db).count == 25
+        assert verify_db(db, images, labels).count == 25
+        result = export_db(db, tmp_path / "out", prefix="x")
+        assert result.count == 25
+        assert dataset[4][1] == int(label_array[4])  # the shared handle is still open
+    assert (tmp_path / "out" / "x-images-idx3-ubyte").read_bytes() == images.read_bytes()

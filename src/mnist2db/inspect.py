@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .backends import detect_backend, open_reader
+from .backends import detect_backend
 from .conversion import check_pair
+from .dataset import RecordIndexError, open_db, record_key, shared_reader
 from .datum import DatumError, decode_datum, encode_batch
 from .errors import IdxFormatError, Mnist2dbError, OutputExistsError
 from .fsutil import AtomicFile
@@ -105,8 +106,6 @@ def select_records(
         BackendError: a directory that is not a database.
         RecordIndexError: ``offset`` is past the end.
     """
-    from .dataset import RecordIndexError, open_db
-
     if offset < 0 or count < 0:
         raise ValueError("offset and count must not be negative")
     path = os.fspath(source)
@@ -282,13 +281,11 @@ def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = No
     Raises:
         BackendError: the path is not a database of either backend, or cannot be opened.
     """
-    from .dataset import record_key
-
     path = os.fspath(path)
     backend = detect_backend(path)
     info = DbInfo(path, backend, 0, None, None, True, None, None)
     counts: dict[int, int] = {}
-    with open_reader(path, backend) as reader:
+    with shared_reader(path, backend) as reader:
         total = len(reader) if progress is not None else 0
         count = 0
         key = b""
@@ -397,14 +394,12 @@ def verify_db(
             the database holds records the source does not.
         IdxFormatError, BackendError: an input cannot be read.
     """
-    from .dataset import record_key
-
     db_path = os.fspath(db)
     with open_idx(images) as images_reader, open_idx(labels) as labels_reader:
         check_pair(images_reader.header, labels_reader.header)
         total = images_reader.header.count
         rows, cols = images_reader.header.dims[1:]
-        with open_reader(db_path) as reader:
+        with shared_reader(db_path) as reader:
             records = iter(reader)
             index = 0
             for image_batch, label_batch in zip(
@@ -515,7 +510,7 @@ def export_db(
         for target in (images_out, labels_out):
             if os.path.lexists(target):
                 raise OutputExistsError(f"{target}: already exists (use --overwrite to replace it)")
-    with open_reader(db_path) as reader:
+    with shared_reader(db_path) as reader:
         total = len(reader)
         if total == 0:
             raise DatumError(f"{db_path}: the database is empty, nothing to export")
