@@ -430,3 +430,18 @@ def test_info_verify_export_while_a_dataset_holds_the_database(
         assert result.count == 25
         assert dataset[4][1] == int(label_array[4])  # the shared handle is still open
     assert (tmp_path / "out" / "x-images-idx3-ubyte").read_bytes() == images.read_bytes()
+
+
+@pytest.mark.parametrize("key", [b"00000000", b"00000003"])
+def test_export_names_the_record_that_is_not_a_datum(
+    mnist_pair, tmp_path: Path, key: bytes
+) -> None:
+    db, *_ = converted(mnist_pair, tmp_path)
+    rewrite_lmdb(db, lambda txn: txn.put(key, b"\xff\xff"))
+    result = run("export", db, tmp_path / "out")
+    assert result.exit_code == 1
+    assert result.stderr.startswith(
+        f"Error: {db}: key {key.decode()}: value of 2 bytes is not a Datum: "
+    )
+    assert result.stderr.count("\n") == 1
+    assert list((tmp_path / "out").glob("*")) == []  # no file, no temporary

@@ -11,7 +11,7 @@ import os
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .backends import detect_backend
 from .conversion import check_pair
@@ -464,6 +464,13 @@ class ExportResult:
     cols: int
 
 
+def _decode_record(db_path: str, key: bytes, value: bytes) -> Any:
+    try:
+        return decode_datum(value)
+    except DatumError as exc:
+        raise DatumError(f"{db_path}: key {_key_text(key)}: {exc}") from None
+
+
 def default_prefix(db: str | os.PathLike[str]) -> str:
     """The file-name stem for :func:`export_db`: ``t10k`` for a test database, ``train`` for
     a training one (MNIST's names), else the database's own name."""
@@ -514,8 +521,8 @@ def export_db(
         total = len(reader)
         if total == 0:
             raise DatumError(f"{db_path}: the database is empty, nothing to export")
-        first_key = reader.first_key()
-        first = decode_datum(reader.get(first_key) or b"" if first_key is not None else b"")
+        first_key = reader.first_key() or b""
+        first = _decode_record(db_path, first_key, reader.get(first_key) or b"")
         rows, cols = int(first.height), int(first.width)
         try:
             os.makedirs(out, exist_ok=True)
@@ -529,7 +536,7 @@ def export_db(
                 pending: list[bytes] = []
                 count = 0
                 for key, value in reader:
-                    datum = decode_datum(bytes(value))
+                    datum = _decode_record(db_path, bytes(key), bytes(value))
                     where = f"{db_path}: key {_key_text(bytes(key))}"
                     if (datum.channels, datum.height, datum.width) != (1, rows, cols):
                         raise DatumError(
