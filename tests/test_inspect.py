@@ -445,3 +445,21 @@ def test_export_names_the_record_that_is_not_a_datum(
     )
     assert result.stderr.count("\n") == 1
     assert list((tmp_path / "out").glob("*")) == []  # no file, no temporary
+
+
+def test_info_database_with_data_shorter_than_its_shape(tmp_path: Path) -> None:
+    from mnist2db.datum import encode_datum
+
+    db = write_lmdb(
+        tmp_path / "short_lmdb",
+        {
+            b"00000000": encode_datum(b"\0" * 4, 1, 2, 2, 1),
+            b"00000001": encode_datum(b"\0" * 3, 1, 2, 2, 1),
+        },
+    )
+    result = run("info", db)
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[-1] == "valid       no"
+    assert result.stderr == (
+        f"Error: {db}: key 00000001: Datum holds 3 data bytes, shape (1, 2, 2) needs 4\n"
+    )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .backends import detect_backend
 from .conversion import check_pair
 from .dataset import RecordIndexError, open_db, record_key, shared_reader
-from .datum import DatumError, decode_datum, encode_batch
+from .datum import DatumError, datum_to_array, decode_datum, encode_batch
 from .errors import IdxFormatError, Mnist2dbError, OutputExistsError
 from .fsutil import AtomicFile
 from .idx import GZIP_MAGIC, IdxHeader, open_idx, open_raw, parse_header, size_error
@@ -299,6 +299,8 @@ def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = No
                 continue
             try:
                 datum = decode_datum(bytes(value))
+                if not datum.encoded:
+                    datum_to_array(datum)  # data length against channels × height × width
             except DatumError as exc:
                 info.problem = f"key {_key_text(bytes(key))}: {exc}"
                 continue
