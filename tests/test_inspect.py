@@ -411,3 +411,55 @@ def test_export_header_matches_caffe_layout(tmp_path: Path) -> None:
     assert (tmp_path / "one-labels-idx1-ubyte").read_bytes() == struct.pack(
         ">2I", 0x801, 1
     ) + b"\x04"
+
+
+def test_info_verify_export_while_a_dataset_holds_the_database(
+    mnist_pair, tmp_path: Path, backend: str
+) -> None:
+    """Neither backend lets one process open a database twice: the commands share the
+    dataset's handle instead of failing with 'already open' / 'lock already held'."""
+    from mnist2db import open_db
+    from mnist2db.inspect import db_info, export_db, verify_db
+
+    db, images, labels, _, label_array = converted(mnist_pair, tmp_path, backend)
+    with open_db(db) as dataset:
+        assert dataset[3][1] == int(label_array[3])
+        assert db_info(db).count == 25
+        assert verify_db(db, images, labels).count == 25
+        result = export_db(db, tmp_path / "out", prefix="x")
+        assert result.count == 25
+        assert dataset[4][1] == int(label_array[4])  # the shared handle is still open
+    assert (tmp_path / "out" / "x-images-idx3-ubyte").read_bytes() == images.read_bytes()
+
+
+@pytest.mark.parametrize("key", [b"00000000", b"00000003"])
+def test_export_names_the_record_that_is_not_a_datum(
+    mnist_pair, tmp_path: Path, key: bytes
+) -> None:
+    db, *_ = converted(mnist_pair, tmp_path)
+    rewrite_lmdb(db, lambda txn: txn.put(key, b"\xff\xff"))
+    result = run("export", db, tmp_path / "out")
+    assert result.exit_code == 1
+    assert result.stderr.startswith(
+        f"Error: {db}: key {key.decode()}: value of 2 bytes is not a Datum: "
+    )
+    assert result.stderr.count("\n") == 1
+    assert list((tmp_path / "out").glob("*")) == []  # no file, no temporary
+
+
+def test_info_database_with_data_shorter_than_its_shape(tmp_path: Path) -> None:
+    from mnist2db.datum import encode_datum
+
+    db = write_lmdb(
+        tmp_path / "short_lmdb",
+        {
+            b"00000000": encode_datum(b"\0" * 4, 1, 2, 2, 1),
+            b"00000001": encode_datum(b"\0" * 3, 1, 2, 2, 1),
+        },
+    )
+    result = run("info", db)
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[-1] == "valid       no"
+    assert result.stderr == (
+        f"Error: {db}: key 00000001: Datum holds 3 data bytes, shape (1, 2, 2) needs 4\n"
+    )

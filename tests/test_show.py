@@ -250,3 +250,21 @@ def test_labels_option_with_a_database(tiny: tuple[Path, Path], tmp_path: Path) 
     result = run("show", db, "--labels", labels)
     assert result.exit_code == 2
     assert "--labels is for an IDX image file" in result.stderr
+
+
+@pytest.mark.parametrize("png", [False, True])
+def test_float_database_cannot_be_drawn(tmp_path: Path, png: bool) -> None:
+    import lmdb
+
+    from mnist2db import array_to_datum
+
+    db = tmp_path / "float_lmdb"
+    env = lmdb.open(str(db), map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        txn.put(b"00000000", array_to_datum(np.zeros((1, 2, 2), np.float32), 1).SerializeToString())
+    env.close()
+    result = run("show", db, *(["--png", tmp_path / "f.png"] if png else []))
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr == f"Error: {db}: record 0: cannot draw float64 pixels: expected uint8\n"
+    assert not (tmp_path / "f.png").exists()

@@ -164,6 +164,16 @@ def _format_counts(counts: dict[int, int]) -> list[str]:
     return ["  ".join(entries[i : i + 5]) for i in range(0, len(entries), 5)] or ["(none)"]
 
 
+def _check_drawable(source: str, record: Any) -> None:
+    """Name the source and the record when an image cannot be drawn (float or 2-channel data)."""
+    from .render import RenderError, image_to_gray
+
+    try:
+        image_to_gray(record.image)
+    except RenderError as exc:
+        raise click.ClickException(f"{source}: record {record.index}: {exc}") from None
+
+
 @cli.command()
 @click.argument("source", type=click.Path(path_type=str))
 @click.option(
@@ -235,6 +245,8 @@ def show(
         shown = 0
         if png is not None:
             selected = list(records)
+            for record in selected:
+                _check_drawable(source, record)
             captions = [f"#{r.index}: {r.label if r.label is not None else '-'}" for r in selected]
             width, height = write_png_grid(
                 [r.image for r in selected], captions, png, overwrite=overwrite
@@ -243,6 +255,7 @@ def show(
             click.echo(f"Wrote {png}: {shown} images, {width} × {height} pixels.", err=True)
         else:
             for record in records:
+                _check_drawable(source, record)
                 head = f"#{record.index}"
                 if record.key is not None:
                     head += f"  key {record.key.decode('ascii', errors='backslashreplace')}"

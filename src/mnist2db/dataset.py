@@ -38,7 +38,14 @@ from .errors import Mnist2dbError
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["DatumDataset", "MissingKeyError", "RecordIndexError", "open_db", "record_key"]
+__all__ = [
+    "DatumDataset",
+    "MissingKeyError",
+    "RecordIndexError",
+    "open_db",
+    "record_key",
+    "shared_reader",
+]
 
 #: One reader per database per process, shared by every dataset open on it: neither LMDB
 #: nor LevelDB lets a process open the same database twice.
@@ -68,6 +75,22 @@ def _release(path: str, backend: str, reader: DbReader) -> None:
     if entry[1] <= 0 and entry[2] == os.getpid():
         del _SHARED[key]
         reader.close()
+
+
+@contextlib.contextmanager
+def shared_reader(path: str | os.PathLike[str], backend: str | None = None) -> Iterator[DbReader]:
+    """The process's reader of the database at ``path``, shared with any open dataset on it.
+
+    For code that reads a database once (info, verify, export): opening it with
+    :func:`~mnist2db.backends.open_reader` would fail while a dataset holds it open.
+    """
+    path = os.fspath(path)
+    backend = backend or detect_backend(path)
+    reader = _acquire(path, backend)
+    try:
+        yield reader
+    finally:
+        _release(path, backend, reader)
 
 
 # Caffe's "%08d" keys sort in index order only below 10**8 records.

@@ -39,8 +39,11 @@ __all__ = [
     "IdxHeader",
     "IdxReader",
     "open_idx",
+    "open_raw",
+    "parse_header",
     "read_header",
     "read_idx",
+    "size_error",
 ]
 
 #: type code -> (name, numpy dtype string in the file's big-endian byte order)
@@ -111,7 +114,8 @@ class IdxHeader(_IdxHeaderFields):
         return " × ".join(str(d) for d in self.dims) + " " + self.type_name
 
 
-def _open_raw(path: str) -> io.BufferedReader:
+def open_raw(path: str) -> io.BufferedReader:
+    """Open ``path`` for binary reading; a failure is an IdxFormatError naming the file."""
     try:
         return open(path, "rb")  # noqa: SIM115 - the caller owns and closes it
     except FileNotFoundError:
@@ -143,7 +147,12 @@ def _guarded_read(stream: io.BufferedIOBase, n: int, path: str) -> bytes:
         raise IdxFormatError(f"{path}: read error: {exc.strerror or exc}") from None
 
 
-def _parse_header(stream: io.BufferedIOBase, path: str, gzipped: bool) -> IdxHeader:
+def parse_header(stream: io.BufferedIOBase, path: str, gzipped: bool) -> IdxHeader:
+    """Read and check the magic and dimensions at the start of ``stream`` (sizes unchecked).
+
+    Raises:
+        IdxFormatError: bad magic, unknown type, a short header, or a corrupt gzip stream.
+    """
     magic = _read_exactly(stream, 4, path, "the magic number")
     if magic[0] != 0 or magic[1] != 0:
         raise IdxFormatError(
@@ -162,7 +171,8 @@ def _parse_header(stream: io.BufferedIOBase, path: str, gzipped: bool) -> IdxHea
     return IdxHeader(path=path, type_code=type_code, dims=dims, gzipped=gzipped)
 
 
-def _size_error(header: IdxHeader, actual: int, at_least: bool = False) -> IdxFormatError:
+def size_error(header: IdxHeader, actual: int, at_least: bool = False) -> IdxFormatError:
+    """The error for a file whose ``actual`` bytes of data differ from what ``header`` declares."""
     expected = header.payload_size
     fault = "truncated" if actual < expected else "trailing bytes"
     holds = f"at least {actual}" if at_least else str(actual)
@@ -197,7 +207,7 @@ class IdxReader:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self._raw = _open_raw(self.path)
+        self._raw = open_raw(self.path)
         self._stream: io.BufferedIOBase = self._raw
         try:
             self._open()
@@ -212,13 +222,13 @@ class IdxReader:
         gzipped = first == GZIP_MAGIC
         if gzipped:
             self._stream = gzip.GzipFile(fileobj=self._raw, mode="rb")
-        self.header = _parse_header(self._stream, path, gzipped)
+        self.header = parse_header(self._stream, path, gzipped)
         if gzipped:
             self._check_gzip_size()
         else:
             actual = os.fstat(self._raw.fileno()).st_size - self.header.header_size
             if actual != self.header.payload_size:
-                raise _size_error(self.header, actual)
+                raise size_error(self.header, actual)
 
     def _check_gzip_size(self) -> None:
         header = self.header
@@ -249,7 +259,7 @@ class IdxReader:
                 break
             actual += len(chunk)
         if actual != header.payload_size:
-            raise _size_error(header, actual, at_least=actual >= limit)
+            raise size_error(header, actual, at_least=actual >= limit)
         self._reopen_after_header()
 
     def _reopen_after_header(self) -> None:
@@ -277,14 +287,14 @@ class IdxReader:
             except OSError as exc:
                 raise IdxFormatError(f"{self.path}: read error: {exc.strerror or exc}") from None
             if not n:
-                raise _size_error(self.header, done_before + filled)
+                raise size_error(self.header, done_before + filled)
             filled += n
 
     def _check_end(self) -> None:
         extra = _guarded_read(self._stream, _READ_CHUNK, self.path)
         if extra:
             # Bounded: one chunk past the end is enough to tell; beyond it, say "at least".
-            raise _size_error(
+            raise size_error(
                 self.header,
                 self.header.payload_size + len(extra),
                 at_least=len(extra) == _READ_CHUNK,

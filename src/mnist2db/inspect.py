@@ -11,14 +11,15 @@ import os
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from .backends import detect_backend, open_reader
+from .backends import detect_backend
 from .conversion import check_pair
-from .datum import DatumError, decode_datum, encode_batch
+from .dataset import RecordIndexError, open_db, record_key, shared_reader
+from .datum import DatumError, datum_to_array, decode_datum, encode_batch
 from .errors import IdxFormatError, Mnist2dbError, OutputExistsError
 from .fsutil import AtomicFile
-from .idx import GZIP_MAGIC, IdxHeader, _parse_header, _size_error, open_idx
+from .idx import GZIP_MAGIC, IdxHeader, open_idx, open_raw, parse_header, size_error
 
 if TYPE_CHECKING:
     import numpy as np
@@ -105,8 +106,6 @@ def select_records(
         BackendError: a directory that is not a database.
         RecordIndexError: ``offset`` is past the end.
     """
-    from .dataset import RecordIndexError, open_db
-
     if offset < 0 or count < 0:
         raise ValueError("offset and count must not be negative")
     path = os.fspath(source)
@@ -220,10 +219,7 @@ def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
         gzipped = raw.read(2) == GZIP_MAGIC
         raw.seek(0)
         stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
-        try:
-            header = _parse_header(stream, path, gzipped)
-        except (gzip.BadGzipFile, zlib.error, EOFError, OSError) as exc:
-            raise IdxFormatError(f"{path}: corrupt gzip stream: {exc}") from None
+        header = parse_header(stream, path, gzipped)
         count_labels = header.magic == 0x00000801
         problem = None
         counts = np.zeros(256, dtype=np.int64) if count_labels else None
@@ -242,17 +238,11 @@ def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
             except (gzip.BadGzipFile, zlib.error, EOFError, OSError) as exc:
                 problem = f"corrupt gzip stream after {data_size} bytes of data: {exc}"
     if problem is None and data_size != header.payload_size:
-        problem = str(_size_error(header, data_size)).removeprefix(f"{path}: ")
+        problem = str(size_error(header, data_size)).removeprefix(f"{path}: ")
     label_counts = (
         {int(v): int(n) for v, n in enumerate(counts) if n} if counts is not None else None
     )
     return IdxInfo(header, file_size, data_size, problem, label_counts)
-
-
-def open_raw(path: str) -> io.BufferedReader:
-    from .idx import _open_raw
-
-    return _open_raw(path)
 
 
 @dataclass
@@ -291,13 +281,11 @@ def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = No
     Raises:
         BackendError: the path is not a database of either backend, or cannot be opened.
     """
-    from .dataset import record_key
-
     path = os.fspath(path)
     backend = detect_backend(path)
     info = DbInfo(path, backend, 0, None, None, True, None, None)
     counts: dict[int, int] = {}
-    with open_reader(path, backend) as reader:
+    with shared_reader(path, backend) as reader:
         total = len(reader) if progress is not None else 0
         count = 0
         key = b""
@@ -311,6 +299,8 @@ def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = No
                 continue
             try:
                 datum = decode_datum(bytes(value))
+                if not datum.encoded:
+                    datum_to_array(datum)  # data length against channels × height × width
             except DatumError as exc:
                 info.problem = f"key {_key_text(bytes(key))}: {exc}"
                 continue
@@ -406,14 +396,12 @@ def verify_db(
             the database holds records the source does not.
         IdxFormatError, BackendError: an input cannot be read.
     """
-    from .dataset import record_key
-
     db_path = os.fspath(db)
     with open_idx(images) as images_reader, open_idx(labels) as labels_reader:
         check_pair(images_reader.header, labels_reader.header)
         total = images_reader.header.count
         rows, cols = images_reader.header.dims[1:]
-        with open_reader(db_path) as reader:
+        with shared_reader(db_path) as reader:
             records = iter(reader)
             index = 0
             for image_batch, label_batch in zip(
@@ -478,6 +466,13 @@ class ExportResult:
     cols: int
 
 
+def _decode_record(db_path: str, key: bytes, value: bytes) -> Any:
+    try:
+        return decode_datum(value)
+    except DatumError as exc:
+        raise DatumError(f"{db_path}: key {_key_text(key)}: {exc}") from None
+
+
 def default_prefix(db: str | os.PathLike[str]) -> str:
     """The file-name stem for :func:`export_db`: ``t10k`` for a test database, ``train`` for
     a training one (MNIST's names), else the database's own name."""
@@ -524,12 +519,12 @@ def export_db(
         for target in (images_out, labels_out):
             if os.path.lexists(target):
                 raise OutputExistsError(f"{target}: already exists (use --overwrite to replace it)")
-    with open_reader(db_path) as reader:
+    with shared_reader(db_path) as reader:
         total = len(reader)
         if total == 0:
             raise DatumError(f"{db_path}: the database is empty, nothing to export")
-        first_key = reader.first_key()
-        first = decode_datum(reader.get(first_key) or b"" if first_key is not None else b"")
+        first_key = reader.first_key() or b""
+        first = _decode_record(db_path, first_key, reader.get(first_key) or b"")
         rows, cols = int(first.height), int(first.width)
         try:
             os.makedirs(out, exist_ok=True)
@@ -543,7 +538,7 @@ def export_db(
                 pending: list[bytes] = []
                 count = 0
                 for key, value in reader:
-                    datum = decode_datum(bytes(value))
+                    datum = _decode_record(db_path, bytes(key), bytes(value))
                     where = f"{db_path}: key {_key_text(bytes(key))}"
                     if (datum.channels, datum.height, datum.width) != (1, rows, cols):
                         raise DatumError(
