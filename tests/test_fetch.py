@@ -285,6 +285,7 @@ def test_fetch_from_first_mirror(server: Server, tiny: tuple, tmp_path: Path) ->
     # Nothing else left behind: no temporary file, no .gz (no --keep-gz), the manifest.
     assert listing(tmp_path) == sorted([MANIFEST_NAME, *FILE_NAMES])
     manifest = (tmp_path / MANIFEST_NAME).read_text()
+    assert manifest.startswith("# mnist2db dataset: tiny\n")
     assert f"{sha256(raw['t10k-labels-idx1-ubyte'])}  t10k-labels-idx1-ubyte\n" in manifest
 
 
@@ -372,6 +373,35 @@ def test_manifest_verifies_files_without_a_published_unpacked_digest(
     assert server.count() == 5
     assert [r.status for r in results] == ["present"] * 3 + ["downloaded"]
     assert (tmp_path / "t10k-labels-idx1-ubyte").read_bytes() == raw["t10k-labels-idx1-ubyte"]
+
+
+def test_manifest_of_another_dataset_vouches_for_nothing(
+    server: Server, tiny: tuple, tmp_path: Path
+) -> None:
+    # MNIST fetched into a directory, then a dataset publishing only .gz digests (as KMNIST)
+    # into the same one: MNIST's files must not pass as that dataset's through the manifest.
+    raw, packed = tiny
+    other_raw = small_files(seed=7)
+    other_packed = gz(other_raw)
+    server.serve("a", packed)
+    server.serve("k", other_packed)
+    fetch(make_spec(raw, packed, (server.url("a"),)), tmp_path, **quick())
+    kmnist_like = Dataset(
+        "kmnist-like",
+        (server.url("k"),),
+        tuple(Resource(n, gz={"sha256": sha256(other_packed[n])}) for n in FILE_NAMES),
+    )
+    results = fetch(kmnist_like, tmp_path, **quick())
+    assert [r.status for r in results] == ["downloaded"] * 4
+    assert server.count("k") == 4
+    for name in FILE_NAMES:
+        assert (tmp_path / name).read_bytes() == other_raw[name]
+    manifest = (tmp_path / MANIFEST_NAME).read_text().splitlines()
+    assert manifest[0] == "# mnist2db dataset: kmnist-like"
+    assert len(manifest) == 5
+    # Its own manifest does vouch for its files: nothing fetched again.
+    assert [r.status for r in fetch(kmnist_like, tmp_path, **quick())] == ["present"] * 4
+    assert server.count("k") == 4
 
 
 def test_corrupt_local_file_is_replaced(server: Server, tiny: tuple, tmp_path: Path) -> None:

@@ -626,10 +626,19 @@ def _read_local(path: str, sink: _Sink, opts: _Options) -> None:
 # -- the manifest of verified files --------------------------------------------------------
 
 
-def _read_manifest(directory: str) -> dict[str, str]:
+def _manifest_header(dataset: str) -> str:
+    # A comment line (sha256sum -c skips it) binding the entries to one dataset: a file
+    # recorded for one dataset must not pass as verified for another fetched into the same
+    # directory (KMNIST has no unpacked digest to catch it).
+    return f"# mnist2db dataset: {dataset}\n"
+
+
+def _read_manifest(directory: str, dataset: str) -> dict[str, str]:
     entries: dict[str, str] = {}
     try:
         with open(os.path.join(directory, MANIFEST_NAME), encoding="utf-8") as handle:
+            if handle.readline() != _manifest_header(dataset):
+                return {}  # another dataset's (or an unknown) manifest vouches for nothing here
             for line in handle:
                 digest, _, name = line.rstrip("\n").partition("  ")
                 if len(digest) == 64 and name:
@@ -639,11 +648,12 @@ def _read_manifest(directory: str) -> dict[str, str]:
     return entries
 
 
-def _write_manifest(directory: str, entries: Mapping[str, str]) -> None:
+def _write_manifest(directory: str, dataset: str, entries: Mapping[str, str]) -> None:
     path = os.path.join(directory, MANIFEST_NAME)
     temp = _mkstemp(directory, f"{MANIFEST_NAME}{_TEMP_MARK}")
     try:
         with open(temp, "w", encoding="utf-8") as handle:
+            handle.write(_manifest_header(dataset))
             for name in sorted(entries):
                 handle.write(f"{entries[name]}  {name}\n")
             handle.flush()
@@ -739,10 +749,10 @@ def fetch(
         backoff = DEFAULT_BACKOFF
     opts = _Options(timeout=timeout, retries=retries, backoff=backoff, progress=progress)
     sources = [*mirrors, *spec.mirrors]
-    manifest = _read_manifest(directory)
+    manifest = _read_manifest(directory, spec.name)
     results = []
     for resource in spec.resources:
-        result = _fetch_one(resource, directory, sources, opts, manifest, force, keep_gz)
+        result = _fetch_one(resource, directory, spec.name, sources, opts, manifest, force, keep_gz)
         if on_file is not None:
             on_file(result)
         results.append(result)
@@ -752,6 +762,7 @@ def fetch(
 def _fetch_one(
     resource: Resource,
     directory: str,
+    dataset: str,
     sources: Sequence[str],
     opts: _Options,
     manifest: dict[str, str],
@@ -806,7 +817,7 @@ def _fetch_one(
             if sink.gz_file is not None and sink.gz_sha256 is not None:
                 manifest[resource.name + ".gz"] = sink.gz_sha256
             with contextlib.suppress(OSError):
-                _write_manifest(directory, manifest)
+                _write_manifest(directory, dataset, manifest)
             return FetchedFile(
                 resource.name,
                 final,
