@@ -682,6 +682,35 @@ def test_cli_fetch_usage_errors() -> None:
     assert result.exit_code == 2
 
 
+@pytest.mark.parametrize(
+    ("mirror", "error"),
+    [
+        ("http://[::1/", "http://[::1/: not a valid mirror URL (Invalid IPv6 URL)"),
+        (
+            "http://127.0.0.1:99999/",
+            "http://127.0.0.1:99999/: not a valid mirror URL (Port out of range 0-65535)",
+        ),
+        (
+            "ftp://example.org/mnist/",
+            "'ftp://example.org/mnist/': not a mirror: expected an http(s):// or file:// URL "
+            "or a directory",
+        ),
+        (
+            "file://server/mnist/",
+            "file://server/mnist/: a file:// URL must name a local path (file:///...)",
+        ),
+    ],
+)
+def test_cli_fetch_bad_mirror_is_one_line(
+    mirror: str, error: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MNIST2DB_MIRROR", mirror)
+    result = CliRunner().invoke(cli, ["fetch", "--data", str(tmp_path / "d")])
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {error}\n"
+    assert not (tmp_path / "d").exists()
+
+
 def test_cli_help_ends_with_an_example() -> None:
     for command in ("fetch", "create"):
         result = CliRunner().invoke(cli, [command, "--help"])

@@ -481,6 +481,22 @@ def _is_url(mirror: str) -> bool:
     return urllib.parse.urlsplit(mirror).scheme.lower() in ("http", "https")
 
 
+def _check_mirror(mirror: str) -> None:
+    """Refuse, before anything is fetched, a mirror that is neither a URL we speak nor a path."""
+    try:
+        parts = urllib.parse.urlsplit(mirror)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        raise DownloadError(f"{mirror}: not a valid mirror URL ({exc})") from None
+    scheme = parts.scheme.lower()
+    if not mirror or ("://" in mirror and scheme not in ("http", "https", "file")):
+        raise DownloadError(
+            f"{mirror!r}: not a mirror: expected an http(s):// or file:// URL or a directory"
+        )
+    if scheme == "file" and parts.netloc not in ("", "localhost"):
+        raise DownloadError(f"{mirror}: a file:// URL must name a local path (file:///...)")
+
+
 def _local_dir(mirror: str) -> str:
     """A plain directory, or the directory of a ``file://`` URL."""
     parts = urllib.parse.urlsplit(mirror)
@@ -741,6 +757,9 @@ def fetch(
     """
     spec = get_dataset(dataset)
     directory = os.fspath(data_dir) if data_dir is not None else default_data_dir(spec)
+    sources = [*mirrors, *spec.mirrors]
+    for mirror in sources:
+        _check_mirror(mirror)
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as exc:
@@ -748,7 +767,6 @@ def fetch(
     if backoff is None:
         backoff = DEFAULT_BACKOFF
     opts = _Options(timeout=timeout, retries=retries, backoff=backoff, progress=progress)
-    sources = [*mirrors, *spec.mirrors]
     manifest = _read_manifest(directory, spec.name)
     results = []
     for resource in spec.resources:
