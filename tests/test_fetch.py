@@ -48,7 +48,7 @@ class Route:
     (``times=None``: to all of them); then the route behaves."""
 
     body: bytes
-    mode: str = "ok"  # ok | 404 | 500 | cut | stall | short | loop | html
+    mode: str = "ok"  # ok | 404 | 500 | cut | stall | short | odd-length | loop | html
     times: int | None = None
     cut_at: int = 1000
     ignore_range: bool = False
@@ -136,6 +136,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self._send(status, part, extra, send=route.cut_at, stall=True)
         elif mode == "short":
             self._send(status, part, extra, length=len(part) + 100)
+        elif mode == "odd-length":
+            self._send(status, part, extra, length="²")  # isdigit(), but not int()
         else:
             self._send(status, part, extra)
 
@@ -146,7 +148,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         headers: dict[str, str],
         *,
         send: int | None = None,
-        length: int | None = None,
+        length: int | str | None = None,
         stall: bool = False,
     ) -> None:
         self.send_response(status)
@@ -589,6 +591,15 @@ def test_content_length_longer_than_body(server: Server, tiny: tuple, tmp_path: 
     )
     assert server.ranges("/a/train-images-idx3-ubyte.gz") == [None, f"bytes={size}-", None]
     assert listing(tmp_path) == []
+
+
+def test_content_length_not_a_number(server: Server, tiny: tuple, tmp_path: Path) -> None:
+    # Content-Length "²": ignored as unknown, the body read to the close, no ValueError.
+    raw, packed = tiny
+    server.serve("a", packed, mode="odd-length")
+    results = fetch(make_spec(raw, packed, (server.url("a"),)), tmp_path, **quick())
+    assert [r.status for r in results] == ["downloaded"] * 4
+    assert (tmp_path / "train-images-idx3-ubyte").read_bytes() == raw["train-images-idx3-ubyte"]
 
 
 def test_redirect_loop(server: Server, tiny: tuple, tmp_path: Path) -> None:

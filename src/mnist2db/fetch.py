@@ -612,17 +612,19 @@ def _download_once(
 
 
 def _content_length(value: str | None) -> int | None:
-    if value is None or not value.strip().isdigit():
-        return None
-    return int(value)
+    return _decimal(value.strip()) if value is not None else None
 
 
 def _content_range_start(value: str | None) -> int | None:
     # "bytes 100-199/200"
     if not value or not value.startswith("bytes "):
         return None
-    first = value[6:].split("-", 1)[0].strip()
-    return int(first) if first.isdigit() else None
+    return _decimal(value[6:].split("-", 1)[0].strip())
+
+
+def _decimal(text: str) -> int | None:
+    # str.isdigit() alone accepts "²" (a header is latin-1), which int() refuses.
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def _read_local(path: str, sink: _Sink, opts: _Options) -> None:
