@@ -13,7 +13,9 @@ import hashlib
 import http.server
 import os
 import re
+import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -52,6 +54,7 @@ class Route:
     times: int | None = None
     cut_at: int = 1000
     ignore_range: bool = False
+    location: str = ""  # for mode "redirect"
 
 
 @dataclass
@@ -112,6 +115,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Location", path)
             self.send_header("Content-Length", "0")
             self.end_headers()
+        elif mode == "redirect":
+            self.send_response(302)
+            self.send_header("Location", route.location)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
         elif mode == "html":
             self._send(200, HTML_PAGE, {"Content-Type": "text/html"})
         else:
@@ -163,11 +171,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.close_connection = True
 
 
-@pytest.fixture
-def server() -> Iterator[Server]:
+def start_server(tls: ssl.SSLContext | None = None) -> Iterator[Server]:
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     httpd.daemon_threads = True
-    state = Server(base=f"http://127.0.0.1:{httpd.server_address[1]}")
+    if tls is not None:
+        httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
+    scheme = "http" if tls is None else "https"
+    state = Server(base=f"{scheme}://127.0.0.1:{httpd.server_address[1]}")
     httpd.RequestHandlerClass = type("BoundHandler", (Handler,), {"server_state": state})
     thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
@@ -178,6 +188,31 @@ def server() -> Iterator[Server]:
         httpd.shutdown()
         httpd.server_close()
         thread.join(5)
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    yield from start_server()
+
+
+@pytest.fixture
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    """An HTTPS server with a self-signed certificate for 127.0.0.1; yields it and the cert."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    directory = tmp_path_factory.mktemp("tls")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
+        + ["-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    for state in start_server(context):
+        yield state, cert
 
 
 @pytest.fixture(autouse=True)
@@ -491,6 +526,52 @@ def test_env_proxy_is_used(
     fetch(make_spec(raw, packed, ("http://mirror.invalid/a/",)), tmp_path, **quick())
     assert server.count("a") == 4
     assert (tmp_path / "train-images-idx3-ubyte").read_bytes() == raw["train-images-idx3-ubyte"]
+
+
+def test_https_certificate_is_verified(
+    tls_server: tuple[Server, Path], tiny: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, cert = tls_server
+    raw, packed = tiny
+    server.serve("a", packed)
+    spec = make_spec(raw, packed, (server.url("a"),))
+    with pytest.raises(DownloadError) as info:
+        fetch(spec, tmp_path / "x", **quick(retries=3))
+    assert str(info.value) == (
+        f"train-images-idx3-ubyte: no mirror delivered a verified file: "
+        f"{server.url('a')}train-images-idx3-ubyte.gz "
+        f"(TLS certificate not valid: self-signed certificate)"
+    )
+    assert server.count() == 0  # refused at the handshake, and not retried
+    assert listing(tmp_path / "x") == []
+    # Trusted (as a company's CA would be, through the environment): fetched over HTTPS.
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    results = fetch(spec, tmp_path / "y", **quick())
+    assert results[0].source == f"{server.url('a')}train-images-idx3-ubyte.gz"
+    assert (tmp_path / "y" / "t10k-images-idx3-ubyte").read_bytes() == raw["t10k-images-idx3-ubyte"]
+
+
+def test_https_to_http_redirect_is_refused(
+    tls_server: tuple[Server, Path],
+    server: Server,
+    tiny: tuple,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    secure, cert = tls_server
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    raw, packed = tiny
+    server.serve("plain", packed)
+    name = "train-images-idx3-ubyte"
+    secure.serve("a", packed, mode="redirect", location=f"{server.url('plain')}{name}.gz")
+    with pytest.raises(DownloadError) as info:
+        fetch(make_spec(raw, packed, (secure.url("a"),)), tmp_path, **quick())
+    assert str(info.value) == (
+        f"{name}: no mirror delivered a verified file: {secure.url('a')}{name}.gz "
+        f"(refused a redirect from {secure.url('a')}{name}.gz to {server.url('plain')}{name}.gz)"
+    )
+    assert server.count() == 0
+    assert listing(tmp_path) == []
 
 
 # -- failures: a clear error, nothing under a final name -----------------------------------
