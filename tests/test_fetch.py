@@ -499,6 +499,9 @@ def test_directory_mirror_with_unpacked_files(tiny: tuple, tmp_path: Path) -> No
         (cache / name).write_bytes(data)
     results = fetch(make_spec(raw, packed), tmp_path / "out", mirrors=[str(cache)], **quick())
     assert [r.verified_by for r in results] == ["unpacked sha256"] * 4
+    assert [r.source for r in results] == [str(cache / name) for name in FILE_NAMES]
+    for name in FILE_NAMES:
+        assert (tmp_path / "out" / name).read_bytes() == raw[name]
     # Only .gz digests published: an unpacked file cannot be vouched for.
     with pytest.raises(ChecksumError) as info:
         fetch(
