@@ -13,7 +13,9 @@ import hashlib
 import http.server
 import os
 import re
+import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -48,10 +50,11 @@ class Route:
     (``times=None``: to all of them); then the route behaves."""
 
     body: bytes
-    mode: str = "ok"  # ok | 404 | 500 | cut | stall | short | loop | html
+    mode: str = "ok"  # ok | 404 | 500 | cut | stall | short | odd-length | loop | html
     times: int | None = None
     cut_at: int = 1000
     ignore_range: bool = False
+    location: str = ""  # for mode "redirect"
 
 
 @dataclass
@@ -112,6 +115,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Location", path)
             self.send_header("Content-Length", "0")
             self.end_headers()
+        elif mode == "redirect":
+            self.send_response(302)
+            self.send_header("Location", route.location)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
         elif mode == "html":
             self._send(200, HTML_PAGE, {"Content-Type": "text/html"})
         else:
@@ -136,6 +144,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self._send(status, part, extra, send=route.cut_at, stall=True)
         elif mode == "short":
             self._send(status, part, extra, length=len(part) + 100)
+        elif mode == "odd-length":
+            self._send(status, part, extra, length="²")  # isdigit(), but not int()
         else:
             self._send(status, part, extra)
 
@@ -146,7 +156,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         headers: dict[str, str],
         *,
         send: int | None = None,
-        length: int | None = None,
+        length: int | str | None = None,
         stall: bool = False,
     ) -> None:
         self.send_response(status)
@@ -161,11 +171,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.close_connection = True
 
 
-@pytest.fixture
-def server() -> Iterator[Server]:
+def start_server(tls: ssl.SSLContext | None = None) -> Iterator[Server]:
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     httpd.daemon_threads = True
-    state = Server(base=f"http://127.0.0.1:{httpd.server_address[1]}")
+    if tls is not None:
+        httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
+    scheme = "http" if tls is None else "https"
+    state = Server(base=f"{scheme}://127.0.0.1:{httpd.server_address[1]}")
     httpd.RequestHandlerClass = type("BoundHandler", (Handler,), {"server_state": state})
     thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
@@ -176,6 +188,31 @@ def server() -> Iterator[Server]:
         httpd.shutdown()
         httpd.server_close()
         thread.join(5)
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    yield from start_server()
+
+
+@pytest.fixture
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    """An HTTPS server with a self-signed certificate for 127.0.0.1; yields it and the cert."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    directory = tmp_path_factory.mktemp("tls")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
+        + ["-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    for state in start_server(context):
+        yield state, cert
 
 
 @pytest.fixture(autouse=True)
@@ -285,6 +322,7 @@ def test_fetch_from_first_mirror(server: Server, tiny: tuple, tmp_path: Path) ->
     # Nothing else left behind: no temporary file, no .gz (no --keep-gz), the manifest.
     assert listing(tmp_path) == sorted([MANIFEST_NAME, *FILE_NAMES])
     manifest = (tmp_path / MANIFEST_NAME).read_text()
+    assert manifest.startswith("# mnist2db dataset: tiny\n")
     assert f"{sha256(raw['t10k-labels-idx1-ubyte'])}  t10k-labels-idx1-ubyte\n" in manifest
 
 
@@ -374,6 +412,35 @@ def test_manifest_verifies_files_without_a_published_unpacked_digest(
     assert (tmp_path / "t10k-labels-idx1-ubyte").read_bytes() == raw["t10k-labels-idx1-ubyte"]
 
 
+def test_manifest_of_another_dataset_vouches_for_nothing(
+    server: Server, tiny: tuple, tmp_path: Path
+) -> None:
+    # MNIST fetched into a directory, then a dataset publishing only .gz digests (as KMNIST)
+    # into the same one: MNIST's files must not pass as that dataset's through the manifest.
+    raw, packed = tiny
+    other_raw = small_files(seed=7)
+    other_packed = gz(other_raw)
+    server.serve("a", packed)
+    server.serve("k", other_packed)
+    fetch(make_spec(raw, packed, (server.url("a"),)), tmp_path, **quick())
+    kmnist_like = Dataset(
+        "kmnist-like",
+        (server.url("k"),),
+        tuple(Resource(n, gz={"sha256": sha256(other_packed[n])}) for n in FILE_NAMES),
+    )
+    results = fetch(kmnist_like, tmp_path, **quick())
+    assert [r.status for r in results] == ["downloaded"] * 4
+    assert server.count("k") == 4
+    for name in FILE_NAMES:
+        assert (tmp_path / name).read_bytes() == other_raw[name]
+    manifest = (tmp_path / MANIFEST_NAME).read_text().splitlines()
+    assert manifest[0] == "# mnist2db dataset: kmnist-like"
+    assert len(manifest) == 5
+    # Its own manifest does vouch for its files: nothing fetched again.
+    assert [r.status for r in fetch(kmnist_like, tmp_path, **quick())] == ["present"] * 4
+    assert server.count("k") == 4
+
+
 def test_corrupt_local_file_is_replaced(server: Server, tiny: tuple, tmp_path: Path) -> None:
     raw, packed = tiny
     server.serve("a", packed)
@@ -432,6 +499,9 @@ def test_directory_mirror_with_unpacked_files(tiny: tuple, tmp_path: Path) -> No
         (cache / name).write_bytes(data)
     results = fetch(make_spec(raw, packed), tmp_path / "out", mirrors=[str(cache)], **quick())
     assert [r.verified_by for r in results] == ["unpacked sha256"] * 4
+    assert [r.source for r in results] == [str(cache / name) for name in FILE_NAMES]
+    for name in FILE_NAMES:
+        assert (tmp_path / "out" / name).read_bytes() == raw[name]
     # Only .gz digests published: an unpacked file cannot be vouched for.
     with pytest.raises(ChecksumError) as info:
         fetch(
@@ -459,6 +529,52 @@ def test_env_proxy_is_used(
     fetch(make_spec(raw, packed, ("http://mirror.invalid/a/",)), tmp_path, **quick())
     assert server.count("a") == 4
     assert (tmp_path / "train-images-idx3-ubyte").read_bytes() == raw["train-images-idx3-ubyte"]
+
+
+def test_https_certificate_is_verified(
+    tls_server: tuple[Server, Path], tiny: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, cert = tls_server
+    raw, packed = tiny
+    server.serve("a", packed)
+    spec = make_spec(raw, packed, (server.url("a"),))
+    with pytest.raises(DownloadError) as info:
+        fetch(spec, tmp_path / "x", **quick(retries=3))
+    assert str(info.value) == (
+        f"train-images-idx3-ubyte: no mirror delivered a verified file: "
+        f"{server.url('a')}train-images-idx3-ubyte.gz "
+        f"(TLS certificate not valid: self-signed certificate)"
+    )
+    assert server.count() == 0  # refused at the handshake, and not retried
+    assert listing(tmp_path / "x") == []
+    # Trusted (as a company's CA would be, through the environment): fetched over HTTPS.
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    results = fetch(spec, tmp_path / "y", **quick())
+    assert results[0].source == f"{server.url('a')}train-images-idx3-ubyte.gz"
+    assert (tmp_path / "y" / "t10k-images-idx3-ubyte").read_bytes() == raw["t10k-images-idx3-ubyte"]
+
+
+def test_https_to_http_redirect_is_refused(
+    tls_server: tuple[Server, Path],
+    server: Server,
+    tiny: tuple,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    secure, cert = tls_server
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    raw, packed = tiny
+    server.serve("plain", packed)
+    name = "train-images-idx3-ubyte"
+    secure.serve("a", packed, mode="redirect", location=f"{server.url('plain')}{name}.gz")
+    with pytest.raises(DownloadError) as info:
+        fetch(make_spec(raw, packed, (secure.url("a"),)), tmp_path, **quick())
+    assert str(info.value) == (
+        f"{name}: no mirror delivered a verified file: {secure.url('a')}{name}.gz "
+        f"(refused a redirect from {secure.url('a')}{name}.gz to {server.url('plain')}{name}.gz)"
+    )
+    assert server.count() == 0
+    assert listing(tmp_path) == []
 
 
 # -- failures: a clear error, nothing under a final name -----------------------------------
@@ -561,6 +677,15 @@ def test_content_length_longer_than_body(server: Server, tiny: tuple, tmp_path: 
     assert listing(tmp_path) == []
 
 
+def test_content_length_not_a_number(server: Server, tiny: tuple, tmp_path: Path) -> None:
+    # Content-Length "²": ignored as unknown, the body read to the close, no ValueError.
+    raw, packed = tiny
+    server.serve("a", packed, mode="odd-length")
+    results = fetch(make_spec(raw, packed, (server.url("a"),)), tmp_path, **quick())
+    assert [r.status for r in results] == ["downloaded"] * 4
+    assert (tmp_path / "train-images-idx3-ubyte").read_bytes() == raw["train-images-idx3-ubyte"]
+
+
 def test_redirect_loop(server: Server, tiny: tuple, tmp_path: Path) -> None:
     raw, packed = tiny
     server.serve("a", packed, mode="loop")
@@ -650,6 +775,35 @@ def test_cli_fetch_usage_errors() -> None:
     assert "Invalid value for '--dataset': 'cifar' is not one of" in result.stderr
     result = CliRunner().invoke(cli, ["fetch", "--timeout", "0"])
     assert result.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("mirror", "error"),
+    [
+        ("http://[::1/", "http://[::1/: not a valid mirror URL (Invalid IPv6 URL)"),
+        (
+            "http://127.0.0.1:99999/",
+            "http://127.0.0.1:99999/: not a valid mirror URL (Port out of range 0-65535)",
+        ),
+        (
+            "ftp://example.org/mnist/",
+            "'ftp://example.org/mnist/': not a mirror: expected an http(s):// or file:// URL "
+            "or a directory",
+        ),
+        (
+            "file://server/mnist/",
+            "file://server/mnist/: a file:// URL must name a local path (file:///...)",
+        ),
+    ],
+)
+def test_cli_fetch_bad_mirror_is_one_line(
+    mirror: str, error: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MNIST2DB_MIRROR", mirror)
+    result = CliRunner().invoke(cli, ["fetch", "--data", str(tmp_path / "d")])
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {error}\n"
+    assert not (tmp_path / "d").exists()
 
 
 def test_cli_help_ends_with_an_example() -> None:

@@ -481,6 +481,22 @@ def _is_url(mirror: str) -> bool:
     return urllib.parse.urlsplit(mirror).scheme.lower() in ("http", "https")
 
 
+def _check_mirror(mirror: str) -> None:
+    """Refuse, before anything is fetched, a mirror that is neither a URL we speak nor a path."""
+    try:
+        parts = urllib.parse.urlsplit(mirror)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        raise DownloadError(f"{mirror}: not a valid mirror URL ({exc})") from None
+    scheme = parts.scheme.lower()
+    if not mirror or ("://" in mirror and scheme not in ("http", "https", "file")):
+        raise DownloadError(
+            f"{mirror!r}: not a mirror: expected an http(s):// or file:// URL or a directory"
+        )
+    if scheme == "file" and parts.netloc not in ("", "localhost"):
+        raise DownloadError(f"{mirror}: a file:// URL must name a local path (file:///...)")
+
+
 def _local_dir(mirror: str) -> str:
     """A plain directory, or the directory of a ``file://`` URL."""
     parts = urllib.parse.urlsplit(mirror)
@@ -596,17 +612,19 @@ def _download_once(
 
 
 def _content_length(value: str | None) -> int | None:
-    if value is None or not value.strip().isdigit():
-        return None
-    return int(value)
+    return _decimal(value.strip()) if value is not None else None
 
 
 def _content_range_start(value: str | None) -> int | None:
     # "bytes 100-199/200"
     if not value or not value.startswith("bytes "):
         return None
-    first = value[6:].split("-", 1)[0].strip()
-    return int(first) if first.isdigit() else None
+    return _decimal(value[6:].split("-", 1)[0].strip())
+
+
+def _decimal(text: str) -> int | None:
+    # str.isdigit() alone accepts "²" (a header is latin-1), which int() refuses.
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def _read_local(path: str, sink: _Sink, opts: _Options) -> None:
@@ -626,10 +644,19 @@ def _read_local(path: str, sink: _Sink, opts: _Options) -> None:
 # -- the manifest of verified files --------------------------------------------------------
 
 
-def _read_manifest(directory: str) -> dict[str, str]:
+def _manifest_header(dataset: str) -> str:
+    # A comment line (sha256sum -c skips it) binding the entries to one dataset: a file
+    # recorded for one dataset must not pass as verified for another fetched into the same
+    # directory (KMNIST has no unpacked digest to catch it).
+    return f"# mnist2db dataset: {dataset}\n"
+
+
+def _read_manifest(directory: str, dataset: str) -> dict[str, str]:
     entries: dict[str, str] = {}
     try:
         with open(os.path.join(directory, MANIFEST_NAME), encoding="utf-8") as handle:
+            if handle.readline() != _manifest_header(dataset):
+                return {}  # another dataset's (or an unknown) manifest vouches for nothing here
             for line in handle:
                 digest, _, name = line.rstrip("\n").partition("  ")
                 if len(digest) == 64 and name:
@@ -639,11 +666,12 @@ def _read_manifest(directory: str) -> dict[str, str]:
     return entries
 
 
-def _write_manifest(directory: str, entries: Mapping[str, str]) -> None:
+def _write_manifest(directory: str, dataset: str, entries: Mapping[str, str]) -> None:
     path = os.path.join(directory, MANIFEST_NAME)
     temp = _mkstemp(directory, f"{MANIFEST_NAME}{_TEMP_MARK}")
     try:
         with open(temp, "w", encoding="utf-8") as handle:
+            handle.write(_manifest_header(dataset))
             for name in sorted(entries):
                 handle.write(f"{entries[name]}  {name}\n")
             handle.flush()
@@ -731,6 +759,9 @@ def fetch(
     """
     spec = get_dataset(dataset)
     directory = os.fspath(data_dir) if data_dir is not None else default_data_dir(spec)
+    sources = [*mirrors, *spec.mirrors]
+    for mirror in sources:
+        _check_mirror(mirror)
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as exc:
@@ -738,11 +769,10 @@ def fetch(
     if backoff is None:
         backoff = DEFAULT_BACKOFF
     opts = _Options(timeout=timeout, retries=retries, backoff=backoff, progress=progress)
-    sources = [*mirrors, *spec.mirrors]
-    manifest = _read_manifest(directory)
+    manifest = _read_manifest(directory, spec.name)
     results = []
     for resource in spec.resources:
-        result = _fetch_one(resource, directory, sources, opts, manifest, force, keep_gz)
+        result = _fetch_one(resource, directory, spec.name, sources, opts, manifest, force, keep_gz)
         if on_file is not None:
             on_file(result)
         results.append(result)
@@ -752,6 +782,7 @@ def fetch(
 def _fetch_one(
     resource: Resource,
     directory: str,
+    dataset: str,
     sources: Sequence[str],
     opts: _Options,
     manifest: dict[str, str],
@@ -806,7 +837,7 @@ def _fetch_one(
             if sink.gz_file is not None and sink.gz_sha256 is not None:
                 manifest[resource.name + ".gz"] = sink.gz_sha256
             with contextlib.suppress(OSError):
-                _write_manifest(directory, manifest)
+                _write_manifest(directory, dataset, manifest)
             return FetchedFile(
                 resource.name,
                 final,
