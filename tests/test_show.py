@@ -268,3 +268,25 @@ def test_float_database_cannot_be_drawn(tmp_path: Path, png: bool) -> None:
     assert result.stdout == ""
     assert result.stderr == f"Error: {db}: record 0: cannot draw float64 pixels: expected uint8\n"
     assert not (tmp_path / "f.png").exists()
+
+
+def test_png_count_is_bounded(tmp_path: Path) -> None:
+    from mnist2db.cli import MAX_PNG_IMAGES
+
+    result = CliRunner().invoke(
+        cli,
+        [
+            "show",
+            str(tmp_path / "x"),
+            "--count",
+            str(MAX_PNG_IMAGES + 1),
+            "--png",
+            str(tmp_path / "p.png"),
+        ],
+    )
+    assert result.exit_code == 2
+    assert (
+        f"--png draws at most {MAX_PNG_IMAGES} images (--count {MAX_PNG_IMAGES + 1})"
+        in result.stderr
+    )
+    assert not (tmp_path / "p.png").exists()

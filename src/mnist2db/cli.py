@@ -64,6 +64,7 @@ backend_option = click.option(
     help="Database to write.",
 )
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+MAX_PNG_IMAGES = 1000  # 100 rows of 10 28 × 28 images drawn 3 × 3: a canvas of about 9 MB
 DATASET_NAMES = ["mnist", "fashion-mnist", "kmnist"]  # fetch.DATASETS, without importing it
 
 
@@ -240,6 +241,11 @@ def show(
         )
     if labels is not None and os.path.isdir(source):
         raise click.UsageError("--labels is for an IDX image file; a database holds its labels")
+    if png is not None and count > MAX_PNG_IMAGES:
+        # The grid is built in memory: bound it rather than run out of memory.
+        raise click.UsageError(
+            f"--png draws at most {MAX_PNG_IMAGES} images (--count {count}); split the range"
+        )
     with library_errors():
         total, records = select_records(source, labels, offset=offset, count=count)
         shown = 0
