@@ -876,3 +876,29 @@ def test_sigterm_mid_download_leaves_nothing(server: Server, tmp_path: Path) -> 
     assert process.returncode == 143
     assert stderr == "Interrupted\n"
     assert listing(data) == []
+
+
+def test_network_fault_mid_body_is_a_mirror_failure_not_a_write_error(
+    server: Server, tiny: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault loopback cannot produce (host unreachable mid-body), injected into the read:
+    the first mirror is retried and abandoned, the second delivers."""
+    import errno
+    import http.client
+
+    raw, packed = tiny
+    server.serve("a", packed)
+    server.serve("b", packed)
+    real_read1 = http.client.HTTPResponse.read1
+    bad_port = server.url("a")
+
+    def read1(self: http.client.HTTPResponse, n: int = -1) -> bytes:
+        if self.url and self.url.startswith(bad_port):  # type: ignore[attr-defined]
+            raise OSError(errno.EHOSTUNREACH, "No route to host")
+        return real_read1(self, n)
+
+    monkeypatch.setattr(http.client.HTTPResponse, "read1", read1)
+    spec = make_spec(raw, packed, (server.url("a"), server.url("b")))
+    results = fetch(spec, tmp_path, **quick(retries=1))
+    assert {r.source for r in results} == {f"{server.url('b')}{n}.gz" for n in FILE_NAMES}
+    assert server.count("a") == 8  # each file: one try and one retry

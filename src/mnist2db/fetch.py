@@ -568,7 +568,14 @@ def _download_once(
             got = 0
             while True:
                 # read1: what has arrived, so a stall loses nothing already received.
-                chunk = response.read1(_CHUNK)
+                try:
+                    chunk = response.read1(_CHUNK)
+                except (TimeoutError, ConnectionError, ssl.SSLError, http.client.HTTPException):
+                    raise  # classified below
+                except OSError as exc:
+                    # Any other network fault mid-body (host or network unreachable, ...):
+                    # not a write error; retry, then the next mirror.
+                    raise _Transient(f"network error: {exc.strerror or exc}") from None
                 if not chunk:
                     break
                 got += len(chunk)
