@@ -902,3 +902,24 @@ def test_network_fault_mid_body_is_a_mirror_failure_not_a_write_error(
     results = fetch(spec, tmp_path, **quick(retries=1))
     assert {r.source for r in results} == {f"{server.url('b')}{n}.gz" for n in FILE_NAMES}
     assert server.count("a") == 8  # each file: one try and one retry
+
+
+def test_temporaries_of_a_killed_fetch_are_removed(
+    server: Server, tiny: tuple, tmp_path: Path
+) -> None:
+    from test_fsutil import dead_pid
+
+    raw, packed = tiny
+    server.serve("a", packed)
+    dead = dead_pid()
+    left = [
+        tmp_path / f".train-images-idx3-ubyte.mnist2db-tmp-{dead}-k1ll3d",
+        tmp_path / f".train-images-idx3-ubyte.mnist2db-tmp-{dead}-k1ll3d.gz",
+        tmp_path / f"..mnist2db.sha256.mnist2db-tmp-{dead}-k1ll3d",  # "." + ".mnist2db.sha256"
+    ]
+    live = tmp_path / ".t10k-labels-idx1-ubyte.mnist2db-tmp-1-st1ll0n"  # pid 1: still running
+    for path in (*left, live):
+        path.write_bytes(b"partial")
+    fetch(make_spec(raw, packed, (server.url("a"),)), tmp_path, **quick())
+    assert [path.name for path in left if path.exists()] == []
+    assert live.exists()

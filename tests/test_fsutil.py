@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mnist2db.fsutil import AtomicFile, mkdtemp_beside
+from mnist2db.fsutil import AtomicFile, mkdtemp_beside, remove_stale, temp_prefix
 
 
 def test_uncommitted_file_leaves_nothing(tmp_path: Path) -> None:
@@ -41,3 +41,49 @@ def test_mkdtemp_beside_is_private_and_unique(tmp_path: Path) -> None:
     assert first != second
     assert stat.S_IMODE(os.stat(first).st_mode) == 0o700
     assert os.path.basename(first).startswith(".x-")
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(proc.stdout)
+
+
+def test_stale_temporaries_of_dead_runs_are_removed(tmp_path: Path) -> None:
+    dead = dead_pid()
+    stale = tmp_path / f".out.bin.mnist2db-tmp-{dead}-ab12_cd"
+    stale_png = tmp_path / f".out.bin.mnist2db-tmp-{dead}-zz99.png"
+    live = tmp_path / ".out.bin.mnist2db-tmp-1-ab12cd"  # pid 1 is alive
+    other = tmp_path / f".other.bin.mnist2db-tmp-{dead}-ab12cd"
+    odd = tmp_path / f".out.bin.mnist2db-tmp-{dead}-NOT-OURS"
+    for path in (stale, stale_png, live, other, odd):
+        path.write_bytes(b"x")
+    removed = remove_stale(
+        str(tmp_path), temp_prefix("out.bin"), directories=False, extensions=(".png",)
+    )
+    assert sorted(removed) == sorted([str(stale), str(stale_png)])
+    assert not stale.exists() and not stale_png.exists()
+    assert live.exists() and other.exists() and odd.exists()
+
+
+def test_atomic_file_clears_its_own_stale_temporaries(tmp_path: Path) -> None:
+    stale = tmp_path / f".out.bin.mnist2db-tmp-{dead_pid()}-ab12cd"
+    stale.write_bytes(b"left by a killed run")
+    with AtomicFile(str(tmp_path / "out.bin")) as f:
+        f.stream.write(b"new")
+        f.commit()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]
+
+
+def test_temp_prefix_hashes_long_names() -> None:
+    assert temp_prefix("a.png") == ".a.png.mnist2db-tmp-"
+    long = temp_prefix("x" * 200)
+    assert long.startswith(".") and long.endswith(".mnist2db-tmp-") and len(long) == 1 + 32 + 14

@@ -20,7 +20,16 @@ from collections.abc import Callable, Iterator, Sequence
 from .backends import BACKENDS, detect_backend, open_writer
 from .datum import datum_prefix, encode_raw_batch, splitter
 from .errors import BackendError, IdxFormatError, Mnist2dbError, OutputExistsError
-from .fsutil import fsync_dir, fsync_tree, mkdtemp_beside, umask
+from .fsutil import (
+    TEMP_MARK,
+    fsync_dir,
+    fsync_tree,
+    mkdtemp_beside,
+    remove_stale,
+    rmtree,
+    temp_prefix,
+    umask,
+)
 from .idx import IdxHeader, open_idx
 
 __all__ = ["ConvertResult", "convert", "check_pair", "remove_stale_staging"]
@@ -34,7 +43,7 @@ _INT32_MAX = (1 << 31) - 1
 _APPEND_LIMIT = 10**8
 
 #: Marker in the names of staging directories, so left-overs are recognisable.
-STAGING_MARK = ".mnist2db-tmp-"
+STAGING_MARK = TEMP_MARK
 #: Free space (bytes) below which a failed write is blamed on a full file system.
 _LOW_SPACE = 1 << 20
 
@@ -225,47 +234,8 @@ def _checkpoint(stage: str, staging: str) -> None:
     """
 
 
-def _rmtree(path: str) -> None:
-    # shutil costs ~5 ms of start-up and is needed only when something is left to remove.
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _staging_tag(name: str) -> str:
-    """The destination's name as it appears in staging names; hashed if too long for one."""
-    if len(os.fsencode(name)) <= 128:
-        return name
-    import hashlib  # rare: only for very long names; kept off the start-up path
-
-    return hashlib.sha256(os.fsencode(name)).hexdigest()[:32]
-
-
 def _staging_prefix(name: str) -> str:
-    return f".{_staging_tag(name)}{STAGING_MARK}"
-
-
-def _staging_pid(suffix: str) -> int | None:
-    """The writer's pid from what follows the prefix in a staging name (``<pid>-<random>``)."""
-    pid, dash, random_part = suffix.partition("-")
-    if not (dash and pid.isascii() and pid.isdigit() and random_part.isascii()):
-        return None
-    if not random_part.replace("_", "").isalnum() or random_part.lower() != random_part:
-        return None
-    return int(pid)
-
-
-def _pid_alive(pid: int) -> bool:
-    """True unless ``pid`` certainly does not exist (when unsure, assume it does)."""
-    if pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
+    return temp_prefix(name)
 
 
 def remove_stale_staging(out: str | os.PathLike[str]) -> list[str]:
@@ -279,23 +249,7 @@ def remove_stale_staging(out: str | os.PathLike[str]) -> list[str]:
     out = os.fspath(out)
     parent = os.path.dirname(os.path.abspath(out))
     prefix = _staging_prefix(os.path.basename(os.path.normpath(out)))
-    removed: list[str] = []
-    try:
-        entries = list(os.scandir(parent))
-    except OSError:
-        return removed
-    for entry in entries:
-        if not entry.name.startswith(prefix):
-            continue
-        pid = _staging_pid(entry.name[len(prefix) :])
-        if pid is None or not entry.is_dir(follow_symlinks=False):
-            continue
-        if pid == os.getpid() or _pid_alive(pid):
-            continue
-        _rmtree(entry.path)
-        if not os.path.lexists(entry.path):
-            removed.append(entry.path)
-    return removed
+    return remove_stale(parent, prefix, directories=True)
 
 
 def _explain_write_error(message: str, staging: str, out: str) -> str:
@@ -359,7 +313,7 @@ def _staged_directory(out: str, overwrite: bool) -> Iterator[str]:
     finally:
         if os.path.lexists(staging):
             _checkpoint("cleanup", staging)
-            _rmtree(staging)
+            rmtree(staging)
 
 
 def _place(staging: str, out: str, overwrite: bool) -> None:

@@ -38,7 +38,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from . import __version__
 from .errors import ChecksumError, DownloadError, IdxFormatError, Mnist2dbError
-from .fsutil import file_mode, fsync_dir
+from .fsutil import AtomicFile, file_mode, fsync_dir, remove_stale, temp_prefix
 
 if TYPE_CHECKING:
     from .conversion import ConvertResult
@@ -208,7 +208,6 @@ _UNPACK_CHUNK = 1 << 20
 # An unpacked MNIST-format file is under 60 MB; anything far beyond is not one of them
 # (and a decompression bomb must not fill the disk).
 _MAX_UNPACKED = 1 << 30
-_TEMP_MARK = ".mnist2db-tmp-"
 
 #: ``progress(file_name, bytes_done, bytes_total)``; total is 0 when unknown.
 FetchProgress = Callable[[str, int, int], None]
@@ -299,7 +298,10 @@ class _Sink:
         self.resource = resource
         self.compressed = compressed
         directory = os.path.dirname(final) or "."
-        prefix = f".{os.path.basename(final)}{_TEMP_MARK}"
+        prefix = temp_prefix(os.path.basename(final))
+        # Temporaries of killed fetches of this file are recognised by name and removed.
+        remove_stale(directory, prefix, directories=False, extensions=(".gz",))
+        prefix = f"{prefix}{os.getpid()}-"
         self.raw_path = _mkstemp(directory, prefix)
         self.gz_path: str | None = None
         try:
@@ -674,20 +676,10 @@ def _read_manifest(directory: str, dataset: str) -> dict[str, str]:
 
 
 def _write_manifest(directory: str, dataset: str, entries: Mapping[str, str]) -> None:
-    path = os.path.join(directory, MANIFEST_NAME)
-    temp = _mkstemp(directory, f"{MANIFEST_NAME}{_TEMP_MARK}")
-    try:
-        with open(temp, "w", encoding="utf-8") as handle:
-            handle.write(_manifest_header(dataset))
-            for name in sorted(entries):
-                handle.write(f"{entries[name]}  {name}\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, file_mode())
-        os.replace(temp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
+    lines = [_manifest_header(dataset)] + [f"{entries[n]}  {n}\n" for n in sorted(entries)]
+    with AtomicFile(os.path.join(directory, MANIFEST_NAME)) as target:
+        target.stream.write("".join(lines).encode("utf-8"))
+        target.commit()
 
 
 def _file_digests(path: str, algorithms: Iterable[str]) -> dict[str, str] | None:

@@ -8,9 +8,32 @@ import contextlib
 import errno
 import os
 
-__all__ = ["AtomicFile", "file_mode", "fsync_dir", "fsync_tree", "mkdtemp_beside", "umask"]
+__all__ = [
+    "AtomicFile",
+    "file_mode",
+    "fsync_dir",
+    "fsync_tree",
+    "mkdtemp_beside",
+    "remove_stale",
+    "rmtree",
+    "temp_prefix",
+    "umask",
+]
 
-TEMP_PREFIX = ".mnist2db-tmp-"
+#: Marks every temporary mnist2db makes: ``.<name>.mnist2db-tmp-<pid>-<random>``.
+TEMP_MARK = ".mnist2db-tmp-"
+
+
+def temp_prefix(name: str) -> str:
+    """``.<name>.mnist2db-tmp-`` for temporaries of the file or directory ``name``.
+
+    A name too long to carry a suffix within the usual 255-byte limit is hashed.
+    """
+    if len(os.fsencode(name)) > 128:
+        import hashlib  # rare: only for very long names; kept off the start-up path
+
+        name = hashlib.sha256(os.fsencode(name)).hexdigest()[:32]
+    return f".{name}{TEMP_MARK}"
 
 
 def umask() -> int:
@@ -73,7 +96,12 @@ class AtomicFile:
 
         self.path = path
         directory = os.path.dirname(os.path.abspath(path))
-        fd, self.temp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=suffix, dir=directory)
+        prefix = temp_prefix(os.path.basename(path))
+        # Temporaries of killed runs for this same file are recognised by name and removed.
+        remove_stale(directory, prefix, directories=False, extensions=(suffix,) if suffix else ())
+        fd, self.temp = tempfile.mkstemp(
+            prefix=f"{prefix}{os.getpid()}-", suffix=suffix, dir=directory
+        )
         self.stream = os.fdopen(fd, "wb")
         self.committed = False
 
@@ -99,3 +127,73 @@ class AtomicFile:
 
     def __exit__(self, *exc_info: object) -> None:
         self.discard()
+
+
+def rmtree(path: str) -> None:
+    """Remove a directory tree, ignoring errors (shutil is imported only when needed)."""
+    import shutil  # ~5 ms of start-up, needed only when something is left to remove
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def owner_pid(rest: str, extensions: tuple[str, ...] = ()) -> int | None:
+    """The pid in what follows a temporary's prefix: ``<pid>-<random>[<extension>]``.
+
+    ``<random>`` is what mkstemp/mkdtemp (or :func:`mkdtemp_beside`) add: lowercase letters,
+    digits and underscores. Anything else is not a name we made: None.
+    """
+    pid, dash, random_part = rest.partition("-")
+    for extension in extensions:
+        if random_part.endswith(extension):
+            random_part = random_part[: -len(extension)]
+            break
+    if not (dash and pid.isascii() and pid.isdigit() and random_part.isascii()):
+        return None
+    if not random_part.replace("_", "").isalnum() or random_part.lower() != random_part:
+        return None
+    return int(pid)
+
+
+def pid_alive(pid: int) -> bool:
+    """True unless process ``pid`` certainly does not exist (when unsure, assume it does)."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def remove_stale(
+    parent: str, prefix: str, *, directories: bool, extensions: tuple[str, ...] = ()
+) -> list[str]:
+    """Remove temporaries left in ``parent`` by processes that were killed.
+
+    Only entries named ``<prefix><pid>-<random>[<extension>]`` (directories, or else regular
+    files) whose process no longer exists are removed: a run still going keeps its own, and
+    names we did not make are never touched. Returns the paths removed.
+    """
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        pid = owner_pid(entry.name[len(prefix) :], extensions)
+        if pid is None or pid == os.getpid() or pid_alive(pid):
+            continue
+        if directories and entry.is_dir(follow_symlinks=False):
+            rmtree(entry.path)
+        elif not directories and entry.is_file(follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+        else:
+            continue
+        if not os.path.lexists(entry.path):
+            removed.append(entry.path)
+    return removed
