@@ -31,7 +31,11 @@ BIN = Path(sys.executable).parent
 
 #: command prefix -> why it is not run here
 SKIPPED = {
-    "make ": "runs a second set-up of .venv; `make mnist` is checked by hand (see test_fetch)",
+    "make mnist  ": "the real MNIST needs the internet",
+    "make test": "the test suite itself",
+    "make lint": "developer tooling, not an example",
+    "make proto": "rewrites a source file (tests/test_proto.py checks it is fresh)",
+    "make bench": "a benchmark, run on demand",
     "mnist2db fetch  ": "the real MNIST needs the internet",
     "scripts/get_mnist.sh": "the real MNIST needs the internet (test_create runs both scripts)",
 }
@@ -80,7 +84,7 @@ def dollar_sessions() -> list[list[tuple[str, list[str]]]]:
 
 
 def skip_reason(command: str) -> str | None:
-    padded = command + "  " if command == "mnist2db fetch" else command
+    padded = command + "  " if command in ("mnist2db fetch", "make mnist") else command
     for prefix, reason in SKIPPED.items():
         if padded.startswith(prefix):
             return reason
@@ -131,6 +135,14 @@ def sandbox(prepared: Path, tmp_path: Path) -> Path:
 
 
 def run(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    if command.startswith("make "):
+        # The project's Makefile, with this test run's environment as its .venv. A copy of
+        # pyproject.toml that keeps its time stamp tells make the environment is up to date.
+        venv = BIN.parent
+        if not (venv / ".installed-stamp").exists():
+            pytest.skip("make examples need the .venv that `make test` sets up")
+        shutil.copy2(ROOT / "pyproject.toml", cwd / "pyproject.toml")
+        command = f"make -f {ROOT / 'Makefile'} VENV={venv} {command[5:]}"
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env["MNIST2DB_MIRROR"] = str(FASHION_DIR)
