@@ -227,3 +227,34 @@ def test_lmdb_in_a_read_only_folder(mnist_pair, tmp_path: Path) -> None:
             assert np.array_equal(db[3][0][0], images[3])
     finally:
         path.chmod(0o755)
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_keys_that_only_look_like_caffe_keys_are_indexed_in_key_order(
+    tmp_path: Path, backend: str
+) -> None:
+    """Same count, first and last key as Caffe's sequence, but 00000002 replaced by
+    00000003x: indexing must agree with iteration (key order) and never fail."""
+    import lmdb
+    import plyvel
+
+    keys = [b"00000000", b"00000001", b"00000003", b"00000003x", b"00000004"]
+    values = [mnist2db.encode_datum(bytes([i]) * 4, 1, 2, 2, i) for i in range(5)]
+    path = tmp_path / "db"
+    if backend == "lmdb":
+        env = lmdb.open(str(path), map_size=1 << 20)
+        with env.begin(write=True) as txn:
+            for key, value in zip(keys, values, strict=True):
+                txn.put(key, value)
+        env.close()
+    else:
+        db = plyvel.DB(str(path), create_if_missing=True)
+        for key, value in zip(keys, values, strict=True):
+            db.put(key, value)
+        db.close()
+    with open_db(path) as dataset:
+        # Backwards: an index must not depend on which records were read before.
+        by_index = [dataset[i][1] for i in reversed(range(len(dataset)))][::-1]
+        by_iteration = [label for _, label in dataset]
+        assert dataset.key(3) == b"00000003x"
+    assert by_index == by_iteration == [0, 1, 2, 3, 4]

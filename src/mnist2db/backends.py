@@ -311,7 +311,15 @@ class DbReader:
     def __len__(self) -> int:
         if self.backend == "lmdb":
             return int(self._env.stat()["entries"])
-        return sum(1 for _ in self._db.iterator(include_value=False))
+        return sum(1 for _ in self.iter_keys())
+
+    def iter_keys(self) -> Iterator[bytes]:
+        """The keys in order, without reading the values."""
+        if self.backend == "lmdb":
+            with self._env.begin() as txn:
+                yield from txn.cursor().iternext(keys=True, values=False)
+        else:
+            yield from self._db.iterator(include_value=False)
 
     def get(self, key: bytes) -> bytes | None:
         """The value stored under ``key``, or None."""

@@ -126,13 +126,15 @@ class DatumDataset:
         self._reader: DbReader | None = None
         self._keys: list[bytes] | None = None
         reader = self._open()
-        self._length = len(reader)
-        first, last = reader.first_key(), reader.last_key()
-        self._sequential = self._length == 0 or (
-            self._length <= _SEQUENTIAL_LIMIT
-            and first == record_key(0)
-            and last == record_key(self._length - 1)
-        )
+        # Record i is read under Caffe's key "%08d" % i only if the keys are exactly that
+        # sequence; otherwise by position in key order. One pass over the keys tells (about
+        # 0.5 µs a key: 30 ms for MNIST's training set) and counts them for LevelDB.
+        self._length = 0
+        sequential = True
+        for key in reader.iter_keys():
+            sequential = sequential and bytes(key) == record_key(self._length)
+            self._length += 1
+        self._sequential = sequential and self._length <= _SEQUENTIAL_LIMIT
 
     # -- the handle, one per process -----------------------------------------------------
 
