@@ -27,6 +27,7 @@ __all__ = [
     "DatumError",
     "array_to_datum",
     "datum_to_array",
+    "datum_type",
     "decode_datum",
     "encode_batch",
     "encode_datum",
@@ -168,6 +169,30 @@ def splitter(size: int, count: int) -> struct.Struct:
     return found
 
 
+def datum_type() -> Any:
+    """The ``caffe.Datum`` message class.
+
+    Normally the one generated from ``proto/datum.proto``. When the process has already
+    registered a ``caffe.Datum`` (pycaffe's ``caffe_pb2``, from Caffe's own ``caffe.proto``),
+    protobuf refuses a second definition of the name; that one is then used: it is the same
+    message, field for field, so the bytes read and written are the same.
+    """
+    global _DATUM_TYPE
+    if _DATUM_TYPE is None:
+        try:
+            from .datum_pb2 import Datum
+        except TypeError:  # "duplicate symbol 'caffe.Datum'"
+            from google.protobuf import descriptor_pool, message_factory
+
+            found = descriptor_pool.Default().FindMessageTypeByName("caffe.Datum")
+            Datum = message_factory.GetMessageClass(found)
+        _DATUM_TYPE = Datum
+    return _DATUM_TYPE
+
+
+_DATUM_TYPE: Any = None
+
+
 def decode_datum(value: bytes) -> Any:
     """Parse a serialized Datum into a ``caffe.Datum`` protobuf message.
 
@@ -176,9 +201,7 @@ def decode_datum(value: bytes) -> Any:
     """
     from google.protobuf.message import DecodeError
 
-    from .datum_pb2 import Datum
-
-    datum = Datum()
+    datum = datum_type()()
     try:
         datum.ParseFromString(value)
     except DecodeError as exc:
@@ -196,13 +219,11 @@ def array_to_datum(arr: np.ndarray, label: int | None = None) -> Any:
     """
     import numpy as np
 
-    from .datum_pb2 import Datum
-
     if arr.ndim != 3:
         raise ValueError(
             f"array_to_datum needs a 3-D (channels, height, width) array, got {arr.shape}"
         )
-    datum = Datum()
+    datum = datum_type()()
     datum.channels, datum.height, datum.width = (int(d) for d in arr.shape)
     if arr.dtype == np.uint8:
         datum.data = np.ascontiguousarray(arr).tobytes()
