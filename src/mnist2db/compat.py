@@ -119,7 +119,7 @@ def parse_flags(argv: list[str], argv0: str = PROG) -> ParsedArgs:
 
 def _here() -> str:
     """The caller's ``file:line``, for mnist2db's own log lines (as glog records its own)."""
-    frame = sys._getframe(2)
+    frame = sys._getframe(1)
     return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
