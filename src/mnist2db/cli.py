@@ -405,7 +405,7 @@ def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bo
 @click.argument("db", type=click.Path(path_type=str))
 @click.argument("out", type=click.Path(dir_okay=False, path_type=str), required=False)
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-@quiet_option
+@click.option("-q", "--quiet", is_flag=True, help="No 'Wrote' line.")
 def mean(db: str, out: str | None, overwrite: bool, quiet: bool) -> None:
     """Compute the mean image of database DB, as Caffe's compute_image_mean, and print
     per-channel mean and standard deviation (the numbers torchvision's Normalize wants).
@@ -417,9 +417,8 @@ def mean(db: str, out: str | None, overwrite: bool, quiet: bool) -> None:
     """
     from .meanfile import compute_mean, write_mean
 
-    with library_errors(), progress_reporter("Averaging", quiet) as bar:
-        progress = None if bar is None else (lambda done: bar(done, done))
-        result = compute_mean(db, progress=progress)
+    with library_errors():
+        result = compute_mean(db)
         written = None if out is None else write_mean(result, out, overwrite=overwrite)
     channels = " × ".join(map(str, result.mean.shape))
     click.echo(f"{db}: {result.count} records of {channels} (channels × height × width)")
