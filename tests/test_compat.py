@@ -180,6 +180,14 @@ def test_flagfile_illegal_value_is_an_error(tmp_path: Path) -> None:
         parse_flags([f"--flagfile={flags}"])
 
 
+def test_flagfile_including_itself_is_one_error(tmp_path: Path) -> None:
+    flags = tmp_path / "flags"
+    flags.write_text(f"--flagfile={flags}\n")
+    with pytest.raises(FlagError) as info:
+        parse_flags([f"--flagfile={flags}"])
+    assert str(info.value) == f"ERROR: flagfile '{flags}' includes itself"
+
+
 def test_missing_flagfile_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run([f"--flagfile={tmp_path / 'nope'}", "a", "b", "c"]) == 1
     assert capsys.readouterr().err == f"{tmp_path / 'nope'}: No such file or directory\n"

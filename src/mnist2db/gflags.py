@@ -175,6 +175,7 @@ class ParsedArgs:
         self.positional: list[str] = []
         self.errors: dict[str, str] = {}
         self.undefined: set[str] = set()
+        self.reading: list[str] = []  # flagfiles being read, innermost last
 
     def __getitem__(self, name: str) -> object:
         return self.values[name]
@@ -242,12 +243,22 @@ class ParsedArgs:
 
     def read_flagfile(self, path: str) -> None:
         """``ProcessOptionsFromStringLocked`` on the file's contents."""
+        if path in self.reading:
+            # gflags recurses until the stack overflows; stop with one line instead.
+            raise FlagError(f"ERROR: flagfile '{path}' includes itself")
         try:
             with open(path, "rb") as stream:
                 contents = stream.read().decode("utf-8", errors="surrogateescape")
         except OSError as exc:
             # gflags: PFATAL(filename) -- perror, then exit 1.
             raise FlagError(f"{path}: {exc.strerror}") from None
+        self.reading.append(path)
+        try:
+            self._apply_flagfile(contents)
+        finally:
+            self.reading.pop()
+
+    def _apply_flagfile(self, contents: str) -> None:
         relevant = True
         in_names = False
         names = {self.argv0, os.path.basename(self.argv0)}
