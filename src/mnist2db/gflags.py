@@ -271,11 +271,17 @@ class ParsedArgs:
                 if not relevant:
                     continue
                 body = line[2:] if line.startswith("--") else line[1:]
+                key = body.partition("=")[0]
+                before = (self.errors.get(key), key in self.undefined)
                 _, flag, value = self.split(body)
                 if flag is None:
                     # Errors in a flagfile's flag names are ignored, by gflags' API.
-                    self.errors.pop(body.partition("=")[0], None)
-                    self.undefined.discard(body.partition("=")[0])
+                    if before[0] is None:
+                        self.errors.pop(key, None)
+                    else:
+                        self.errors[key] = before[0]
+                    if not before[1]:
+                        self.undefined.discard(key)
                 elif value is not None:
                     self.set(flag, value)
             else:
