@@ -29,35 +29,184 @@ ENTRY = [sys.executable, "-c", "from mnist2db.compat import main; main()"]
 )
 def test_gflags_spellings(argv: list[str]) -> None:
     parsed = parse_flags(argv)
-    assert parsed.flags["backend"] == "leveldb"
+    assert parsed["backend"] == "leveldb"
     assert parsed.positional == ["a", "b", "c"]
 
 
 def test_double_dash_ends_flags() -> None:
     parsed = parse_flags(["--", "-a", "b", "c"])
     assert parsed.positional == ["-a", "b", "c"]
-    assert parsed.flags["backend"] == "lmdb"
+    assert parsed["backend"] == "lmdb"
 
 
 def test_bool_and_int_flags() -> None:
     parsed = parse_flags(["--overwrite", "--batch_size=10", "a", "b", "c"])
-    assert parsed.flags["overwrite"] is True and parsed.flags["batch_size"] == 10
-    assert parse_flags(["--nooverwrite"]).flags["overwrite"] is False
+    assert parsed["overwrite"] is True and parsed["batch_size"] == 10
+    assert parse_flags(["--nooverwrite"])["overwrite"] is False
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--colour=red"], "unknown command line flag 'colour'"),
-        (["a", "b", "c", "--backend"], "flag '--backend' is missing its argument"),
-        (["--batch_size=many"], "illegal value 'many' specified for int32 flag 'batch_size'"),
-        (["--overwrite=maybe"], "illegal value 'maybe' specified for bool flag 'overwrite'"),
+        (["--colour=red"], "ERROR: unknown command line flag 'colour'"),
+        (
+            ["a", "b", "c", "--backend"],
+            "ERROR: flag '--backend' is missing its argument; "
+            "flag description: The backend for storing the result",
+        ),
+        (
+            ["--batch_size=many"],
+            "ERROR: illegal value 'many' specified for int32 flag 'batch_size'",
+        ),
+        (["--overwrite=maybe"], "ERROR: illegal value 'maybe' specified for bool flag 'overwrite'"),
+        # int32 range, as gflags' strtoll then static_cast<int32> check
+        (
+            ["--batch_size=2147483648"],
+            "ERROR: illegal value '2147483648' specified for int32 flag 'batch_size'",
+        ),
+        (["--batch_size=10 "], "ERROR: illegal value '10 ' specified for int32 flag 'batch_size'"),
+        (["--batch_size="], "ERROR: illegal value '' specified for int32 flag 'batch_size'"),
+        (["--batch_size=0"], "ERROR: failed validation of new value '0' for flag 'batch_size'"),
+        (
+            ["--max_log_size=-1"],
+            "ERROR: illegal value '-1' specified for uint32 flag 'max_log_size'",
+        ),
+        (
+            ["--logtostderr=maybe"],
+            "ERROR: illegal value 'maybe' specified for bool flag 'logtostderr'",
+        ),
+        (["--v=x"], "ERROR: illegal value 'x' specified for int32 flag 'v'"),
+        (
+            ["--nobackend"],
+            "ERROR: boolean value (nobackend) specified for string command line flag",
+        ),
+        # every error at once, in flag-name order, as gflags' error map reports them
+        (
+            ["--zeta", "--alpha=1", "--batch_size=x"],
+            "ERROR: unknown command line flag 'alpha'\n"
+            "ERROR: illegal value 'x' specified for int32 flag 'batch_size'\n"
+            "ERROR: unknown command line flag 'zeta'",
+        ),
     ],
 )
 def test_flag_errors(argv: list[str], message: str) -> None:
     with pytest.raises(FlagError) as info:
         parse_flags(argv)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("2147483647", 2147483647),
+        ("-2147483648", -2147483648),
+        ("0x10", 16),
+        ("0X1f", 31),
+        (" 12", 12),
+        ("+7", 7),
+        ("010", 10),  # a leading 0 is not octal in gflags
+    ],
+)
+def test_int32_values_as_strtoll(value: str, expected: int) -> None:
+    from mnist2db.gflags import parse_value
+
+    assert parse_value("int32", value) == expected
+
+
+def test_glog_and_gflags_flags_are_accepted() -> None:
+    parsed = parse_flags(
+        [
+            "--logtostderr=false",
+            "--max_log_size=10",
+            "--minloglevel=1",
+            "--v=2",
+            "--log_dir=/tmp",
+            "--undefok=colour,verbose",
+            "--colour=red",
+            "--noverbose",
+            "a",
+            "b",
+            "c",
+        ]
+    )
+    assert parsed["logtostderr"] is False and parsed["max_log_size"] == 10
+    assert parsed["minloglevel"] == 1 and parsed["v"] == 2
+    assert parsed.positional == ["a", "b", "c"]
+
+
+def test_undefok_flag_given_a_separate_value_leaves_it_as_an_argument() -> None:
+    # gflags cannot know that an undefined flag takes a value: "red" is an argument.
+    parsed = parse_flags(["--undefok=colour", "--colour", "red", "a", "b"])
+    assert parsed.positional == ["red", "a", "b"]
+
+
+def test_nox_with_a_value_is_false_as_in_gflags() -> None:
+    assert parse_flags(["--overwrite", "--nooverwrite=true"])["overwrite"] is False
+
+
+def test_dashes_match_underscores() -> None:
+    assert parse_flags(["--batch-size=7"])["batch_size"] == 7
+
+
+def test_double_dash_permutes_as_gflags() -> None:
+    # gflags moves arguments seen before "--" behind those after it.
+    assert parse_flags(["a", "--", "-b", "c"]).positional == ["-b", "c", "a"]
+
+
+def test_flagfile(tmp_path: Path) -> None:
+    flags = tmp_path / "flags"
+    flags.write_text(
+        "# a comment\n"
+        "--backend=leveldb\n"
+        "  --batch_size=64\n"
+        "--unknown_in_file=1\n"
+        "other_program\n"
+        "--overwrite\n"
+        "convert_*\n"
+        "--minloglevel=2\n"
+    )
+    parsed = parse_flags([f"--flagfile={flags}", "a", "b", "c"])
+    assert parsed["backend"] == "leveldb" and parsed["batch_size"] == 64
+    assert parsed["overwrite"] is False  # that section was for another program
+    assert parsed["minloglevel"] == 2  # "convert_*" matches convert_mnist_data
+    # A later flag on the command line wins.
+    assert parse_flags([f"--flagfile={flags}", "--backend=lmdb"])["backend"] == "lmdb"
+
+
+def test_flagfile_illegal_value_is_an_error(tmp_path: Path) -> None:
+    flags = tmp_path / "flags"
+    flags.write_text("--batch_size=3000000000\n")
+    with pytest.raises(FlagError, match="illegal value '3000000000' specified for int32"):
+        parse_flags([f"--flagfile={flags}"])
+
+
+def test_flagfile_including_itself_is_one_error(tmp_path: Path) -> None:
+    flags = tmp_path / "flags"
+    flags.write_text(f"--flagfile={flags}\n")
+    with pytest.raises(FlagError) as info:
+        parse_flags([f"--flagfile={flags}"])
+    assert str(info.value) == f"ERROR: flagfile '{flags}' includes itself"
+
+
+def test_missing_flagfile_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run([f"--flagfile={tmp_path / 'nope'}", "a", "b", "c"]) == 1
+    assert capsys.readouterr().err == f"{tmp_path / 'nope'}: No such file or directory\n"
+
+
+def test_fromenv(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLAGS_backend", "leveldb")
+    assert parse_flags(["--fromenv=backend"])["backend"] == "leveldb"
+    with pytest.raises(FlagError, match="ERROR: FLAGS_batch_size not found in environment"):
+        parse_flags(["--fromenv=batch_size"])
+    assert parse_flags(["--tryfromenv=batch_size"])["batch_size"] == 1000
+
+
+def test_glog_environment_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLOG_minloglevel", "2")
+    monkeypatch.setenv("GLOG_logtostderr", "yes")
+    parsed = parse_flags([])
+    assert parsed["minloglevel"] == 2 and parsed["logtostderr"] is True
+    assert parse_flags(["--minloglevel=0"])["minloglevel"] == 0  # the flag wins
 
 
 def test_wrong_argument_count_prints_usage_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,13 +224,14 @@ def test_wrong_argument_count_prints_usage_and_exits_2(capsys: pytest.CaptureFix
 
 
 def test_help_goes_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(["--help"]) == 0
+    # --help wins over flag errors, as in gflags.
+    assert run(["--help", "--colour=red"]) == 0
     out, err = capsys.readouterr()
     assert "Flags from examples/mnist/convert_mnist_data.cpp:" in out and err == ""
 
 
-def test_unknown_flag_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(["--colour=red", "a", "b", "c"]) == 2
+def test_flag_error_exits_1_as_gflags(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["--colour=red", "a", "b", "c"]) == 1
     assert capsys.readouterr().err == "ERROR: unknown command line flag 'colour'\n"
 
 
@@ -149,3 +299,66 @@ def test_minloglevel_silences_info(mnist_pair, tmp_path: Path) -> None:
         check=False,
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_caffe_lines_come_before_the_records(mnist_pair, tmp_path: Path) -> None:
+    """Opened/A total/Rows are logged before the first record, as Caffe logs them: the
+    staging checkpoint (reached before anything is written) prints a marker."""
+    ipath, lpath, *_ = mnist_pair(5)
+    code = (
+        "import sys, mnist2db.conversion as c, mnist2db.compat as compat\n"
+        "c._checkpoint = lambda stage, staging: sys.stderr.write(f'<{stage}>\\n')\n"
+        "sys.argv = ['convert_mnist_data', *sys.argv[1:]]\n"
+        "compat.main()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(ipath), str(lpath), str(tmp_path / "db")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line.split("] ", 1)[-1] for line in done.stderr.splitlines()]
+    assert lines == [
+        f"Opened lmdb {tmp_path / 'db'}",
+        "A total of 5 items.",
+        "Rows: 28 Cols: 28",
+        "<staging>",
+        "<staged>",
+        "<placed>",
+        "Processed 5 files.",
+    ]
+
+
+def test_glog_prefix_and_flags(mnist_pair, tmp_path: Path) -> None:
+    import re
+
+    ipath, lpath, *_ = mnist_pair(2)
+    done = subprocess.run(
+        [*ENTRY, str(ipath), str(lpath), str(tmp_path / "a")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    first = done.stderr.splitlines()[1]
+    assert re.fullmatch(
+        r"I\d{8} \d\d:\d\d:\d\d\.\d{6} +\d+ convert_mnist_data\.cpp:88\] A total of 2 items\.",
+        first,
+    ), first
+    # --log_prefix=false: bare messages; --alsologtostderr=false: INFO goes to glog's log
+    # files only (the drop-in writes none), so nothing on stderr.
+    done = subprocess.run(
+        [*ENTRY, "--log_prefix=false", str(ipath), str(lpath), str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.stderr.splitlines()[1] == "A total of 2 items."
+    done = subprocess.run(
+        [*ENTRY, "--alsologtostderr=false", str(ipath), str(lpath), str(tmp_path / "c")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert (tmp_path / "c" / "data.mdb").exists()

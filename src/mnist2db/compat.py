@@ -1,25 +1,37 @@
-"""``convert_mnist_data``: a drop-in for Caffe's tool, with Caffe's command line and log lines.
+"""Drop-ins for Caffe's tools, with Caffe's command lines and log lines.
 
-Usage, as in Caffe::
+- ``convert_mnist_data [FLAGS] input_image_file input_label_file output_db_file``
+- ``compute_image_mean [FLAGS] INPUT_DB [OUTPUT_FILE]``
+- ``convert_mnist_siamese_data [FLAGS] input_image_file input_label_file output_db_file``
 
-    convert_mnist_data [FLAGS] input_image_file input_label_file output_db_file
-
-Flags follow gflags syntax: ``--backend=leveldb``, ``--backend leveldb``,
-``-backend=leveldb``, before or after the positional arguments, ``--`` ending the flags.
-glog's own flags (``--logtostderr``, ``--v=1``, ...) that scripts pass to Caffe tools are
-accepted; ``--minloglevel`` of 1 or more silences the INFO lines.
+All three parse their command line with :mod:`mnist2db.gflags` (gflags' syntax, gflags' and
+glog's own flags, errors as ``ERROR: …`` lines and exit 1) and log with :mod:`mnist2db.glog`
+(the lines Caffe logs, with Caffe's source locations). The wrong number of arguments prints
+the usage on stderr and exits 2; a failure of the work is one ``E…`` line and exit 1.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import sys
-import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 from . import __version__
+from .gflags import Flag, FlagError, ParsedArgs, parse_command_line, usage_text
 
-__all__ = ["FlagError", "main", "parse_flags"]
+TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
+if TYPE_CHECKING:
+    from .glog import Logger
+
+__all__ = [
+    "FlagError",
+    "compute_image_mean",
+    "convert_mnist_siamese_data",
+    "main",
+    "parse_flags",
+    "run",
+]
 
 PROG = "convert_mnist_data"
 
@@ -34,191 +46,311 @@ You should gunzip them after downloading,or directly use data/mnist/get_mnist.sh
 (mnist2db also reads the .gz files as they are; `mnist2db fetch` downloads them.)
 """
 
-#: name -> (type, default, help); the flags this tool defines.
-FLAGS: dict[str, tuple[str, object, str]] = {
-    "backend": ("string", "lmdb", "The backend for storing the result"),
-    "batch_size": ("int32", 1000, "Records per transaction (mnist2db extension)"),
-    "overwrite": (
+MEAN_USAGE = """\
+Compute the mean_image of a set of images given by a leveldb/lmdb
+Usage:
+    compute_image_mean [FLAGS] INPUT_DB [OUTPUT_FILE]
+"""
+
+SIAMESE_USAGE = """\
+This script converts the MNIST dataset to the leveldb format used
+by caffe to train a siamese network.
+Usage:
+    convert_mnist_data input_image_file input_label_file output_db_file
+The MNIST dataset could be downloaded at
+    http://yann.lecun.com/exdb/mnist/
+You should gunzip them after downloading.
+(mnist2db reads the .gz files as they are; --backend, --seed, --pairs, --balanced and
+--overwrite are mnist2db extensions.)
+"""
+
+
+def _at_least_one(value: object) -> bool:
+    return isinstance(value, int) and value >= 1
+
+
+#: The flags of convert_mnist_data (examples/mnist/convert_mnist_data.cpp).
+FLAGS: dict[str, Flag] = {
+    "backend": Flag("backend", "string", "lmdb", "The backend for storing the result"),
+    "batch_size": Flag(
+        "batch_size", "int32", 1000, "Records per transaction (mnist2db extension)", _at_least_one
+    ),
+    "overwrite": Flag(
+        "overwrite",
         "bool",
         False,
         "Replace an existing database at output_db_file (mnist2db extension)",
     ),
 }
 
-#: glog flags Caffe tools accept; taken and ignored except minloglevel.
-GLOG_BOOL_FLAGS = {"logtostderr", "alsologtostderr", "colorlogtostderr", "log_prefix"}
-GLOG_VALUE_FLAGS = {"v", "vmodule", "minloglevel", "stderrthreshold", "log_dir", "logbuflevel"}
+MEAN_FLAGS: dict[str, Flag] = {
+    "backend": Flag(
+        "backend", "string", "lmdb", "The backend {leveldb, lmdb} containing the images"
+    ),
+}
+
+SIAMESE_FLAGS: dict[str, Flag] = {
+    "backend": Flag(
+        "backend", "string", "leveldb", "The backend for storing the result (mnist2db extension)"
+    ),
+    "seed": Flag(
+        "seed", "int64", -1, "Seed of the pair draws; -1: a fresh one each run (mnist2db extension)"
+    ),
+    "pairs": Flag("pairs", "int64", -1, "Number of pairs; -1: one per image (mnist2db extension)"),
+    "balanced": Flag(
+        "balanced", "bool", False, "Make half the pairs same-class (mnist2db extension)"
+    ),
+    "overwrite": Flag(
+        "overwrite",
+        "bool",
+        False,
+        "Replace an existing database at output_db_file (mnist2db extension)",
+    ),
+}
+
+#: Where Caffe logs each line it shares with the drop-ins (glog's file:line).
+OPENED_AT = {"lmdb": "db_lmdb.cpp:35", "leveldb": "db_leveldb.cpp:18"}
 
 
-class FlagError(Exception):
-    """A command line gflags would reject."""
+def parse_flags(argv: list[str], argv0: str = PROG) -> ParsedArgs:
+    """Parse a convert_mnist_data command line as gflags does (see :mod:`mnist2db.gflags`)."""
+    return parse_command_line(argv, FLAGS, argv0)
 
 
-@dataclass
-class ParsedArgs:
-    flags: dict[str, object] = field(
-        default_factory=lambda: {n: d for n, (_, d, _) in FLAGS.items()}
-    )
-    positional: list[str] = field(default_factory=list)
-    help: bool = False
-    version: bool = False
-    minloglevel: int = 0
+def _here() -> str:
+    """The caller's ``file:line``, for mnist2db's own log lines (as glog records its own)."""
+    frame = sys._getframe(1)
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
-def _set_value(parsed: ParsedArgs, name: str, value: str) -> None:
-    kind = FLAGS[name][0]
-    if kind == "int32":
-        try:
-            number = int(value)
-        except ValueError:
-            raise FlagError(f"illegal value '{value}' specified for int32 flag '{name}'") from None
-        if name == "batch_size" and number < 1:
-            raise FlagError(
-                f"illegal value '{value}' specified for int32 flag '{name}': must be >= 1"
-            )
-        parsed.flags[name] = number
-    elif kind == "bool":
-        lowered = value.lower()
-        if lowered in ("true", "t", "yes", "y", "1"):
-            parsed.flags[name] = True
-        elif lowered in ("false", "f", "no", "n", "0"):
-            parsed.flags[name] = False
-        else:
-            raise FlagError(f"illegal value '{value}' specified for bool flag '{name}'")
-    else:
-        parsed.flags[name] = value
+def _run_tool(
+    argv: list[str],
+    argv0: str,
+    flags: dict[str, Flag],
+    usage: str,
+    source: str,
+    arity: tuple[int, ...],
+    work: Callable[[ParsedArgs, Logger], None],
+    alsologtostderr: bool,
+) -> int:
+    """Parse, handle help/version/usage, then run ``work(parsed, logger)``; the exit code."""
+    from .glog import Logger as GlogLogger
 
-
-def parse_flags(argv: list[str]) -> ParsedArgs:
-    """Parse a command line the way gflags' ParseCommandLineFlags does.
-
-    Raises:
-        FlagError: an unknown flag, a flag missing its value, or an illegal value.
-    """
-    parsed = ParsedArgs()
-    args = iter(argv)
-    for arg in args:
-        if arg == "--":
-            parsed.positional.extend(args)
-            break
-        if not arg.startswith("-") or arg == "-":
-            parsed.positional.append(arg)
-            continue
-        body = arg[2:] if arg.startswith("--") else arg[1:]
-        name, has_value, value = body.partition("=")
-        if name in ("help", "helpfull", "helpshort", "h"):
-            parsed.help = True
-            continue
-        if name == "version":
-            parsed.version = True
-            continue
-        if name in FLAGS:
-            if FLAGS[name][0] == "bool":
-                _set_value(parsed, name, value if has_value else "true")
-                continue
-            if not has_value:
-                try:
-                    value = next(args)
-                except StopIteration:
-                    raise FlagError(f"flag '{arg}' is missing its argument") from None
-            _set_value(parsed, name, value)
-            continue
-        if name.startswith("no") and name[2:] in FLAGS and FLAGS[name[2:]][0] == "bool":
-            if has_value:
-                raise FlagError(f"boolean flag '{name}' does not take a value")
-            parsed.flags[name[2:]] = False
-            continue
-        if name in GLOG_BOOL_FLAGS or (name.startswith("no") and name[2:] in GLOG_BOOL_FLAGS):
-            continue
-        if name in GLOG_VALUE_FLAGS:
-            if not has_value:
-                try:
-                    value = next(args)
-                except StopIteration:
-                    raise FlagError(f"flag '{arg}' is missing its argument") from None
-            if name == "minloglevel":
-                try:
-                    parsed.minloglevel = int(value)
-                except ValueError:
-                    raise FlagError(
-                        f"illegal value '{value}' specified for int32 flag 'minloglevel'"
-                    ) from None
-            continue
-        raise FlagError(f"unknown command line flag '{name}'")
-    return parsed
-
-
-def usage_text(argv0: str) -> str:
-    """Caffe's usage message followed by the flags, as gflags prints them."""
-    lines = [f"{argv0}: {USAGE}", "", "  Flags from examples/mnist/convert_mnist_data.cpp:"]
-    for name, (kind, default, text) in FLAGS.items():
-        shown = f'"{default}"' if kind == "string" else str(default).lower()
-        lines.append(f"    -{name} ({text}) type: {kind}")
-        lines.append(f"      default: {shown}")
-    return "\n".join(lines) + "\n"
-
-
-def _log(level: str, message: str) -> None:
-    """One glog-style line on stderr: ``I1129 21:22:14.123456 12345 convert_mnist_data] ...``."""
-    now = time.time()
-    stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now))
-    micros = int((now % 1) * 1_000_000)
-    sys.stderr.write(f"{level}{stamp}.{micros:06d} {os.getpid():5d} {PROG}] {message}\n")
-    sys.stderr.flush()
-
-
-def run(argv: list[str]) -> int:
-    """Run the tool on ``argv`` (without the program name); returns the exit code."""
-    argv0 = PROG
+    # Caffe's convert_mnist_data and compute_image_mean set FLAGS_alsologtostderr = 1 before
+    # parsing their command line, which may still turn it off.
+    preset: dict[str, object] = {"alsologtostderr": True} if alsologtostderr else {}
     try:
-        parsed = parse_flags(argv)
+        parsed = parse_command_line(argv, flags, argv0, preset=preset)
     except FlagError as exc:
-        sys.stderr.write(f"ERROR: {exc}\n")
-        return 2
+        sys.stderr.write(f"{exc}\n")
+        return 1
     if parsed.help:
-        sys.stdout.write(usage_text(argv0))
+        sys.stdout.write(usage_text(argv0, usage, source, flags))
         return 0
     if parsed.version:
-        sys.stdout.write(f"{PROG} (mnist2db) version {__version__}\n")
+        sys.stdout.write(f"{os.path.basename(argv0)} (mnist2db) version {__version__}\n")
         return 0
-    if len(parsed.positional) != 3:
-        sys.stderr.write(usage_text(argv0))
+    if len(parsed.positional) not in arity:
+        sys.stderr.write(usage_text(argv0, usage, source, flags))
         return 2
-    backend = str(parsed.flags["backend"])
-    image_file, label_file, db_path = parsed.positional
-    info = parsed.minloglevel < 1
-
-    from .conversion import convert
+    logger = GlogLogger(parsed)
     from .errors import Mnist2dbError
 
     try:
-        result = convert(
-            image_file,
-            label_file,
-            db_path,
-            backend=backend,
-            batch_size=int(parsed.flags["batch_size"]),  # type: ignore[call-overload]
-            overwrite=bool(parsed.flags["overwrite"]),
-        )
+        work(parsed, logger)
     except Mnist2dbError as exc:
-        _log("E", str(exc))
+        logger.log("E", _here(), str(exc))
+        if not logger.enabled("E"):
+            sys.stderr.write(f"{exc}\n")
         return 1
-    if info:
-        _log("I", f"Opened {result.backend} {result.path}")
-        _log("I", f"A total of {result.count} items.")
-        _log("I", f"Rows: {result.rows} Cols: {result.cols}")
-        _log("I", f"Processed {result.count} files.")
     return 0
 
 
-def main() -> None:
-    """Entry point of the ``convert_mnist_data`` console script."""
+def _regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+# -- convert_mnist_data -------------------------------------------------------------------
+
+
+def _convert_mnist_data(parsed: ParsedArgs, logger: Logger) -> None:
+    from .backends import BACKENDS
+    from .conversion import check_pair, convert
+    from .idx import read_header
+
+    backend = str(parsed["backend"])
+    image_file, label_file, db_path = parsed.positional
+    overwrite = bool(parsed["overwrite"])
+
+    def log_start(count: int, rows: int, cols: int) -> None:
+        logger.log("I", OPENED_AT[backend], f"Opened {backend} {db_path}")
+        logger.log("I", "convert_mnist_data.cpp:88", f"A total of {count} items.")
+        logger.log("I", "convert_mnist_data.cpp:89", f"Rows: {rows} Cols: {cols}")
+
+    # Caffe logs these lines once the database is open, before the first record. The
+    # headers of regular files are read first for that; a pipe can be read only once, so
+    # for one the lines follow the conversion instead (in the same order).
+    early = (
+        backend in BACKENDS
+        and _regular(image_file)
+        and _regular(label_file)
+        and (overwrite or not os.path.lexists(db_path))
+    )
+    if early:
+        images, labels = read_header(image_file), read_header(label_file)
+        check_pair(images, labels)
+        log_start(images.count, images.dims[1], images.dims[2])
+    result = convert(
+        image_file,
+        label_file,
+        db_path,
+        backend=backend,
+        batch_size=int(parsed["batch_size"]),  # type: ignore[call-overload]
+        overwrite=overwrite,
+    )
+    if not early:
+        log_start(result.count, result.rows, result.cols)
+    logger.log("I", "convert_mnist_data.cpp:108", f"Processed {result.count} files.")
+
+
+def run(argv: list[str], argv0: str = PROG) -> int:
+    """Run convert_mnist_data on ``argv`` (without the program name); the exit code."""
+    return _run_tool(
+        argv,
+        argv0,
+        FLAGS,
+        USAGE,
+        "examples/mnist/convert_mnist_data.cpp",
+        (3,),
+        _convert_mnist_data,
+        alsologtostderr=True,
+    )
+
+
+# -- compute_image_mean -------------------------------------------------------------------
+
+
+def _compute_image_mean(parsed: ParsedArgs, logger: Logger) -> None:
+    from .backends import BACKENDS, detect_backend
+    from .errors import BackendError
+    from .meanfile import compute_mean, write_mean
+
+    backend = str(parsed["backend"])
+    db_path = parsed.positional[0]
+    if backend not in BACKENDS:
+        raise BackendError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    found = detect_backend(db_path)
+    if found != backend:
+        raise BackendError(f"{db_path}: is a {found} database (use --backend={found})")
+    logger.log("I", OPENED_AT[backend], f"Opened {backend} {db_path}")
+    logger.log("I", "compute_image_mean.cpp:70", "Starting iteration")
+
+    def progress(done: int) -> None:
+        if done % 10000 == 0:
+            logger.log("I", "compute_image_mean.cpp:95", f"Processed {done} files.")
+
+    result = compute_mean(db_path, backend, batch_size=1000, progress=progress)
+    if result.count % 10000:
+        logger.log("I", "compute_image_mean.cpp:101", f"Processed {result.count} files.")
+    if len(parsed.positional) == 2:
+        out = parsed.positional[1]
+        logger.log("I", "compute_image_mean.cpp:108", f"Write to {out}")
+        # Caffe replaces the file; so does the drop-in (atomically, and never a directory).
+        write_mean(result, out, overwrite=True, npy=False)
+    logger.log("I", "compute_image_mean.cpp:114", f"Number of channels: {result.mean.shape[0]}")
+    for channel, value in enumerate(result.caffe_channel_means()):
+        logger.log("I", "compute_image_mean.cpp:119", f"mean_value channel [{channel}]: {value:g}")
+
+
+def compute_image_mean(argv: list[str], argv0: str = "compute_image_mean") -> int:
+    """Run compute_image_mean on ``argv`` (without the program name); the exit code."""
+    return _run_tool(
+        argv,
+        argv0,
+        MEAN_FLAGS,
+        MEAN_USAGE,
+        "tools/compute_image_mean.cpp",
+        (1, 2),
+        _compute_image_mean,
+        alsologtostderr=True,
+    )
+
+
+# -- convert_mnist_siamese_data -----------------------------------------------------------
+
+
+def _convert_mnist_siamese_data(parsed: ParsedArgs, logger: Logger) -> None:
+    from .siamese import convert_siamese
+
+    image_file, label_file, db_path = parsed.positional
+    seed = int(parsed["seed"])  # type: ignore[call-overload]
+    pairs = int(parsed["pairs"])  # type: ignore[call-overload]
+
+    def log_start(count: int, rows: int, cols: int) -> None:
+        logger.log("I", "convert_mnist_siamese_data.cpp:85", f"A total of {count} items.")
+        logger.log("I", "convert_mnist_siamese_data.cpp:86", f"Rows: {rows} Cols: {cols}")
+
+    result = convert_siamese(
+        image_file,
+        label_file,
+        db_path,
+        backend=str(parsed["backend"]),
+        seed=None if seed == -1 else seed,
+        pairs=None if pairs == -1 else pairs,
+        balanced=bool(parsed["balanced"]),
+        overwrite=bool(parsed["overwrite"]),
+        on_start=log_start,
+    )
+    logger.log(
+        "I",
+        _here(),
+        f"Wrote {result.count} pairs ({result.positives} same-class), seed {result.seed}.",
+    )
+
+
+def convert_mnist_siamese_data(argv: list[str], argv0: str = "convert_mnist_siamese_data") -> int:
+    """Run convert_mnist_siamese_data on ``argv`` (without the program name); the exit code."""
+    return _run_tool(
+        argv,
+        argv0,
+        SIAMESE_FLAGS,
+        SIAMESE_USAGE,
+        "examples/siamese/convert_mnist_siamese_data.cpp",
+        (3,),
+        _convert_mnist_siamese_data,
+        alsologtostderr=False,  # Caffe's siamese tool logs INFO to its log file only
+    )
+
+
+# -- entry points -------------------------------------------------------------------------
+
+
+def _main(tool: Callable[[list[str], str], int], name: str) -> None:
     from .interrupt import Interrupted, exit_code, signals_raise_interrupted
 
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else name
     try:
         with signals_raise_interrupted():
-            code = run(sys.argv[1:])
+            code = tool(sys.argv[1:], argv0)
     except (Interrupted, KeyboardInterrupt) as exc:
         sys.stderr.write("Interrupted\n")
         sys.exit(exit_code(exc))
     sys.exit(code)
+
+
+def main() -> None:
+    """Entry point of the ``convert_mnist_data`` console script."""
+    _main(run, PROG)
+
+
+def mean_main() -> None:
+    """Entry point of the ``compute_image_mean`` console script."""
+    _main(compute_image_mean, "compute_image_mean")
+
+
+def siamese_main() -> None:
+    """Entry point of the ``convert_mnist_siamese_data`` console script."""
+    _main(convert_mnist_siamese_data, "convert_mnist_siamese_data")

@@ -1,0 +1,300 @@
+"""Pair databases for Caffe's siamese example, as ``convert_mnist_siamese_data`` writes them.
+
+For each ``itemid`` in ``0 … pairs-1`` Caffe draws two items ``i`` and ``j`` uniformly
+(``rand() % count``) and stores under key ``%08d`` of ``itemid`` a Datum with
+``channels=2``, ``height=rows``, ``width=cols``, ``data`` = image ``i`` followed by image
+``j``, and ``label`` = 1 if their labels are equal, else 0. Caffe seeds its generator from
+the clock; here the draws come from numpy's PCG64 seeded with ``seed`` (a fresh random seed
+when None, reported in the result), so one seed always gives the same database, byte for
+byte: the draws are ``random_raw()`` words, whose stream numpy keeps stable across versions.
+
+``balanced=True`` makes exactly ``pairs // 2`` pairs same-class (Caffe's uniform draws give
+about 10% on MNIST), at random positions: for each pair the first item is drawn uniformly,
+the second uniformly among the items of the same class (a positive pair) or of the other
+classes (a negative pair).
+
+Images are needed in random order: they are streamed once (validated, gzip or plain, pipes
+too) into an unlinked temporary file in the staging directory and memory-mapped, so memory
+holds a batch, not the dataset; the labels (one byte per item) are held in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections import namedtuple
+from collections.abc import Callable, Iterator
+
+from .datum import datum_prefix, splitter
+from .errors import IdxFormatError, Mnist2dbError
+
+TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple
+
+    import numpy as np
+
+    from .backends import Writer
+
+    class _SiameseResultFields(NamedTuple):
+        path: str
+        backend: str
+        count: int  # type: ignore[assignment]  # the field hides tuple.count
+        positives: int
+        rows: int
+        cols: int
+        seed: int
+        seconds: float
+
+else:
+    _SiameseResultFields = namedtuple(
+        "_SiameseResultFields", "path backend count positives rows cols seed seconds"
+    )
+
+__all__ = ["SiameseResult", "convert_siamese"]
+
+DEFAULT_BACKEND = "leveldb"  # Caffe's tool writes LevelDB only
+DEFAULT_BATCH_SIZE = 1000
+_INT32_MAX = (1 << 31) - 1
+
+ProgressCallback = Callable[[int, int], None]
+
+
+class SiameseResult(_SiameseResultFields):
+    """What :func:`convert_siamese` wrote (immutable).
+
+    Fields: ``path``, ``backend``, ``count`` (pairs), ``positives`` (same-class pairs),
+    ``rows``, ``cols``, ``seed`` (the seed used: pass it again for the same database),
+    ``seconds``.
+    """
+
+    __slots__ = ()
+
+    def summary(self) -> str:
+        share = 100 * self.positives / self.count if self.count else 0.0
+        return (
+            f"A total of {self.count} pairs of {self.rows} × {self.cols} images "
+            f"({self.positives} same-class, {share:.1f}%), seed {self.seed}.\n"
+            f"Wrote {self.path} ({self.backend}) in {self.seconds:.2f} s."
+        )
+
+
+@contextlib.contextmanager
+def _staged_database(out: str, overwrite: bool) -> Iterator[tuple[str, Callable[..., Writer]]]:
+    """``(staging directory, open_writer)`` for a new database that appears at ``out`` only
+    when complete: the staging and placement of :func:`mnist2db.convert`, used from here only.
+
+    The writer is opened by the caller (once the inputs are read, when its size is known) and
+    must be closed by it; on any exception it is aborted and the staging directory removed.
+    """
+    from .backends import open_writer
+    from .conversion import _APPEND_LIMIT, _staged_directory
+
+    opened: list[Writer] = []
+
+    def open_staged(backend: str, size_hint: int, count: int) -> Writer:
+        writer = open_writer(backend, staging, size_hint=size_hint, append=count <= _APPEND_LIMIT)
+        opened.append(writer)
+        return writer
+
+    with _staged_directory(out, overwrite) as staging:
+        try:
+            yield staging, open_staged
+        except BaseException:
+            for writer in opened:
+                writer.abort()
+            raise
+
+
+def _load(images: str, labels: str, spill_dir: str) -> tuple[Any, Any, int, int]:
+    """Validate both files; return (images as a read-only memory map, labels, rows, cols)."""
+    import tempfile
+
+    import numpy as np
+
+    from .conversion import check_pair
+    from .idx import open_idx
+
+    with open_idx(images) as image_reader, open_idx(labels) as label_reader:
+        check_pair(image_reader.header, label_reader.header)
+        count = image_reader.header.count
+        rows, cols = image_reader.header.dims[1], image_reader.header.dims[2]
+        label_bytes = bytearray()
+        for batch in label_reader.iter_raw_batches(1 << 16):
+            label_bytes += batch
+        size = rows * cols
+        # Unlinked at once: nothing to clean up, even after a kill.
+        with tempfile.TemporaryFile(dir=spill_dir) as spill:
+            for batch in image_reader.iter_raw_batches(max(1, (4 << 20) // max(size, 1))):
+                spill.write(batch)
+            spill.flush()
+            pixels: Any
+            if count and size:
+                pixels = np.memmap(spill, dtype=np.uint8, mode="r", shape=(count, size))
+            else:
+                pixels = np.zeros((count, size), dtype=np.uint8)
+    return pixels, np.frombuffer(bytes(label_bytes), dtype=np.uint8), rows, cols
+
+
+class _PairDrawer:
+    """Draws ``(i, j)`` index pairs from a PCG64 stream of raw 64-bit words.
+
+    Random pairs take two words per pair (``i = word % count``, as Caffe's ``rand() %
+    count``). Balanced pairs take four: the first item, a same-class and an other-class
+    candidate for the second, and a selection-sampling word that makes exactly
+    ``total // 2`` of the pairs positive, at uniformly random positions. The draws do not
+    depend on the batch size.
+    """
+
+    def __init__(self, labels: np.ndarray, seed: int, total: int, balanced: bool) -> None:
+        import numpy as np
+
+        self.count = len(labels)
+        self.labels = labels
+        self.bits = np.random.PCG64(seed)
+        self.balanced = balanced
+        self.remaining = total
+        self.needed = total // 2
+        if balanced:
+            self.order = np.argsort(labels, kind="stable")
+            counts = np.bincount(labels, minlength=256)
+            self.starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.uint64)
+            self.sizes = counts.astype(np.uint64)
+
+    def draw(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        import numpy as np
+
+        count = np.uint64(self.count)
+        per_pair = 4 if self.balanced else 2
+        words = np.asarray(self.bits.random_raw(per_pair * n), dtype=np.uint64).reshape(n, per_pair)
+        first = (words[:, 0] % count).astype(np.int64)
+        if not self.balanced:
+            return first, (words[:, 1] % count).astype(np.int64)
+        positive = np.zeros(n, dtype=bool)
+        for k, word in enumerate(words[:, 3].tolist()):
+            if word % self.remaining < self.needed:
+                positive[k] = True
+                self.needed -= 1
+            self.remaining -= 1
+        classes = self.labels[first]
+        start = self.starts[classes]
+        size = self.sizes[classes]
+        same = start + words[:, 1] % size
+        r = words[:, 2] % np.maximum(count - size, np.uint64(1))
+        different = np.where(r < start, r, r + size)
+        position = np.where(positive, same, different).astype(np.int64)
+        return first, self.order[position]
+
+
+def convert_siamese(
+    images: str | os.PathLike[str],
+    labels: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    backend: str = DEFAULT_BACKEND,
+    *,
+    seed: int | None = None,
+    pairs: int | None = None,
+    balanced: bool = False,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    overwrite: bool = False,
+    progress: ProgressCallback | None = None,
+    on_start: Callable[[int, int, int], None] | None = None,
+) -> SiameseResult:
+    """Write a siamese pair database from an MNIST image file and label file.
+
+    Args:
+        images: IDX image file (magic 2051), plain or gzip.
+        labels: IDX label file (magic 2049), plain or gzip.
+        out: database directory to create; must not exist unless ``overwrite``.
+        backend: ``"leveldb"`` (default, as Caffe) or ``"lmdb"``.
+        seed: seed of the pair draws (0 … 2**64-1); None draws a fresh one.
+        pairs: number of pairs (default: as many as images).
+        balanced: exactly half the pairs same-class.
+        batch_size: records per write batch.
+        overwrite: replace an existing database at ``out``.
+        progress: called as ``progress(done, total)`` after each batch.
+        on_start: called as ``on_start(items, rows, cols)`` once the inputs are read,
+            before the first pair is written.
+
+    Raises:
+        IdxFormatError: either input is missing, malformed, or they do not match.
+        OutputExistsError: ``out`` exists (and ``overwrite`` is false), or cannot be replaced.
+        BackendError: unknown backend, or the database could not be written.
+        Mnist2dbError: a bad seed, pair count or batch size; no images to pair; balanced
+            pairs asked of a single class.
+    """
+    import numpy as np
+
+    from .backends import BACKENDS
+    from .conversion import record_keys
+
+    start_time = time.perf_counter()
+    out = os.fspath(out)
+    images, labels = os.fspath(images), os.fspath(labels)
+    if backend not in BACKENDS:
+        from .errors import BackendError
+
+        raise BackendError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if batch_size < 1:
+        raise Mnist2dbError(f"batch size must be at least 1, got {batch_size}")
+    if pairs is not None and pairs < 0:
+        raise Mnist2dbError(f"the number of pairs must be at least 0, got {pairs}")
+    if seed is None:
+        seed = int.from_bytes(os.urandom(8), "little")
+    elif not 0 <= seed < 1 << 64:
+        raise Mnist2dbError(f"seed must be between 0 and 2**64-1, got {seed}")
+    with _staged_database(out, overwrite) as (staging, open_staged):
+        pixels, label_array, rows, cols = _load(images, labels, staging)
+        count = len(label_array)
+        if 2 * rows * cols > _INT32_MAX:
+            raise IdxFormatError(
+                f"{images}: pairs of {rows} × {cols} images are too large for a Datum "
+                f"(at most {_INT32_MAX} bytes)"
+            )
+        total = count if pairs is None else pairs
+        if total and not count:
+            raise IdxFormatError(f"{images}: no images to pair")
+        if balanced and total and len(np.unique(label_array)) < 2:
+            raise Mnist2dbError(
+                f"{labels}: every item has label {int(label_array[0])}: "
+                "balanced pairs need at least two classes"
+            )
+        drawer = _PairDrawer(label_array, seed, total, balanced)
+        value_size = len(datum_prefix(2, rows, cols, 2 * rows * cols)) + 2 * rows * cols + 2
+        writer = open_staged(backend, 2 * total * (value_size + 8 + 16) + (16 << 20), total)
+        if on_start is not None:
+            on_start(count, rows, cols)
+        size = rows * cols
+        prefix = np.frombuffer(datum_prefix(2, rows, cols, 2 * size), dtype=np.uint8)
+        head = len(prefix)
+        length = head + 2 * size + 2
+        done = positives = 0
+        while done < total:
+            n = min(batch_size, total - done)
+            first, second = drawer.draw(n)
+            same = (label_array[first] == label_array[second]).astype(np.uint8)
+            matrix = np.empty((n, length), dtype=np.uint8)
+            matrix[:, :head] = prefix
+            matrix[:, head : head + size] = pixels[first]
+            matrix[:, head + size : head + 2 * size] = pixels[second]
+            matrix[:, head + 2 * size] = 0x28  # field 5 (label), varint
+            matrix[:, head + 2 * size + 1] = same
+            values = splitter(length, n).unpack(matrix.tobytes())
+            writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))
+            positives += int(same.sum())
+            done += n
+            if progress is not None:
+                progress(done, total)
+        del pixels
+        writer.close()
+    return SiameseResult(
+        path=out,
+        backend=backend,
+        count=total,
+        positives=positives,
+        rows=rows,
+        cols=cols,
+        seed=seed,
+        seconds=time.perf_counter() - start_time,
+    )
