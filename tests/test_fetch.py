@@ -37,7 +37,8 @@ from conftest import (
 )
 
 from mnist2db import fetch as fetch_module
-from mnist2db.cli import DATASET_NAMES, cli
+from mnist2db.cli import cli
+from mnist2db.datasets import DATASET_NAMES
 from mnist2db.errors import ChecksumError, DownloadError
 from mnist2db.fetch import DATASETS, FILE_NAMES, MANIFEST_NAME, Dataset, Resource, fetch
 
@@ -292,6 +293,9 @@ def quick(**kwargs: object) -> dict[str, object]:
 
 def test_table_lists_the_three_datasets_and_the_cli_offers_them() -> None:
     assert sorted(DATASETS) == sorted(DATASET_NAMES) == ["fashion-mnist", "kmnist", "mnist"]
+    for command in ("fetch", "create"):
+        option = next(p for p in cli.commands[command].params if p.name == "dataset")
+        assert list(option.type.choices) == list(DATASETS)  # type: ignore[attr-defined]
     for spec in DATASETS.values():
         assert [r.name for r in spec.resources] == list(FILE_NAMES)
         assert spec.mirrors

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from . import __version__
+from .datasets import DATASET_NAMES, DEFAULT_DATASET
 from .interrupt import Interrupted, exit_code, signals_raise_interrupted
 
 __all__ = ["cli", "main"]
@@ -65,14 +66,13 @@ backend_option = click.option(
 )
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 MAX_PNG_IMAGES = 1000  # 100 rows of 10 28 × 28 images drawn 3 × 3: a canvas of about 9 MB
-DATASET_NAMES = ["mnist", "fashion-mnist", "kmnist"]  # fetch.DATASETS, without importing it
 
 
 def dataset_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return click.option(
         "--dataset",
         type=click.Choice(DATASET_NAMES),
-        default="mnist",
+        default=DEFAULT_DATASET,
         show_default=True,
         help=help_text,
     )
@@ -574,7 +574,7 @@ def create(
 
     Example: mnist2db fetch && mnist2db create --backend=lmdb --overwrite
     """
-    from .fetch import create_databases
+    from .create import create_databases
 
     bar = _BarPerName(quiet, in_bytes=False)
 
