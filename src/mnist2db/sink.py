@@ -12,6 +12,7 @@ every source with its reason.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import zlib
@@ -224,7 +225,13 @@ class DownloadSink:
         """Remove every temporary not placed."""
         for target in (self.raw, self.packed):
             if target is not None:
-                target.discard()
+                try:
+                    target.discard()
+                except OSError:
+                    # Closing flushed the buffer into a full disk and raised before the
+                    # temporary was removed; the stream is closed now, so again removes it.
+                    with contextlib.suppress(OSError):
+                        target.discard()
 
 
 def match(resource: Resource, packed: Mapping[str, str], raw: Mapping[str, str]) -> str:
