@@ -451,7 +451,9 @@ def _fetched_line(item: Any) -> str:
     if item.status == "present":
         return f"{item.path}: present, verified ({item.verified_by}); not downloaded"
     rate = _human_bytes(item.nbytes / max(item.seconds, 1e-6))
-    verb = "unpacked from" if item.status == "unpacked" else "fetched from"
+    verb = {"unpacked": "unpacked from", "extracted": "extracted from"}.get(
+        item.status, "fetched from"
+    )
     return (
         f"{item.path}: {verb} {item.source} ({_human_bytes(item.nbytes)} in "
         f"{item.seconds:.2f} s, {rate}/s), verified ({item.verified_by})"
@@ -480,6 +482,11 @@ def _human_bytes(count: float) -> str:
 @click.option("--force", is_flag=True, help="Download even files present and verified.")
 @click.option("--keep-gz", is_flag=True, help="Keep the verified .gz archives too.")
 @click.option(
+    "--archive-dir",
+    type=click.Path(file_okay=False, path_type=str),
+    help="EMNIST: where the verified gzip.zip is kept for every split.  [default: data/emnist]",
+)
+@click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
     default=30.0,
@@ -500,17 +507,19 @@ def fetch(
     mirrors: tuple[str, ...],
     force: bool,
     keep_gz: bool,
+    archive_dir: str | None,
     timeout: float,
     retries: int,
     quiet: bool,
 ) -> None:
-    """Download a dataset's four IDX files, verify them, and unpack them.
+    """Download a dataset's IDX files, verify them, and unpack them.
 
     Each file is checked against the published digests (of the .gz, or of the unpacked
     file, since mirrors re-compress) before it appears under its final name; files already
     present and verified are not downloaded again. Mirrors are tried in order, transient
     failures retried, partial downloads resumed. HTTPS certificates are always verified;
-    proxies come from the environment (https_proxy, no_proxy).
+    proxies come from the environment (https_proxy, no_proxy). EMNIST's splits come from
+    one archive, downloaded once and kept (--archive-dir); QMNIST's NIST part is .xz.
 
     Example: mnist2db fetch --dataset fashion-mnist --mirror http://cache.internal/fashion-mnist/
     """
@@ -534,6 +543,7 @@ def fetch(
                 mirrors=extra,
                 force=force,
                 keep_gz=keep_gz,
+                archive_dir=archive_dir,
                 timeout=timeout,
                 retries=retries,
                 progress=bar,

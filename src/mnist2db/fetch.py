@@ -93,6 +93,7 @@ def fetch(
     mirrors: Sequence[str] = (),
     force: bool = False,
     keep_gz: bool = False,
+    archive_dir: str | os.PathLike[str] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     retries: int = DEFAULT_RETRIES,
     backoff: float | None = None,
@@ -114,12 +115,16 @@ def fetch(
             or plain directories (which may also hold unpacked files).
         force: download even when a verified file is present.
         keep_gz: also keep the verified ``.gz`` (``.xz``) file beside each file.
+        archive_dir: for a dataset published as one archive (EMNIST's ``gzip.zip``), where
+            the verified archive is kept; default ``emnist`` beside ``data_dir``
+            (``data/emnist``), so every split shares it.
         timeout: seconds to wait for a connection or for data before counting a failure.
         retries: retries of a transient failure (cut, timeout, 5xx) per mirror.
         backoff: seconds before the first retry, doubled for each further one; default
             :data:`DEFAULT_BACKOFF`.
         progress: called as ``progress(name, bytes_done, bytes_total)`` while downloading.
-        on_file: called with each :class:`FetchedFile` as soon as that file is done.
+        on_file: called with each :class:`FetchedFile` as soon as that file is done (for
+            an archive dataset, first with the archive: present, or downloaded).
 
     Returns:
         One :class:`FetchedFile` per file, in the dataset's order.
@@ -142,6 +147,13 @@ def fetch(
         backoff = DEFAULT_BACKOFF
     opts = Options(timeout=timeout, retries=retries, backoff=backoff, progress=progress)
     manifest = read_manifest(directory, spec.name)
+    if spec.archive is not None:
+        from .archive import fetch_from_archive
+
+        home = os.fspath(archive_dir) if archive_dir is not None else None
+        return fetch_from_archive(
+            spec, directory, home, sources, opts, manifest, force=force, on_file=on_file
+        )
     results = []
     for resource in spec.resources:
         result = _fetch_one(resource, directory, spec.name, sources, opts, manifest, force, keep_gz)
