@@ -114,7 +114,9 @@ def _obtain(
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as exc:
-            raise DownloadError(f"{directory}: cannot create the directory: {exc.strerror}") from None
+            raise DownloadError(
+                f"{directory}: cannot create the directory: {exc.strerror}"
+            ) from None
         try:
             sink = DownloadSink(kept, resource, packing="zip", keep_packed=False)
         except OSError as exc:
