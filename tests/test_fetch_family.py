@@ -395,3 +395,35 @@ def test_xz_resource_through_a_directory_mirror(tmp_path: Path) -> None:
     results = fetch(spec, tmp_path / "out", mirrors=[str(cache)])
     assert results[0].verified_by == "unpacked sha256"
     assert (tmp_path / "out" / "xnist-labels-idx2-int").read_bytes() == raw
+
+
+def test_default_directories_and_archive_dir_option(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_server(monkeypatch, server)
+    monkeypatch.chdir(tmp_path)
+    # This archive has no emnist-mnist members: one line; the verified archive stays.
+    code, stderr = run("--dataset", "emnist-mnist")
+    assert code == 1
+    assert stderr.splitlines() == [
+        stderr.splitlines()[0],
+        "Error: train-images-idx3-ubyte: data/emnist/gzip.zip has no member "
+        "gzip/emnist-mnist-train-images-idx3-ubyte.gz",
+    ]
+    assert stderr.startswith("data/emnist/gzip.zip: fetched from ")
+    assert listing(tmp_path / "data" / "emnist-mnist") == []
+    code, stderr = run("--dataset", "emnist-balanced")
+    assert code == 0, stderr
+    assert stderr.splitlines()[-1] == "emnist-balanced: 5 files ready in data/emnist-balanced"
+    assert server.count() == 1
+    # Elsewhere with --archive-dir: that copy is made and used, the default one untouched.
+    code, stderr = run("--dataset", "emnist-digits", "--archive-dir", "cache", "-q")
+    assert code == 0 and stderr == ""
+    assert server.count() == 2
+    assert listing(tmp_path / "cache") == ["gzip.zip"]
+    assert listing(tmp_path / "data") == [
+        "emnist",
+        "emnist-balanced",
+        "emnist-digits",
+        "emnist-mnist",
+    ]

@@ -33,7 +33,10 @@ __all__ = ["archive_path", "fetch_from_archive"]
 def archive_path(archive: Archive, data_dir: str, home: str | None = None) -> str:
     """Where ``archive`` is kept: ``home``, default its home beside ``data_dir``."""
     if home is None:
-        home = os.path.join(os.path.dirname(os.path.abspath(data_dir)), archive.home)
+        data = os.path.normpath(data_dir)
+        if os.path.basename(data) in (".", ".."):
+            data = os.path.abspath(data)
+        home = os.path.join(os.path.dirname(data), archive.home)
     return os.path.join(home, archive.name)
 
 
@@ -170,7 +173,12 @@ def _extract(
     except OSError as exc:
         raise DownloadError(f"{final}: cannot write in {directory}: {exc.strerror}") from None
     try:
-        with bundle.open(info) as member:
+        try:
+            member = bundle.open(info)
+        except (NotImplementedError, RuntimeError, zipfile.BadZipFile) as exc:
+            # An unsupported compression method, an encrypted or damaged member.
+            raise DownloadError(f"{resource.name}: cannot read {where} ({exc})") from None
+        with member:
             while True:
                 try:
                     chunk = member.read(CHUNK)
