@@ -101,7 +101,7 @@ def use_server(
     digests of ``published``."""
     server.routes["/nist/gzip.zip"] = Route(body, **route)  # type: ignore[arg-type]
     digests = {"md5": md5(published), "sha256": sha256(published)}
-    archive = Archive("gzip.zip", digests, None, "emnist")
+    archive = Archive("gzip.zip", digests, len(published), "emnist")
     for split in EMNIST_SPLITS:
         name = f"emnist-{split}"
         spec = dataclasses.replace(DATASETS[name], mirrors=(server.url("nist"),), archive=archive)
@@ -427,3 +427,56 @@ def test_default_directories_and_archive_dir_option(
         "emnist-digits",
         "emnist-mnist",
     ]
+
+
+def test_interrupted_archive_download_leaves_nothing(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_server(monkeypatch, server)
+
+    def interrupt(name: str, done: int, total: int) -> None:
+        if name == "gzip.zip" and done > 0:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fetch(
+            "emnist-letters",
+            tmp_path / "letters",
+            archive_dir=tmp_path / "keep",
+            progress=interrupt,
+        )
+    assert listing(tmp_path / "keep") == []
+    assert listing(tmp_path / "letters") == []
+
+
+def test_member_unpacking_past_the_cap_is_refused(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mnist2db import sink
+
+    use_server(monkeypatch, server)
+    monkeypatch.setattr(sink, "MAX_UNPACKED", 1000)  # the 1 GiB guard, scaled down
+    with pytest.raises(DownloadError) as info:
+        fetch("emnist-letters", tmp_path / "letters", archive_dir=tmp_path / "keep")
+    assert str(info.value) == (
+        f"train-images-idx3-ubyte: {tmp_path / 'keep' / 'gzip.zip'}:"
+        "gzip/emnist-letters-train-images-idx3-ubyte.gz: unpacks to more than 1000 bytes; "
+        "not an IDX file"
+    )
+    assert listing(tmp_path / "letters") == []
+
+
+def test_archive_answer_far_beyond_its_size_is_refused(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mnist2db import sink
+
+    use_server(monkeypatch, server, body=ARCHIVE * 3)  # a zip, but endless as far as we care
+    monkeypatch.setattr(sink, "MAX_UNPACKED", 1000)
+    with pytest.raises(DownloadError) as info:
+        fetch("emnist-letters", tmp_path / "letters", archive_dir=tmp_path / "keep")
+    assert str(info.value) == (
+        f"gzip.zip: rejected from every source: {server.url('nist')}gzip.zip "
+        f"(more than {2 * len(ARCHIVE)} bytes; not gzip.zip)"
+    )
+    assert listing(tmp_path / "keep") == []
