@@ -17,6 +17,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .errors import Mnist2dbError
+
 __all__ = [
     "DATASETS",
     "DATASET_NAMES",
@@ -204,12 +206,9 @@ DATASETS: dict[str, Dataset] = {
     ),
     "kmnist": Dataset(
         name="kmnist",
-        # The one host (unreachable at times, rois-codh/kmnist#29): --mirror a copy, the
-        # digests decide.
-        mirrors=(
-            "https://codh.rois.ac.jp/kmnist/dataset/kmnist/",
-            "http://codh.rois.ac.jp/kmnist/dataset/kmnist/",
-        ),
+        # The one host (reported unreachable, rois-codh/kmnist#29); no second host publishes
+        # these files: --mirror a copy, the digests decide.
+        mirrors=("http://codh.rois.ac.jp/kmnist/dataset/kmnist/",),
         resources=(
             Resource(
                 TRAIN_IMAGES,
@@ -338,8 +337,6 @@ def get_dataset(dataset: str | Dataset) -> Dataset:
     try:
         return DATASETS[dataset]
     except KeyError:
-        from .errors import Mnist2dbError
-
         raise Mnist2dbError(
             f"unknown dataset {dataset!r}: expected one of {', '.join(DATASETS)}"
         ) from None
