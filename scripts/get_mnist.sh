@@ -4,9 +4,10 @@
 # Files land in data/$DATASET (data/mnist), verified against the published checksums;
 # files already present and verified are not downloaded again.
 #
-# Variables: DATASET (mnist, fashion-mnist, kmnist; default mnist), DATA (default
+# Variables: DATASET (mnist, fashion-mnist, kmnist, emnist-<split> for byclass, bymerge,
+# balanced, letters, digits, mnist, qmnist, qmnist-nist; default mnist), DATA (default
 # data/$DATASET), MNIST2DB_MIRROR (a mirror tried first: URL or directory), MNIST2DB (the
-# mnist2db command to run).
+# mnist2db command to run). EMNIST's gzip.zip is kept in data/emnist for every split.
 set -e
 
 DATASET="${DATASET:-mnist}"

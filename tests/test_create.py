@@ -15,9 +15,9 @@ from conftest import FASHION_DIGESTS, FASHION_DIR, record_digest, write_idx
 
 from mnist2db.backends import detect_backend, open_reader
 from mnist2db.cli import cli
+from mnist2db.create import create_databases
 from mnist2db.datum import datum_to_array, decode_datum
 from mnist2db.errors import IdxFormatError, OutputExistsError
-from mnist2db.fetch import create_databases
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"

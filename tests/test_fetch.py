@@ -37,7 +37,8 @@ from conftest import (
 )
 
 from mnist2db import fetch as fetch_module
-from mnist2db.cli import DATASET_NAMES, cli
+from mnist2db.cli import cli
+from mnist2db.datasets import DATASET_NAMES
 from mnist2db.errors import ChecksumError, DownloadError
 from mnist2db.fetch import DATASETS, FILE_NAMES, MANIFEST_NAME, Dataset, Resource, fetch
 
@@ -290,17 +291,40 @@ def quick(**kwargs: object) -> dict[str, object]:
 # -- the table ------------------------------------------------------------------------------
 
 
-def test_table_lists_the_three_datasets_and_the_cli_offers_them() -> None:
-    assert sorted(DATASETS) == sorted(DATASET_NAMES) == ["fashion-mnist", "kmnist", "mnist"]
-    for spec in DATASETS.values():
+def test_table_lists_the_mnist_format_datasets_and_the_cli_offers_them() -> None:
+    assert list(DATASETS) == list(DATASET_NAMES)
+    assert list(DATASETS) == [
+        "mnist",
+        "fashion-mnist",
+        "kmnist",
+        *(f"emnist-{s}" for s in ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")),
+        "qmnist",
+        "qmnist-nist",
+    ]
+    for command in ("fetch", "create"):
+        option = next(p for p in cli.commands[command].params if p.name == "dataset")
+        assert list(option.type.choices) == list(DATASETS)  # type: ignore[attr-defined]
+    for spec in [DATASETS["mnist"], DATASETS["fashion-mnist"], DATASETS["kmnist"]]:
         assert [r.name for r in spec.resources] == list(FILE_NAMES)
         assert spec.mirrors
         for resource in spec.resources:
             assert len(resource.gz["sha256"]) == 64
+            assert len(resource.gz["md5"]) == 32
     mnist = DATASETS["mnist"]
     assert mnist.mirrors[-1] == "http://yann.lecun.com/exdb/mnist/"
     assert mnist.mirrors[0].startswith("https://")
     assert mnist.resources[0].size == 9912422
+
+
+def test_cli_start_up_imports_no_network_modules() -> None:
+    # The --dataset choices come from the table module, which must stay light.
+    code = (
+        "import sys, mnist2db.cli; "
+        "print(sorted(m for m in ('urllib.request', 'ssl', 'http.client', 'zipfile', 'lzma') "
+        "if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout == "[]\n"
 
 
 # -- success paths --------------------------------------------------------------------------

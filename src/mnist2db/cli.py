@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from . import __version__
+from .datasets import DATASET_NAMES, DEFAULT_DATASET
 from .interrupt import Interrupted, exit_code, signals_raise_interrupted
 
 __all__ = ["cli", "main"]
@@ -65,14 +66,13 @@ backend_option = click.option(
 )
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 MAX_PNG_IMAGES = 1000  # 100 rows of 10 28 × 28 images drawn 3 × 3: a canvas of about 9 MB
-DATASET_NAMES = ["mnist", "fashion-mnist", "kmnist"]  # fetch.DATASETS, without importing it
 
 
 def dataset_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return click.option(
         "--dataset",
         type=click.Choice(DATASET_NAMES),
-        default="mnist",
+        default=DEFAULT_DATASET,
         show_default=True,
         help=help_text,
     )
@@ -550,7 +550,9 @@ def _fetched_line(item: Any) -> str:
     if item.status == "present":
         return f"{item.path}: present, verified ({item.verified_by}); not downloaded"
     rate = _human_bytes(item.nbytes / max(item.seconds, 1e-6))
-    verb = "unpacked from" if item.status == "unpacked" else "fetched from"
+    verb = {"unpacked": "unpacked from", "extracted": "extracted from"}.get(
+        item.status, "fetched from"
+    )
     return (
         f"{item.path}: {verb} {item.source} ({_human_bytes(item.nbytes)} in "
         f"{item.seconds:.2f} s, {rate}/s), verified ({item.verified_by})"
@@ -579,6 +581,11 @@ def _human_bytes(count: float) -> str:
 @click.option("--force", is_flag=True, help="Download even files present and verified.")
 @click.option("--keep-gz", is_flag=True, help="Keep the verified .gz archives too.")
 @click.option(
+    "--archive-dir",
+    type=click.Path(file_okay=False, path_type=str),
+    help="EMNIST: where the verified gzip.zip is kept for every split.  [default: data/emnist]",
+)
+@click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
     default=30.0,
@@ -599,17 +606,19 @@ def fetch(
     mirrors: tuple[str, ...],
     force: bool,
     keep_gz: bool,
+    archive_dir: str | None,
     timeout: float,
     retries: int,
     quiet: bool,
 ) -> None:
-    """Download a dataset's four IDX files, verify them, and unpack them.
+    """Download a dataset's IDX files, verify them, and unpack them.
 
     Each file is checked against the published digests (of the .gz, or of the unpacked
     file, since mirrors re-compress) before it appears under its final name; files already
     present and verified are not downloaded again. Mirrors are tried in order, transient
     failures retried, partial downloads resumed. HTTPS certificates are always verified;
-    proxies come from the environment (https_proxy, no_proxy).
+    proxies come from the environment (https_proxy, no_proxy). EMNIST's splits come from
+    one archive, downloaded once and kept (--archive-dir); QMNIST's NIST part is .xz.
 
     Example: mnist2db fetch --dataset fashion-mnist --mirror http://cache.internal/fashion-mnist/
     """
@@ -633,6 +642,7 @@ def fetch(
                 mirrors=extra,
                 force=force,
                 keep_gz=keep_gz,
+                archive_dir=archive_dir,
                 timeout=timeout,
                 retries=retries,
                 progress=bar,
@@ -673,7 +683,7 @@ def create(
 
     Example: mnist2db fetch && mnist2db create --backend=lmdb --overwrite
     """
-    from .fetch import create_databases
+    from .create import create_databases
 
     bar = _BarPerName(quiet, in_bytes=False)
 

@@ -1,0 +1,94 @@
+"""create: a fetched dataset turned into both databases, as Caffe's create_mnist.sh makes them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .datasets import DEFAULT_DATASET, Dataset, default_data_dir, default_out_dir, get_dataset
+from .errors import IdxFormatError
+
+if TYPE_CHECKING:
+    from .conversion import ConvertResult
+
+__all__ = ["create_databases"]
+
+
+def create_databases(
+    dataset: str | Dataset = DEFAULT_DATASET,
+    data_dir: str | os.PathLike[str] | None = None,
+    out_dir: str | os.PathLike[str] | None = None,
+    backend: str = "lmdb",
+    *,
+    overwrite: bool = False,
+    batch_size: int | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    on_database: Callable[[ConvertResult], None] | None = None,
+) -> list[ConvertResult]:
+    """Convert a fetched dataset into ``mnist_train_<backend>`` and ``mnist_test_<backend>``.
+
+    The same conversion as ``mnist2db convert`` (:func:`mnist2db.conversion.convert`), run
+    for each of the dataset's splits (:attr:`Dataset.splits <mnist2db.datasets.Dataset>`:
+    training and test), as Caffe's ``create_mnist.sh`` does. Each input is the unpacked
+    file, or its ``.gz`` when only that is present.
+
+    Args:
+        dataset: its name gives the default directories.
+        data_dir: where the IDX files are; default ``data/<dataset>``.
+        out_dir: where the databases go; default ``examples/<dataset>``.
+        backend: ``"lmdb"`` or ``"leveldb"``.
+        overwrite: replace existing databases.
+        batch_size: records per transaction (default: the converter's, 1000).
+        progress: called as ``progress(database_path, done, total)``.
+        on_database: called with each ``ConvertResult`` once that database is complete.
+
+    Returns:
+        The two ``ConvertResult`` objects, train then test.
+
+    Raises:
+        IdxFormatError: an input is missing (with a hint to run ``mnist2db fetch``) or bad.
+        OutputExistsError, BackendError: as :func:`mnist2db.conversion.convert`.
+    """
+    from .conversion import DEFAULT_BATCH_SIZE, convert
+
+    spec = get_dataset(dataset)
+    data = os.fspath(data_dir) if data_dir is not None else default_data_dir(spec)
+    out = os.fspath(out_dir) if out_dir is not None else default_out_dir(spec)
+    inputs = []
+    for stem, images, labels in spec.splits:
+        paths = []
+        for name in (images, labels):
+            path = os.path.join(data, name)
+            if not os.path.exists(path) and os.path.exists(path + ".gz"):
+                path += ".gz"
+            if not os.path.exists(path):
+                raise IdxFormatError(
+                    f"{path}: not found (run: mnist2db fetch --dataset {spec.name}"
+                    f"{'' if data_dir is None else f' --data {data}'})"
+                )
+            paths.append(path)
+        db = os.path.join(out, f"mnist_{stem}_{backend}")
+        inputs.append((paths[0], paths[1], db))
+    results = []
+    for images_path, labels_path, db in inputs:
+        result = convert(
+            images_path,
+            labels_path,
+            db,
+            backend,
+            batch_size=batch_size or DEFAULT_BATCH_SIZE,
+            overwrite=overwrite,
+            progress=None if progress is None else _labelled(progress, db),
+        )
+        if on_database is not None:
+            on_database(result)
+        results.append(result)
+    return results
+
+
+def _labelled(progress: Callable[[str, int, int], None], label: str) -> Callable[[int, int], None]:
+    def report(done: int, total: int) -> None:
+        progress(label, done, total)
+
+    return report
