@@ -100,7 +100,10 @@ def test_existing_output_is_refused_and_untouched(mnist_pair, tmp_path: Path) ->
     (out / "precious.txt").write_text("keep me")
     with pytest.raises(OutputExistsError, match="already exists"):
         convert(ipath, lpath, out)
-    with pytest.raises(OutputExistsError, match="not an LMDB or LevelDB database; refusing"):
+    with pytest.raises(
+        OutputExistsError,
+        match=r"holds 'precious.txt' \(a file\), which is not part of an LMDB database; refusing",
+    ):
         convert(ipath, lpath, out, overwrite=True)
     assert (out / "precious.txt").read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
@@ -112,13 +115,34 @@ def test_existing_output_is_refused_and_untouched(mnist_pair, tmp_path: Path) ->
 def test_overwrite_replaces_a_database(mnist_pair, tmp_path: Path, backend: str) -> None:
     ipath, lpath, *_ = mnist_pair(5)
     out = tmp_path / "db"
-    convert(ipath, lpath, out, backend="leveldb" if backend == "lmdb" else "lmdb")
+    convert(ipath, lpath, out, backend=backend)
     ipath2, lpath2, images2, _ = mnist_pair(8, stem="other", seed=5)
     convert(ipath2, lpath2, out, backend=backend, overwrite=True)
     records = list(iter_db(out))
     assert len(records) == 8
     assert records[7][1].data == images2[7].tobytes()
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_overwrite_never_replaces_the_other_backend(
+    mnist_pair, tmp_path: Path, backend: str
+) -> None:
+    ipath, lpath, *_ = mnist_pair(5)
+    out = tmp_path / "db"
+    other = "leveldb" if backend == "lmdb" else "lmdb"
+    convert(ipath, lpath, out, backend=other)
+    before = sorted(p.name for p in out.iterdir())
+    name = {"lmdb": "an LMDB", "leveldb": "a LevelDB"}[backend]
+    first = {"lmdb": "000003.log", "leveldb": "data.mdb"}[backend]  # first in name order
+    with pytest.raises(OutputExistsError) as info:
+        convert(ipath, lpath, out, backend=backend, overwrite=True)
+    assert str(info.value) == (
+        f"{out}: holds '{first}' (a file), which is not part of {name} database; "
+        f"refusing to replace it (--overwrite replaces only {name} database)"
+    )
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert len(list(iter_db(out))) == 5
 
 
 def test_bad_input_leaves_nothing(mnist_pair, tmp_path: Path) -> None:

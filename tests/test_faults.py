@@ -45,7 +45,7 @@ import contextlib, json, os, resource, sys, time
 
 cfg = json.loads(sys.argv[1])
 import mnist2db.cli as cli
-import mnist2db.conversion as conv
+import mnist2db.staging as conv
 
 
 def pause(where, flag=cfg["flag"], release=cfg.get("release")):
@@ -477,30 +477,27 @@ def test_symlink_to_a_database_is_refused(tmp_path: Path, data: Dataset, other: 
     convert(other.images_path, other.labels_path, real)
     link = tmp_path / "link"
     link.symlink_to(real)
-    assert run_cli("convert", "-q", *data.args(link)) == (
-        1,
-        f"Error: {link}: already exists (use --overwrite to replace it)\n",
+    message = (
+        f"Error: {link}: is a symbolic link (to {real}); mnist2db never replaces a link, "
+        "even with --overwrite: remove it or choose another name\n"
     )
-    assert run_cli("convert", "-q", "--overwrite", *data.args(link)) == (
-        1,
-        f"Error: {link}: exists and is not a database directory; refusing to replace it\n",
-    )
+    assert run_cli("convert", "-q", *data.args(link)) == (1, message)
+    assert run_cli("convert", "-q", "--overwrite", *data.args(link)) == (1, message)
     assert link.is_symlink() and os.readlink(link) == str(real)
     assert_db(real, other)
 
 
 def test_dangling_symlink_is_refused(tmp_path: Path, data: Dataset) -> None:
+    """Issue 10, item 14: no advice to use --overwrite, which refuses too: say why."""
     link = tmp_path / "link"
     target = tmp_path / "nowhere"
     link.symlink_to(target)
-    assert run_cli("convert", "-q", *data.args(link)) == (
-        1,
-        f"Error: {link}: already exists (use --overwrite to replace it)\n",
+    message = (
+        f"Error: {link}: is a symbolic link (to {target}, which does not exist); mnist2db "
+        "never replaces a link, even with --overwrite: remove it or choose another name\n"
     )
-    assert run_cli("convert", "-q", "--overwrite", *data.args(link)) == (
-        1,
-        f"Error: {link}: exists and is not a database directory; refusing to replace it\n",
-    )
+    assert run_cli("convert", "-q", *data.args(link)) == (1, message)
+    assert run_cli("convert", "-q", "--overwrite", *data.args(link)) == (1, message)
     assert link.is_symlink() and not target.exists()
     assert leftovers(tmp_path) == []
 

@@ -13,7 +13,9 @@ __all__ = [
     "file_mode",
     "fsync_dir",
     "fsync_tree",
+    "make_parents",
     "mkdtemp_beside",
+    "remove_made",
     "remove_stale",
     "rmtree",
     "temp_prefix",
@@ -67,6 +69,48 @@ def fsync_tree(path: str) -> None:
             finally:
                 os.close(fd)
     fsync_dir(path)
+
+
+def make_parents(directory: str) -> list[str]:
+    """``os.makedirs(directory, exist_ok=True)``, returning the directories it created.
+
+    The list runs from the outermost created directory to ``directory``: hand it to
+    :func:`remove_made` to take them away again after a failure.
+
+    Raises:
+        OSError: as :func:`os.mkdir` (NotADirectoryError when a parent is a file).
+    """
+    missing: list[str] = []
+    path = os.path.abspath(directory)
+    while not os.path.isdir(path):
+        missing.append(path)
+        up = os.path.dirname(path)
+        if up == path:
+            break
+        path = up
+    made: list[str] = []
+    try:
+        for path in reversed(missing):
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                if not os.path.isdir(path):
+                    raise
+                continue  # made meanwhile by someone else: not ours to remove
+            made.append(path)
+    except BaseException:
+        remove_made(made)
+        raise
+    return made
+
+
+def remove_made(made: list[str]) -> None:
+    """Remove the directories :func:`make_parents` created, deepest first, if still empty."""
+    for path in reversed(made):
+        try:
+            os.rmdir(path)
+        except OSError:
+            return  # not empty (someone else's now) or gone: leave it and its parents
 
 
 def mkdtemp_beside(parent: str, prefix: str) -> str:
