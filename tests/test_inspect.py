@@ -17,7 +17,7 @@ from conftest import idx_bytes, write_idx
 
 from mnist2db import array_to_datum, convert
 from mnist2db.cli import cli
-from mnist2db.inspect import default_prefix
+from mnist2db.export import default_prefix
 
 
 def run(*args: object) -> click.testing.Result:
@@ -332,6 +332,12 @@ def test_export_default_prefix(mnist_pair, tmp_path: Path) -> None:
     assert default_prefix("examples/mnist/mnist_train_lmdb") == "train"
     assert default_prefix("examples/mnist/mnist_test_leveldb/") == "t10k"
     assert default_prefix("digits") == "digits"
+    # Item 13: Caffe's names only, not substrings ("latest" holds "test").
+    assert default_prefix("latest_train_lmdb") == "train"
+    assert default_prefix("latest_lmdb") == "latest_lmdb"
+    assert default_prefix("contest_results") == "contest_results"
+    assert default_prefix("fashion_test_leveldb") == "t10k"
+    assert default_prefix("t10k_lmdb") == "t10k_lmdb"
     images, labels, _, _ = mnist_pair(4, 6, 5)
     convert(images, labels, tmp_path / "mnist_test_lmdb")
     result = run("export", tmp_path / "mnist_test_lmdb", tmp_path / "out", "-q")
@@ -390,14 +396,20 @@ def test_export_refuses_what_idx_cannot_hold(tmp_path: Path, second: bytes, mess
     result = run("export", db, tmp_path / "out", "--prefix", "odd")
     assert result.exit_code == 1
     assert result.stderr == f"Error: {db}: key 00000001: {message}\n"
-    assert list((tmp_path / "out").iterdir()) == []
+    assert not (tmp_path / "out").exists()  # made by the export, removed with it
 
 
-def test_export_empty_database(tmp_path: Path) -> None:
-    db = write_lmdb(tmp_path / "empty_lmdb", {})
-    result = run("export", db, tmp_path / "out")
-    assert result.exit_code == 1
-    assert result.stderr == f"Error: {db}: the database is empty, nothing to export\n"
+def test_export_empty_database_round_trips(tmp_path: Path) -> None:
+    """Item 13: convert writes an empty database; export gives it back (0 items)."""
+    images = write_idx(tmp_path / "i", np.zeros((0, 28, 28), np.uint8))
+    labels = write_idx(tmp_path / "l", np.zeros((0,), np.uint8))
+    db = tmp_path / "empty_lmdb"
+    convert(images, labels, db)
+    result = run("export", db, tmp_path / "out", "--prefix", "e")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.endswith("(0 items, 28 × 28).\n")
+    assert (tmp_path / "out" / "e-images-idx3-ubyte").read_bytes() == images.read_bytes()
+    assert (tmp_path / "out" / "e-labels-idx1-ubyte").read_bytes() == labels.read_bytes()
 
 
 def test_export_header_matches_caffe_layout(tmp_path: Path) -> None:
@@ -419,7 +431,8 @@ def test_info_verify_export_while_a_dataset_holds_the_database(
     """Neither backend lets one process open a database twice: the commands share the
     dataset's handle instead of failing with 'already open' / 'lock already held'."""
     from mnist2db import open_db
-    from mnist2db.inspect import db_info, export_db, verify_db
+    from mnist2db.export import export_db
+    from mnist2db.inspect import db_info, verify_db
 
     db, images, labels, _, label_array = converted(mnist_pair, tmp_path, backend)
     with open_db(db) as dataset:
@@ -444,7 +457,7 @@ def test_export_names_the_record_that_is_not_a_datum(
         f"Error: {db}: key {key.decode()}: value of 2 bytes is not a Datum: "
     )
     assert result.stderr.count("\n") == 1
-    assert list((tmp_path / "out").glob("*")) == []  # no file, no temporary
+    assert not (tmp_path / "out").exists()  # no file, no temporary, no directory
 
 
 def test_info_database_with_data_shorter_than_its_shape(tmp_path: Path) -> None:

@@ -386,7 +386,7 @@ def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bo
 
     Example: mnist2db export examples/mnist/mnist_train_lmdb out/
     """
-    from .inspect import export_db
+    from .export import export_db
 
     with library_errors(), progress_reporter("Exporting", quiet) as progress:
         result = export_db(db, out_dir, prefix=prefix, overwrite=overwrite, progress=progress)

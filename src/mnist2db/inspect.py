@@ -11,14 +11,13 @@ import os
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .backends import detect_backend
 from .conversion import check_pair
 from .dataset import RecordIndexError, open_db, record_key, shared_reader
 from .datum import DatumError, datum_to_array, decode_datum, encode_batch
-from .errors import IdxFormatError, Mnist2dbError, OutputExistsError
-from .fsutil import AtomicFile
+from .errors import IdxFormatError, Mnist2dbError
 from .idx import GZIP_MAGIC, IdxHeader, open_idx, open_raw, parse_header, size_error
 
 if TYPE_CHECKING:
@@ -26,12 +25,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DbInfo",
-    "ExportResult",
     "IdxInfo",
     "Record",
     "VerifyError",
     "db_info",
-    "export_db",
     "find_labels",
     "idx_info",
     "select_records",
@@ -452,129 +449,3 @@ def verify_db(
                     f"source ({total} items): key{'s' if extra > 1 else ''} {keys}"
                 )
     return VerifyResult(total, rows, cols)
-
-
-# -- export ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ExportResult:
-    images: str
-    labels: str
-    count: int
-    rows: int
-    cols: int
-
-
-def _decode_record(db_path: str, key: bytes, value: bytes) -> Any:
-    try:
-        return decode_datum(value)
-    except DatumError as exc:
-        raise DatumError(f"{db_path}: key {_key_text(key)}: {exc}") from None
-
-
-def default_prefix(db: str | os.PathLike[str]) -> str:
-    """The file-name stem for :func:`export_db`: ``t10k`` for a test database, ``train`` for
-    a training one (MNIST's names), else the database's own name."""
-    name = os.path.basename(os.path.normpath(os.fspath(db)))
-    lowered = name.lower()
-    if "test" in lowered or "t10k" in lowered:
-        return "t10k"
-    if "train" in lowered:
-        return "train"
-    return name
-
-
-def export_db(
-    db: str | os.PathLike[str],
-    out_dir: str | os.PathLike[str],
-    *,
-    prefix: str | None = None,
-    overwrite: bool = False,
-    progress: ProgressCallback | None = None,
-) -> ExportResult:
-    """Write ``PREFIX-images-idx3-ubyte`` and ``PREFIX-labels-idx1-ubyte`` from a database of
-    single-channel uint8 Datums, in key order. For a database made by ``convert`` the files
-    equal the sources byte for byte.
-
-    Both files are written under temporary names in ``out_dir`` (created if missing) and
-    renamed into place only when both are complete.
-
-    Raises:
-        OutputExistsError: a destination file exists and ``overwrite`` is false.
-        DatumError: a record is not a 1-channel uint8 Datum of the first record's size, or
-            its label does not fit a uint8 label file.
-        BackendError: ``db`` is not a database.
-    """
-    import struct
-
-    import numpy as np
-
-    db_path = os.fspath(db)
-    out = os.fspath(out_dir)
-    stem = prefix if prefix is not None else default_prefix(db_path)
-    images_out = os.path.join(out, f"{stem}-images-idx3-ubyte")
-    labels_out = os.path.join(out, f"{stem}-labels-idx1-ubyte")
-    if not overwrite:
-        for target in (images_out, labels_out):
-            if os.path.lexists(target):
-                raise OutputExistsError(f"{target}: already exists (use --overwrite to replace it)")
-    with shared_reader(db_path) as reader:
-        total = len(reader)
-        if total == 0:
-            raise DatumError(f"{db_path}: the database is empty, nothing to export")
-        first_key = reader.first_key() or b""
-        first = _decode_record(db_path, first_key, reader.get(first_key) or b"")
-        rows, cols = int(first.height), int(first.width)
-        try:
-            os.makedirs(out, exist_ok=True)
-        except OSError as exc:
-            raise OutputExistsError(f"{out}: cannot create directory: {exc.strerror}") from None
-        try:
-            with AtomicFile(images_out) as image_target, AtomicFile(labels_out) as label_target:
-                image_target.stream.write(struct.pack(">4I", 0x00000803, total, rows, cols))
-                label_target.stream.write(struct.pack(">2I", 0x00000801, total))
-                labels = np.empty(_BATCH, dtype=np.uint8)
-                pending: list[bytes] = []
-                count = 0
-                for key, value in reader:
-                    datum = _decode_record(db_path, bytes(key), bytes(value))
-                    where = f"{db_path}: key {_key_text(bytes(key))}"
-                    if (datum.channels, datum.height, datum.width) != (1, rows, cols):
-                        raise DatumError(
-                            f"{where}: Datum {datum.channels}×{datum.height}×{datum.width}, "
-                            f"an IDX image file needs every record 1×{rows}×{cols}"
-                        )
-                    if datum.encoded or len(datum.data) != rows * cols:
-                        raise DatumError(
-                            f"{where}: not raw uint8 pixels ({_datum_encoding(datum)}, "
-                            f"{len(datum.data)} data bytes)"
-                        )
-                    if not 0 <= datum.label <= 255:
-                        raise DatumError(
-                            f"{where}: label {datum.label} does not fit a uint8 IDX label file"
-                        )
-                    labels[len(pending)] = datum.label
-                    pending.append(datum.data)
-                    count += 1
-                    if len(pending) == _BATCH:
-                        image_target.stream.write(b"".join(pending))
-                        label_target.stream.write(labels[: len(pending)].tobytes())
-                        pending.clear()
-                        if progress is not None:
-                            progress(count, total)
-                image_target.stream.write(b"".join(pending))
-                label_target.stream.write(labels[: len(pending)].tobytes())
-                if count != total:
-                    raise DatumError(
-                        f"{db_path}: read {count} records, the database reported {total} "
-                        "(was it changed while exporting?)"
-                    )
-                # Both complete: only now do they reach their names.
-                image_target.commit()
-                label_target.commit()
-        except OSError as exc:
-            raise Mnist2dbError(f"{out}: cannot write: {exc.strerror or exc}") from None
-    if progress is not None:
-        progress(count, total)
-    return ExportResult(images_out, labels_out, count, rows, cols)

@@ -235,8 +235,8 @@ def _checkpoint(stage: str, staging: str) -> None:
     database is complete and flushed, about to be moved), ``"placed"`` (moved into place;
     ``staging`` now holds nothing, or the replaced database, still to be removed),
     ``"cleanup"`` (about to remove a staging directory that still exists). Pairs of files
-    (:func:`fsutil.place_pair`) add ``"pair-first"`` (the first file placed, the second
-    not yet).
+    (:func:`mnist2db.pairs.place_together`) add ``"pair-first"`` (the first file placed, the second
+    not yet; see :mod:`mnist2db.pairs`).
     """
 
 

@@ -1,0 +1,184 @@
+"""Files that appear together or not at all: export's image and label files.
+
+Two renames cannot be one atomic step, so :func:`place_together` keeps a journal while it
+places a set of finished temporaries, rolls back on failure, and :func:`recover_together`
+rolls back a set whose writer was killed half-way, the next time the same files are
+written. Nothing is ever removed that the run did not write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+
+from . import staging
+from .errors import OutputExistsError
+from .fsutil import TEMP_MARK, fsync_dir, owner_pid, pid_alive, remove_stale, temp_prefix
+from .staging import _identity, _symlink_refusal
+
+TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .fsutil import AtomicFile
+
+__all__ = ["check_file_target", "place_together", "recover_together"]
+
+
+# -- files that appear together: export's image and label files -------------------------------
+
+#: ``.<first file>.mnist2db-pair-<pid>-<random>``: the record of a pair being placed.
+_PAIR_MARK = ".mnist2db-pair-"
+#: ``.<file>.mnist2db-old-<pid>-<random>``: a hard link to the file a pair replaces.
+_OLD_MARK = ".mnist2db-old-"
+
+
+def check_file_target(path: str, overwrite: bool) -> None:
+    """Raise unless a finished file may be moved to ``path`` (refused before any work).
+
+    Raises:
+        OutputExistsError: ``path`` exists and ``overwrite`` is false, or it is anything
+            but a regular file (a directory, a symbolic link, a FIFO, ...).
+    """
+    if not path:
+        raise OutputExistsError("the output path is empty: name a file to create")
+    if os.path.islink(path):
+        raise _symlink_refusal(path)
+    if not os.path.lexists(path):
+        return
+    if os.path.isdir(path):
+        raise OutputExistsError(
+            f"{path}: is a directory; refusing to replace it (even with --overwrite)"
+        )
+    if not os.path.isfile(path):
+        raise OutputExistsError(
+            f"{path}: is not a regular file; refusing to replace it (even with --overwrite)"
+        )
+    if not overwrite:
+        raise OutputExistsError(f"{path}: already exists (use --overwrite to replace it)")
+
+
+def _hidden_name(path: str, mark: str) -> str:
+    directory, name = os.path.split(os.path.abspath(path))
+    prefix = temp_prefix(name).replace(TEMP_MARK, mark)
+    return os.path.join(directory, f"{prefix}{os.getpid()}-{os.urandom(6).hex()}")
+
+
+def _restore(entry: dict[str, Any]) -> None:
+    """Put back what ``entry`` (one file of a journal) replaced, if the new file is still there."""
+    target, backup, new = entry["target"], entry.get("backup"), tuple(entry["new"])
+    current = _identity(target) if os.path.lexists(target) else None
+    if backup is not None and os.path.lexists(backup):
+        if current in (new, _identity(backup)):
+            os.replace(backup, target)
+        else:
+            os.unlink(backup)  # the user replaced the file since: theirs stays
+    elif backup is None and current == new:
+        os.unlink(target)  # it did not exist before this run made it
+
+
+def place_together(files: Sequence[AtomicFile]) -> None:
+    """Move finished :class:`~mnist2db.fsutil.AtomicFile` temporaries to their paths, all or none.
+
+    Callers check the targets first (:func:`check_file_target`). Each existing target is
+    first hard-linked to a hidden backup, and a journal naming the files is written and
+    flushed; then the files are renamed into place, the journal removed (the commit
+    point) and the backups dropped. A failure rolls back the files already placed; a kill
+    leaves the journal, and :func:`recover_together` (run by the next writer of the same
+    files) rolls back from it. Never more than what this run wrote is removed: a target
+    is put back only while it still is the file this run placed.
+
+    Raises:
+        OSError: naming the file that could not be finished, linked or moved.
+    """
+    import json
+
+    for file in files:
+        file.finish()
+    journal_path = _hidden_name(files[0].path, _PAIR_MARK)
+    entries: list[dict[str, Any]] = []
+    placed: list[dict[str, Any]] = []
+    try:
+        for file in files:
+            backup = None
+            if os.path.lexists(file.path):
+                backup = _hidden_name(file.path, _OLD_MARK)
+                try:
+                    os.link(file.path, backup)
+                except OSError:
+                    import shutil
+
+                    shutil.copy2(file.path, backup)
+            entries.append({"target": file.path, "backup": backup, "new": _identity(file.temp)})
+        fd = os.open(journal_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as journal:
+            json.dump(entries, journal)
+            journal.flush()
+            os.fsync(journal.fileno())
+        fsync_dir(os.path.dirname(journal_path))
+        for file, entry in zip(files, entries, strict=True):
+            try:
+                os.replace(file.temp, file.path)
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, file.path) from None
+            file.committed = True
+            placed.append(entry)
+            if len(placed) == 1:
+                staging._checkpoint("pair-first", file.path)
+        fsync_dir(os.path.dirname(journal_path))
+        os.unlink(journal_path)  # the commit point
+    except BaseException:
+        for entry in reversed(placed):
+            with contextlib.suppress(OSError):
+                _restore(entry)
+        for entry in entries:
+            if entry["backup"] is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry["backup"])
+        with contextlib.suppress(OSError):
+            os.unlink(journal_path)
+        raise
+    for entry in entries:
+        if entry["backup"] is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(entry["backup"])
+    with contextlib.suppress(OSError):
+        fsync_dir(os.path.dirname(journal_path))
+
+
+def recover_together(paths: Sequence[str]) -> None:
+    """Finish what a killed :func:`place_together` of ``paths`` left: roll it back.
+
+    A journal of a process that no longer exists means its files were not all placed:
+    each one it placed is put back as it was (only while it still is the file that run
+    wrote). Its backups and the journal are then removed; a run still going is left alone.
+    """
+    import json
+
+    directory, first = os.path.split(os.path.abspath(paths[0]))
+    prefix = temp_prefix(first).replace(TEMP_MARK, _PAIR_MARK)
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            if not entry.name.startswith(prefix):
+                continue
+            pid = owner_pid(entry.name[len(prefix) :])
+            if pid is None or pid == os.getpid() or pid_alive(pid):
+                continue
+            try:
+                with open(entry.path) as journal:
+                    files = json.load(journal)
+            except (OSError, ValueError):
+                files = []  # killed while writing it: nothing was placed yet
+            for file in reversed(files if isinstance(files, list) else []):
+                with contextlib.suppress(OSError, KeyError, TypeError):
+                    _restore(file)
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+    for path in paths:
+        name = os.path.basename(path)
+        remove_stale(
+            os.path.dirname(os.path.abspath(path)),
+            temp_prefix(name).replace(TEMP_MARK, _OLD_MARK),
+            directories=False,
+        )
