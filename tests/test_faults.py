@@ -10,6 +10,7 @@ then knows exactly where the child is when it strikes. Nothing else is patched.
 from __future__ import annotations
 
 import ast
+import contextlib
 import gzip
 import json
 import os
@@ -736,3 +737,143 @@ def test_output_permissions_follow_the_umask(
         assert mode & 0o600 == 0o600
     if backend == "lmdb":
         assert stat.S_IMODE((out / "data.mdb").stat().st_mode) == 0o664 & ~umask
+
+
+# -- export's pair: both files or neither (issue 10, items 3 and 4) ---------------------------
+
+
+def hidden(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory, data: Dataset, other: Dataset) -> dict:
+    """Databases of ``data`` and ``other``, and the IDX bytes an export of each gives."""
+    root = tmp_path_factory.mktemp("exported")
+    convert(data.images_path, data.labels_path, root / "new_db")
+    convert(other.images_path, other.labels_path, root / "old_db")
+    return {
+        "new": root / "new_db",
+        "old": root / "old_db",
+        "new_bytes": (data.images_path.read_bytes(), data.labels_path.read_bytes()),
+        "old_bytes": (other.images_path.read_bytes(), other.labels_path.read_bytes()),
+    }
+
+
+def pair_bytes(out: Path) -> tuple[bytes | None, bytes | None]:
+    files = (out / "x-images-idx3-ubyte", out / "x-labels-idx1-ubyte")
+    return tuple(f.read_bytes() if f.exists() else None for f in files)  # type: ignore[return-value]
+
+
+def test_export_kill_between_the_two_renames_is_rolled_back(tmp_path: Path, exported: dict) -> None:
+    out = tmp_path / "out"
+    assert run_cli("export", "-q", str(exported["old"]), str(out), "--prefix", "x") == (0, "")
+    argv = ["export", "-q", "--overwrite", str(exported["new"]), str(out), "--prefix", "x"]
+    proc, flag = spawn(tmp_path, argv, pause="pair-first")
+    wait_for(flag, proc)
+    kill(proc)
+    # SIGKILL between the renames: the first file is new, the second old, a journal says so.
+    assert pair_bytes(out) == (exported["new_bytes"][0], exported["old_bytes"][1])
+    assert any(".mnist2db-pair-" in name for name in hidden(out))
+    # The next export of these files rolls the killed one back first, then does its own work.
+    code, err = run_cli("export", "-q", str(exported["new"]), str(out), "--prefix", "x")
+    assert (code, err) == (1, f"Error: {out / 'x-images-idx3-ubyte'}: already exists "
+                              "(use --overwrite to replace it)\n")  # fmt: skip
+    assert pair_bytes(out) == exported["old_bytes"]
+    assert hidden(out) == []
+
+
+def test_export_kill_between_renames_of_new_files_is_rolled_back(
+    tmp_path: Path, exported: dict
+) -> None:
+    out = tmp_path / "out"
+    argv = ["export", "-q", str(exported["new"]), str(out), "--prefix", "x"]
+    proc, flag = spawn(tmp_path, argv, pause="pair-first")
+    wait_for(flag, proc)
+    kill(proc)
+    assert pair_bytes(out) == (exported["new_bytes"][0], None)
+    assert run_cli(*argv) == (0, "")  # the half-placed pair was taken back, then written whole
+    assert pair_bytes(out) == exported["new_bytes"]
+    assert hidden(out) == []
+
+
+def test_export_rollback_keeps_a_file_changed_after_the_kill(
+    tmp_path: Path, exported: dict
+) -> None:
+    """Recovery puts back only the file the killed run placed, never a user's newer one."""
+    out = tmp_path / "out"
+    argv = ["export", "-q", str(exported["new"]), str(out), "--prefix", "x"]
+    proc, flag = spawn(tmp_path, argv, pause="pair-first")
+    wait_for(flag, proc)
+    kill(proc)
+    (out / "x-images-idx3-ubyte").unlink()
+    (out / "x-images-idx3-ubyte").write_bytes(b"the user's own")
+    code, err = run_cli(*argv)
+    assert code == 1 and "already exists" in err
+    assert (out / "x-images-idx3-ubyte").read_bytes() == b"the user's own"
+    assert hidden(out) == []
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_export_signal_between_the_renames_keeps_the_old_pair(
+    tmp_path: Path, exported: dict, sig: int, code: int
+) -> None:
+    out = tmp_path / "out"
+    assert run_cli("export", "-q", str(exported["old"]), str(out), "--prefix", "x") == (0, "")
+    argv = ["export", "-q", "--overwrite", str(exported["new"]), str(out), "--prefix", "x"]
+    proc, flag = spawn(tmp_path, argv, pause="pair-first")
+    wait_for(flag, proc)
+    proc.send_signal(sig)
+    assert finish(proc) == (code, "", "Interrupted\n")
+    assert pair_bytes(out) == exported["old_bytes"]
+    assert hidden(out) == []
+
+
+def test_export_second_rename_failing_puts_the_first_back(tmp_path: Path, exported: dict) -> None:
+    """The labels target becomes a directory after the checks: the images go back too."""
+    out = tmp_path / "out"
+    assert run_cli("export", "-q", str(exported["old"]), str(out), "--prefix", "x") == (0, "")
+    release = tmp_path / "go"
+    argv = ["export", "-q", "--overwrite", str(exported["new"]), str(out), "--prefix", "x"]
+    proc, flag = spawn(tmp_path, argv, pause="pair-first", release=str(release))
+    wait_for(flag, proc)
+    labels = out / "x-labels-idx1-ubyte"
+    labels.unlink()
+    labels.mkdir()
+    (labels / "inside").write_text("mine")
+    release.touch()
+    code, stdout, err = finish(proc)
+    assert (code, stdout) == (1, "")
+    assert err == f"Error: {labels}: cannot write: Is a directory\n"
+    assert (out / "x-images-idx3-ubyte").read_bytes() == exported["old_bytes"][0]
+    assert (labels / "inside").read_text() == "mine"
+    assert hidden(out) == []
+
+
+def test_export_on_a_full_disk_leaves_nothing(small_tmpfs: Path, exported: dict) -> None:
+    """Item 4: ENOSPC while closing used to leave the temporary; the error names the file."""
+    code, err = run_cli("export", "-q", str(exported["new"]), str(small_tmpfs), "--prefix", "x")
+    assert code == 1
+    assert (
+        err
+        == f"Error: {small_tmpfs / 'x-images-idx3-ubyte'}: cannot write: No space left on device\n"
+    )
+    assert os.listdir(small_tmpfs) == []
+
+
+def test_png_on_a_full_disk_leaves_nothing(small_tmpfs: Path, tmp_path: Path) -> None:
+    images = write_idx(tmp_path / "big-images-idx3-ubyte", make_images(1, 1000, 1000))
+    png = small_tmpfs / "big.png"
+    filler = small_tmpfs / "filler"
+    with filler.open("wb") as f:  # leave about 64 KiB free, less than the PNG needs
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(bytes(64 << 10))
+                f.flush()
+    filler.unlink()
+    with (small_tmpfs / "filler").open("wb") as f:
+        f.write(bytes((4 << 20) - (64 << 10)))
+    code, err = run_cli("show", str(images), "--count", "1", "--png", str(png))
+    assert code == 1
+    assert err == f"Error: {png}: cannot write: No space left on device\n"
+    assert sorted(os.listdir(small_tmpfs)) == ["filler"]

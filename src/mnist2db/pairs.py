@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from . import staging
 from .errors import OutputExistsError
 from .fsutil import TEMP_MARK, fsync_dir, owner_pid, pid_alive, remove_stale, temp_prefix
-from .staging import _identity, _symlink_refusal
+from .staging import _symlink_refusal
 
 TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
@@ -65,16 +65,26 @@ def _hidden_name(path: str, mark: str) -> str:
     return os.path.join(directory, f"{prefix}{os.getpid()}-{os.urandom(6).hex()}")
 
 
+def _version(path: str) -> list[int] | None:
+    """What tells this very file version apart: device, inode, size and modification time
+    (an inode number alone is reused as soon as a file is deleted)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
 def _restore(entry: dict[str, Any]) -> None:
     """Put back what ``entry`` (one file of a journal) replaced, if the new file is still there."""
-    target, backup, new = entry["target"], entry.get("backup"), tuple(entry["new"])
-    current = _identity(target) if os.path.lexists(target) else None
+    target, backup, new = entry["target"], entry.get("backup"), entry["new"]
+    current = _version(target)
     if backup is not None and os.path.lexists(backup):
-        if current in (new, _identity(backup)):
+        if current is not None and current in (new, _version(backup)):
             os.replace(backup, target)
         else:
             os.unlink(backup)  # the user replaced the file since: theirs stays
-    elif backup is None and current == new:
+    elif backup is None and current is not None and current == new:
         os.unlink(target)  # it did not exist before this run made it
 
 
@@ -110,7 +120,7 @@ def place_together(files: Sequence[AtomicFile]) -> None:
                     import shutil
 
                     shutil.copy2(file.path, backup)
-            entries.append({"target": file.path, "backup": backup, "new": _identity(file.temp)})
+            entries.append({"target": file.path, "backup": backup, "new": _version(file.temp)})
         fd = os.open(journal_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as journal:
             json.dump(entries, journal)
@@ -177,8 +187,6 @@ def recover_together(paths: Sequence[str]) -> None:
                 os.unlink(entry.path)
     for path in paths:
         name = os.path.basename(path)
-        remove_stale(
-            os.path.dirname(os.path.abspath(path)),
-            temp_prefix(name).replace(TEMP_MARK, _OLD_MARK),
-            directories=False,
-        )
+        parent = os.path.dirname(os.path.abspath(path))
+        remove_stale(parent, temp_prefix(name).replace(TEMP_MARK, _OLD_MARK), directories=False)
+        remove_stale(parent, temp_prefix(name), directories=False)
