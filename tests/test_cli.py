@@ -242,3 +242,97 @@ def test_progress_bar_only_on_a_terminal(mnist_pair, tmp_path: Path) -> None:
     )
     assert "Converting" not in piped.stderr
     assert piped.stderr.splitlines()[0] == "A total of 50 items."
+
+
+# -- issue 10: pipes (item 5), empty paths (item 11) ------------------------------------------
+
+
+def _fashionless_pair(tmp_path: Path, count: int = 7) -> tuple[Path, Path, np.ndarray]:
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 256, size=(count, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=count, dtype=np.uint8)
+    return (
+        write_idx(tmp_path / "p-images-idx3-ubyte.gz", images, gz=True),
+        write_idx(tmp_path / "p-labels-idx1-ubyte", labels),
+        images,
+    )
+
+
+def _bash(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    bindir = Path(sys.executable).parent
+    return subprocess.run(
+        ["bash", "-c", script],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{bindir}:/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("front", ["mnist2db convert -q", "convert_mnist_data"])
+def test_convert_reads_process_substitution_and_stdin(tmp_path: Path, front: str) -> None:
+    images, labels, array = _fashionless_pair(tmp_path)
+    script = (
+        f"{front} <(zcat {images}) <(cat {labels}) sub_db && "
+        f"zcat {images} | {front} /dev/stdin {labels} stdin_db && "
+        f"mkfifo f && (cat {images} > f &) && {front} f {labels} fifo_db"
+    )
+    done = _bash(script, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    for name in ("sub_db", "stdin_db", "fifo_db"):
+        records = list(iter_db(tmp_path / name))
+        assert len(records) == 7
+        assert records[6][1].data == array[6].tobytes()
+
+
+def test_info_and_show_read_pipes(tmp_path: Path) -> None:
+    images, labels, array = _fashionless_pair(tmp_path)
+    done = _bash(
+        f"mnist2db info <(zcat {images}) && mnist2db info <(cat {labels}) && "
+        f"mnist2db show <(zcat {images}) --labels <(cat {labels}) --count 1 --threshold 128",
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "storage     plain, read from a pipe" in lines
+    assert "size        5504 bytes expected, 5504 found (header 16 + data)" in lines
+    assert "size        15 bytes expected, 15 found (header 8 + data)" in lines
+    assert lines.count("valid       yes") == 2
+    assert "#0  label " in done.stdout
+    assert " ".join("01"[int(v > 128)] for v in array[0][0]) in lines
+
+
+def test_a_truncated_pipe_is_one_line(tmp_path: Path) -> None:
+    images, labels, _ = _fashionless_pair(tmp_path)
+    done = _bash(f"mnist2db convert -q <(zcat {images} | head -c 5000) {labels} db", tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.startswith("Error: /dev/fd/") and done.stderr.count("\n") == 1
+    assert done.stderr.endswith(": truncated: header declares 5488 bytes of data "
+                                "(7 × 28 × 28 uint8), file holds 4984\n")  # fmt: skip
+    assert not (tmp_path / "db").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        (["convert", "{i}", "{l}", ""], "OUT_DB"),
+        (["convert", "", "{l}", "db"], "IMAGES"),
+        (["export", "db", ""], "OUT_DIR"),
+        (["show", "{i}", "--png", ""], "--png"),
+        (["info", ""], "PATH"),
+    ],
+)
+def test_an_empty_path_is_a_usage_error_up_front(
+    tmp_path: Path, args: list[str], name: str
+) -> None:
+    """Item 11: `convert I L ''` converted everything, then failed with Errno 2."""
+    files = _files(tmp_path)
+    argv = [a.format(i=files["images"], l=files["labels"]) for a in args]
+    result = run(*argv)
+    assert result.exit_code == 2
+    assert "an empty path names nothing" in result.stderr
+    assert name in result.stderr
+    assert not (tmp_path / "db").exists()

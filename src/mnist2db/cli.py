@@ -56,6 +56,16 @@ def progress_reporter(label: str, quiet: bool) -> Iterator[Callable[[int, int], 
 
 # -- options several commands share ---------------------------------------------------------
 
+
+class Path(click.Path):
+    """click.Path that refuses an empty string up front (a usage error, exit 2)."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if value == "":
+            self.fail("an empty path names nothing", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 backend_option = click.option(
     "--backend",
     type=click.Choice(["lmdb", "leveldb"], case_sensitive=False),
@@ -97,9 +107,9 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("images", type=click.Path(dir_okay=True, path_type=str))
-@click.argument("labels", type=click.Path(dir_okay=True, path_type=str))
-@click.argument("out_db", type=click.Path(path_type=str))
+@click.argument("images", type=Path(dir_okay=True, path_type=str))
+@click.argument("labels", type=Path(dir_okay=True, path_type=str))
+@click.argument("out_db", type=Path(path_type=str))
 @backend_option
 @click.option(
     "--batch-size",
@@ -176,10 +186,10 @@ def _check_drawable(source: str, record: Any) -> None:
 
 
 @cli.command()
-@click.argument("source", type=click.Path(path_type=str))
+@click.argument("source", type=Path(path_type=str))
 @click.option(
     "--labels",
-    type=click.Path(dir_okay=False, path_type=str),
+    type=Path(dir_okay=False, path_type=str),
     help="IDX label file for an IDX SOURCE (default: the *-labels-idx1-ubyte file beside it).",
 )
 @click.option(
@@ -206,7 +216,7 @@ def _check_drawable(source: str, record: Any) -> None:
 @click.option("--ascii", "ascii_", is_flag=True, help="Draw with plain ASCII characters.")
 @click.option(
     "--png",
-    type=click.Path(dir_okay=False, path_type=str),
+    type=Path(dir_okay=False, path_type=str),
     default=None,
     help="Write a labelled grid of the images to this PNG file instead.",
 )
@@ -277,8 +287,16 @@ def show(
         )
 
 
+def _storage(idx: Any) -> str:
+    if idx.streaming:
+        return "gzip, read from a pipe" if idx.header.gzipped else "plain, read from a pipe"
+    if idx.header.gzipped:
+        return f"gzip, {idx.file_size} bytes compressed"
+    return f"plain, {idx.file_size} bytes"
+
+
 @cli.command()
-@click.argument("path", type=click.Path(path_type=str))
+@click.argument("path", type=Path(path_type=str))
 def info(path: str) -> None:
     """Describe an IDX file or a Datum database; exit 1 if it is not valid.
 
@@ -322,19 +340,15 @@ def info(path: str) -> None:
             idx = idx_info(path)
             header = idx.header
             row("file", header.path)
-            row(
-                "storage",
-                f"gzip, {idx.file_size} bytes compressed"
-                if header.gzipped
-                else f"plain, {idx.file_size} bytes",
-            )
+            row("storage", _storage(idx))
             row("magic", f"0x{header.magic:08x} ({idx.kind})")
             row("type", header.type_name)
             row("dimensions", " × ".join(map(str, header.dims)))
             row("items", header.count)
             row(
                 "size",
-                f"{idx.expected_size} bytes expected, {idx.actual_size} found "
+                f"{idx.expected_size} bytes expected, "
+                f"{'at least ' if idx.at_least else ''}{idx.actual_size} found "
                 f"(header {header.header_size} + data)",
             )
             if idx.label_counts is not None:
@@ -347,9 +361,9 @@ def info(path: str) -> None:
 
 
 @cli.command()
-@click.argument("db", type=click.Path(path_type=str))
-@click.argument("images", type=click.Path(path_type=str))
-@click.argument("labels", type=click.Path(path_type=str))
+@click.argument("db", type=Path(path_type=str))
+@click.argument("images", type=Path(path_type=str))
+@click.argument("labels", type=Path(path_type=str))
 @quiet_option
 def verify(db: str, images: str, labels: str, quiet: bool) -> None:
     """Check that database DB holds exactly the records converted from IMAGES and LABELS.
@@ -368,8 +382,8 @@ def verify(db: str, images: str, labels: str, quiet: bool) -> None:
 
 
 @cli.command()
-@click.argument("db", type=click.Path(path_type=str))
-@click.argument("out_dir", type=click.Path(file_okay=False, path_type=str))
+@click.argument("db", type=Path(path_type=str))
+@click.argument("out_dir", type=Path(file_okay=False, path_type=str))
 @click.option(
     "--prefix",
     default=None,

@@ -186,6 +186,10 @@ def convert(
         rows, cols = image_reader.header.dims[1], image_reader.header.dims[2]
         value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 3
         size_hint = 2 * count * (_round_page(value_size + 8 + 16)) + (16 << 20)
+        if image_reader.streaming:
+            # A pipe's header is not checked against its size before the data arrives:
+            # do not reserve what it merely promises (the map grows when needed).
+            size_hint = min(size_hint, 1 << 30)
         inputs = (images, labels)
         with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
             writer = open_writer(

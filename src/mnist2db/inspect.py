@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import zlib
 from collections.abc import Callable, Iterator
@@ -18,7 +17,7 @@ from .conversion import check_pair
 from .dataset import RecordIndexError, open_db, record_key, shared_reader
 from .datum import DatumError, datum_to_array, decode_datum, encode_batch
 from .errors import IdxFormatError, Mnist2dbError
-from .idx import GZIP_MAGIC, IdxHeader, open_idx, open_raw, parse_header, size_error
+from .idx import IdxHeader, open_data, open_idx, open_raw, parse_header, size_error
 
 if TYPE_CHECKING:
     import numpy as np
@@ -181,6 +180,8 @@ class IdxInfo:
     data_size: int  # bytes of data found after the header (decompressed for gzip)
     problem: str | None
     label_counts: dict[int, int] | None = None
+    at_least: bool = False  # reading stopped one chunk past the declared size
+    streaming: bool = False  # a pipe: no size known beforehand
 
     @property
     def expected_size(self) -> int:
@@ -202,8 +203,10 @@ class IdxInfo:
 def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
     """Describe an IDX file: header, sizes, gzip or not, whether it is valid.
 
-    The file is read through once (a chunk at a time) when it is gzip-compressed or a label
-    file, to measure its data and count labels; a plain image file is measured by its size.
+    The file is read through once (a chunk at a time) when it is gzip-compressed, a label
+    file or a pipe, to measure its data and count labels; a plain image file is measured by
+    its size. Reading stops one chunk past the declared size, as ``convert`` does, so a
+    decompression bomb is reported as holding "at least" that much.
 
     Raises:
         IdxFormatError: the file cannot be read or its header cannot be parsed at all.
@@ -213,33 +216,38 @@ def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
     path = os.fspath(path)
     with open_raw(path) as raw:
         file_size = os.fstat(raw.fileno()).st_size
-        gzipped = raw.read(2) == GZIP_MAGIC
-        raw.seek(0)
-        stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
+        stream, gzipped, streaming = open_data(raw, path)
         header = parse_header(stream, path, gzipped)
         count_labels = header.magic == 0x00000801
         problem = None
+        at_least = False
         counts = np.zeros(256, dtype=np.int64) if count_labels else None
-        if not gzipped and not count_labels:
+        if not gzipped and not count_labels and not streaming:
             data_size = file_size - header.header_size
         else:
             data_size = 0
+            limit = header.payload_size + _CHUNK
             try:
-                while chunk := stream.read(_CHUNK):
+                while chunk := stream.read(min(_CHUNK, limit - data_size)):
                     if counts is not None:
                         room = max(0, header.payload_size - data_size)
                         counts += np.bincount(
                             np.frombuffer(chunk[:room], dtype=np.uint8), minlength=256
                         )
                     data_size += len(chunk)
+                    if data_size >= limit:
+                        at_least = True
+                        break
             except (gzip.BadGzipFile, zlib.error, EOFError, OSError) as exc:
                 problem = f"corrupt gzip stream after {data_size} bytes of data: {exc}"
+        if streaming and not gzipped:
+            file_size = header.header_size + data_size
     if problem is None and data_size != header.payload_size:
-        problem = str(size_error(header, data_size)).removeprefix(f"{path}: ")
+        problem = str(size_error(header, data_size, at_least=at_least)).removeprefix(f"{path}: ")
     label_counts = (
         {int(v): int(n) for v, n in enumerate(counts) if n} if counts is not None else None
     )
-    return IdxInfo(header, file_size, data_size, problem, label_counts)
+    return IdxInfo(header, file_size, data_size, problem, label_counts, at_least, streaming)
 
 
 @dataclass
