@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import struct
 from pathlib import Path
@@ -200,11 +201,9 @@ def fifo_feeding(tmp_path: Path, data: bytes, name: str = "fifo") -> Path:
     os.mkfifo(fifo)
 
     def feed() -> None:
-        with open(fifo, "wb") as f:
-            try:
-                f.write(data)
-            except BrokenPipeError:
-                pass  # the reader stopped early (a size error): that is the point
+        # The reader may stop early (a size error): that is the point.
+        with open(fifo, "wb") as f, contextlib.suppress(BrokenPipeError):
+            f.write(data)
 
     threading.Thread(target=feed, daemon=True).start()
     return fifo

@@ -74,7 +74,6 @@ backend_option = click.option(
     help="Database to write.",
 )
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
-MAX_PNG_IMAGES = 1000  # 100 rows of 10 28 × 28 images drawn 3 × 3: a canvas of about 9 MB
 DATASET_NAMES = ["mnist", "fashion-mnist", "kmnist"]  # fetch.DATASETS, without importing it
 
 
@@ -243,7 +242,8 @@ def show(
     import os
 
     from .inspect import select_records
-    from .render import image_to_text, write_png_grid
+    from .pairs import check_file_target
+    from .render import check_canvas, image_to_text, write_png_grid
 
     if png is not None and (threshold is not None or ascii_):
         raise click.UsageError(
@@ -251,36 +251,42 @@ def show(
         )
     if labels is not None and os.path.isdir(source):
         raise click.UsageError("--labels is for an IDX image file; a database holds its labels")
-    if png is not None and count > MAX_PNG_IMAGES:
-        # The grid is built in memory: bound it rather than run out of memory.
-        raise click.UsageError(
-            f"--png draws at most {MAX_PNG_IMAGES} images (--count {count}); split the range"
-        )
+    if threshold is not None and ascii_:
+        raise click.UsageError("--threshold prints 0/1 digits: it does not combine with --ascii")
     with library_errors():
-        total, records = select_records(source, labels, offset=offset, count=count)
-        shown = 0
         if png is not None:
-            selected = list(records)
-            for record in selected:
-                _check_drawable(source, record)
-            captions = [f"#{r.index}: {r.label if r.label is not None else '-'}" for r in selected]
-            width, height = write_png_grid(
-                [r.image for r in selected], captions, png, overwrite=overwrite
-            )
-            shown = len(selected)
-            click.echo(f"Wrote {png}: {shown} images, {width} × {height} pixels.", err=True)
-        else:
-            for record in records:
-                _check_drawable(source, record)
-                head = f"#{record.index}"
-                if record.key is not None:
-                    head += f"  key {record.key.decode('ascii', errors='backslashreplace')}"
-                head += f"  label {record.label if record.label is not None else '-'}"
-                click.echo(head)
-                for line in image_to_text(record.image, threshold=threshold, ascii=ascii_):
-                    click.echo(line)
-                click.echo()
-                shown += 1
+            check_file_target(png, overwrite)  # before reading anything
+        total, records = select_records(source, labels, offset=offset, count=count)
+        # A generator holding the files open: closed even when a check below stops early.
+        with contextlib.closing(records):  # type: ignore[type-var]
+            shown = 0
+            if png is not None:
+                selected: list[Any] = []
+                for record in records:
+                    _check_drawable(source, record)
+                    if not selected:  # the grid is held in memory: bound it before filling it
+                        check_canvas(png, min(count, total - offset), *record.image.shape[1:])
+                    selected.append(record)
+                captions = [
+                    f"#{r.index}: {r.label if r.label is not None else '-'}" for r in selected
+                ]
+                width, height = write_png_grid(
+                    [r.image for r in selected], captions, png, overwrite=overwrite
+                )
+                shown = len(selected)
+                click.echo(f"Wrote {png}: {shown} images, {width} × {height} pixels.", err=True)
+            else:
+                for record in records:
+                    _check_drawable(source, record)
+                    head = f"#{record.index}"
+                    if record.key is not None:
+                        head += f"  key {record.key.decode('ascii', errors='backslashreplace')}"
+                    head += f"  label {record.label if record.label is not None else '-'}"
+                    click.echo(head)
+                    for line in image_to_text(record.image, threshold=threshold, ascii=ascii_):
+                        click.echo(line)
+                    click.echo()
+                    shown += 1
     if shown < count:
         click.echo(
             f"Showed {shown} of {count} requested: {source} ends at {total} records.", err=True
