@@ -316,7 +316,7 @@ def test_png_target_that_is_not_a_file_is_refused_first(
         assert result.exit_code == 2 and "is a directory" in result.stderr
         assert png.is_dir()
         return
-        png.symlink_to(tmp_path / "nowhere")
+    png.symlink_to(tmp_path / "nowhere")
     message = (
         f"{png}: is a symbolic link (to {tmp_path / 'nowhere'}, which does not exist); "
         "mnist2db never replaces a link, even with --overwrite: remove it or choose "
