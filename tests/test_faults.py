@@ -662,6 +662,25 @@ def test_decompression_bomb_is_refused_early(tmp_path: Path, zeros: int) -> None
     assert leftovers(tmp_path) == []
 
 
+def test_info_on_a_decompression_bomb_is_bounded(tmp_path: Path) -> None:
+    """Issue 10, item 7: info read 8 GiB of zeros to their end; now it stops like convert."""
+    head = bytes([0, 0, 8, 3]) + struct.pack(">3I", 1, 28, 28) + bytes(784)
+    bomb = tmp_path / "bomb-images-idx3-ubyte.gz"
+    write_zero_bomb(bomb, head, 4 << 30)
+    before = read_chars()
+    result = CliRunner().invoke(cli, ["info", str(bomb)])
+    compressed_read = read_chars() - before
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert "size        800 bytes expected, at least 1049376 found (header 16 + data)" in lines
+    assert lines[-1] == "valid       no"
+    assert result.stderr == (
+        f"Error: {bomb}: trailing bytes: header declares 784 bytes of data (1 × 28 × 28 uint8), "
+        "file holds at least 1049360\n"
+    )
+    assert compressed_read < bomb.stat().st_size // 100
+
+
 @pytest.mark.parametrize("gz", [False, True])
 def test_header_claiming_terabytes_is_refused_before_allocating(tmp_path: Path, gz: bool) -> None:
     count, rows, cols = 1 << 20, 1 << 10, 1 << 10  # 1 TiB of pixels

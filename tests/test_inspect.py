@@ -267,8 +267,8 @@ def test_verify_reports_missing_records(mnist_pair, tmp_path: Path, backend: str
     result = run("verify", db, images, labels)
     assert result.exit_code == 1
     assert result.stderr == (
-        f"Error: {db}: 5 records missing: the database ends after 20 records, the source has "
-        "25 (first missing key 00000020)\n"
+        f"Error: {db}: holds 20 records, the source has 25 ({images}): 5 missing; "
+        "is it the database of another split?\n"
     )
     # The other way round: the database holds records the source does not.
     result = run(
@@ -279,16 +279,37 @@ def test_verify_reports_missing_records(mnist_pair, tmp_path: Path, backend: str
     )
     assert result.exit_code == 1
     assert result.stderr == (
-        f"Error: {db}: 2 extra records not in the source (18 items): keys 00000018 to 00000019\n"
+        f"Error: {db}: holds 20 records, the source has 18 ({tmp_path / 'i18'}): 2 extra; "
+        "is it the database of another split?\n"
+    )
+
+
+def test_verify_against_the_other_split_says_so(mnist_pair, tmp_path: Path) -> None:
+    """Item 10: a test database checked against the training files differed 'at key 0'."""
+    train_images, train_labels, *_ = mnist_pair(30, stem="train", seed=1)
+    test_images, test_labels, *_ = mnist_pair(10, stem="t10k", seed=2)
+    db = tmp_path / "mnist_test_lmdb"
+    convert(test_images, test_labels, db)
+    result = run("verify", db, train_images, train_labels)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {db}: holds 10 records, the source has 30 ({train_images}): 20 missing; "
+        "is it the database of another split?\n"
     )
 
 
 def test_verify_reports_a_deleted_key(mnist_pair, tmp_path: Path) -> None:
     db, images, labels, _, _ = converted(mnist_pair, tmp_path)
-    rewrite_lmdb(db, lambda txn: txn.delete(b"00000005"))
+
+    def replace_key(txn: object) -> None:
+        value = txn.get(b"00000005")  # type: ignore[attr-defined]
+        txn.delete(b"00000005")  # type: ignore[attr-defined]
+        txn.put(b"00000005x", value)  # type: ignore[attr-defined]
+
+    rewrite_lmdb(db, replace_key)
     result = run("verify", db, images, labels)
     assert result.exit_code == 1
-    assert result.stderr == f"Error: {db}: key 00000005 missing (the next key is 00000006)\n"
+    assert result.stderr == f"Error: {db}: key 00000005 missing (the next key is 00000005x)\n"
 
 
 def test_verify_input_errors(mnist_pair, tmp_path: Path) -> None:

@@ -392,8 +392,8 @@ def verify_db(
 ) -> VerifyResult:
     """Check that database ``db`` holds exactly what ``convert(images, labels)`` writes.
 
-    Every record is compared with the source, key and value, in one pass over the three
-    inputs, a batch at a time. A value equal byte for byte to Caffe's encoding passes;
+    The record counts are compared first; then every record is compared with the source,
+    key and value, in one pass over the three inputs, a batch at a time. A value equal byte for byte to Caffe's encoding passes;
     otherwise the first differing field is named.
 
     Raises:
@@ -407,6 +407,14 @@ def verify_db(
         total = images_reader.header.count
         rows, cols = images_reader.header.dims[1:]
         with shared_reader(db_path) as reader:
+            held = len(reader)
+            if held != total:
+                # Say so first: a database of the other split differs at key 0 already.
+                differ = f"{total - held} missing" if held < total else f"{held - total} extra"
+                raise VerifyError(
+                    f"{db_path}: holds {held} records, the source has {total} "
+                    f"({os.fspath(images)}): {differ}; is it the database of another split?"
+                )
             records = iter(reader)
             index = 0
             for image_batch, label_batch in zip(
