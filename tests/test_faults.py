@@ -678,7 +678,7 @@ def test_info_on_a_decompression_bomb_is_bounded(tmp_path: Path) -> None:
         f"Error: {bomb}: trailing bytes: header declares 784 bytes of data (1 × 28 × 28 uint8), "
         "file holds at least 1049360\n"
     )
-    assert compressed_read < bomb.stat().st_size // 100
+    assert compressed_read < bomb.stat().st_size // 10  # ~2 %: one MiB of the 4 GiB
 
 
 @pytest.mark.parametrize("gz", [False, True])
