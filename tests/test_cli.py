@@ -336,3 +336,49 @@ def test_an_empty_path_is_a_usage_error_up_front(
     assert "an empty path names nothing" in result.stderr
     assert name in result.stderr
     assert not (tmp_path / "db").exists()
+
+
+def test_writers_take_any_path_bytes(tmp_path: Path) -> None:
+    """Item 6 (the writers): output paths that are not valid UTF-8, every front end."""
+    import os
+
+    bindir = Path(sys.executable).parent
+    rng = np.random.default_rng(4)
+    data = tmp_path / "data"
+    data.mkdir()
+    for stem, count in (("train", 6), ("t10k", 4)):
+        write_idx(
+            data / f"{stem}-images-idx3-ubyte", rng.integers(0, 256, (count, 28, 28), np.uint8)
+        )
+        write_idx(data / f"{stem}-labels-idx1-ubyte", rng.integers(0, 10, count, np.uint8))
+    i, lab = str(data / "train-images-idx3-ubyte"), str(data / "train-labels-idx1-ubyte")
+    mnist2db, cmd = str(bindir / "mnist2db"), str(bindir / "convert_mnist_data")
+    runs: list[list[str | bytes]] = [
+        [mnist2db, "convert", "-q", i, lab, b"fast\xe9_lmdb"],  # the click-free path
+        [mnist2db, "convert", "-q", "--batch-size=2", i, lab, b"click\xe9_lmdb"],  # click
+        [mnist2db, "convert", "-q", "--backend", "leveldb", i, lab, b"l\xe9_leveldb"],
+        [mnist2db, "convert", "-q", "--overwrite", i, lab, b"fast\xe9_lmdb"],
+        [mnist2db, "convert", "-q", "--overwrite", "--backend=leveldb", i, lab, b"l\xe9_leveldb"],
+        [cmd, "--minloglevel=1", i, lab, b"cmd\xe9_lmdb"],
+        [cmd, "--minloglevel=1", "--backend=leveldb", i, lab, b"cmd\xe9_leveldb"],
+        [mnist2db, "create", "-q", "--data", str(data), "--out", b"created\xe9"],
+        [mnist2db, "convert", "-q", i, lab, "mnist_train_lmdb"],  # read back by the next one
+        [mnist2db, "export", "-q", "mnist_train_lmdb", b"exp\xe9"],
+        [mnist2db, "show", i, "--count", "2", "--png", b"grid\xe9.png"],
+    ]
+    for argv in runs:
+        done = subprocess.run(argv, cwd=tmp_path, capture_output=True, timeout=120)
+        assert done.returncode == 0, (argv, done.stderr)
+        assert b"Traceback" not in done.stderr
+    names = set(os.listdir(os.fsencode(tmp_path)))
+    assert {b"fast\xe9_lmdb", b"click\xe9_lmdb", b"l\xe9_leveldb", b"cmd\xe9_lmdb"} <= names
+    assert {b"cmd\xe9_leveldb", b"created\xe9", b"exp\xe9", b"grid\xe9.png"} <= names
+    import lmdb
+
+    for name in (b"fast\xe9_lmdb", b"click\xe9_lmdb", b"cmd\xe9_lmdb"):
+        env = lmdb.open(os.fsencode(tmp_path) + b"/" + name, readonly=True, lock=False)
+        assert env.stat()["entries"] == 6
+        env.close()
+    exported = tmp_path / os.fsdecode(b"exp\xe9") / "train-images-idx3-ubyte"
+    assert exported.read_bytes() == Path(i).read_bytes()
+    assert not [n for n in names if n.startswith(b".")]
