@@ -382,3 +382,90 @@ def test_writers_take_any_path_bytes(tmp_path: Path) -> None:
     exported = tmp_path / os.fsdecode(b"exp\xe9") / "train-images-idx3-ubyte"
     assert exported.read_bytes() == Path(i).read_bytes()
     assert not [n for n in names if n.startswith(b".")]
+
+
+# -- issue 10, items 1 and 2 through the command lines --------------------------------------
+
+
+def test_overwrite_keeps_a_project_with_an_empty_current_file(tmp_path: Path) -> None:
+    """Item 1 as reported: `touch proj/CURRENT; convert -q I L proj --overwrite` lost thesis.tex."""
+    files = _files(tmp_path)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "CURRENT").touch()
+    (proj / "thesis.tex").write_text("important\n")
+    for backend in ("lmdb", "leveldb"):
+        result = run("convert", "-q", f"--backend={backend}", files["images"], files["labels"],
+                     proj, "--overwrite")  # fmt: skip
+        assert result.exit_code == 1
+        assert result.stderr.count("\n") == 1 and "refusing to replace it" in result.stderr
+    assert (proj / "thesis.tex").read_text() == "important\n"
+    assert sorted(p.name for p in proj.iterdir()) == ["CURRENT", "thesis.tex"]
+
+
+@pytest.mark.parametrize("front", ["create", "script"])
+def test_create_and_the_script_keep_what_a_database_directory_also_holds(
+    tmp_path: Path, front: str
+) -> None:
+    """Item 2: through `create --overwrite` and scripts/create_mnist.sh as well."""
+    rng = np.random.default_rng(5)
+    data = tmp_path / "data" / "mnist"
+    data.mkdir(parents=True)
+    for stem, count in (("train", 6), ("t10k", 4)):
+        write_idx(
+            data / f"{stem}-images-idx3-ubyte", rng.integers(0, 256, (count, 28, 28), np.uint8)
+        )
+        write_idx(data / f"{stem}-labels-idx1-ubyte", rng.integers(0, 10, count, np.uint8))
+    assert (
+        run("create", "-q", "--data", data, "--out", tmp_path / "examples" / "mnist").exit_code == 0
+    )
+    db = tmp_path / "examples" / "mnist" / "mnist_train_lmdb"
+    (db / "notes.txt").write_text("mine")
+    (db / "runs").mkdir()
+    if front == "create":
+        result = run("create", "-q", "--overwrite", "--data", data, "--out", db.parent)
+        code, err = result.exit_code, result.stderr
+    else:
+        script = Path(__file__).resolve().parent.parent / "scripts" / "create_mnist.sh"
+        done = subprocess.run(
+            ["sh", str(script), "-q"],
+            cwd=tmp_path,
+            env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        code, err = done.returncode, done.stderr
+    assert code == 1
+    assert err == (
+        f"Error: {'examples/mnist/mnist_train_lmdb' if front == 'script' else db}: holds "
+        "'notes.txt' (a file), which is not part of an LMDB database; refusing to replace it "
+        "(--overwrite replaces only an LMDB database)\n"
+    )
+    assert (db / "notes.txt").read_text() == "mine" and (db / "runs").is_dir()
+
+
+def test_convert_refuses_inputs_inside_the_destination(tmp_path: Path) -> None:
+    """Item 2: `convert db/images db/labels db --overwrite` deleted its own inputs."""
+    files = _files(tmp_path)
+    db = tmp_path / "db"
+    assert run("convert", "-q", files["images"], files["labels"], db).exit_code == 0
+    import shutil
+
+    images = Path(shutil.copy(files["images"], db / "t10k-images-idx3-ubyte"))
+    labels = Path(shutil.copy(files["labels"], db / "t10k-labels-idx1-ubyte"))
+    for front in (["convert", "-q"], ["convert"]):  # the click-free path and click's
+        result = run(*front, images, labels, db, "--overwrite")
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"Error: {db}: holds the input {images}; refusing to replace it "
+            "(write the database somewhere else)\n"
+        )
+    done = subprocess.run(
+        [sys.executable, "-m", "mnist2db", "convert", "-q", "--overwrite", str(images),
+         str(labels), str(db)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (done.returncode, done.stderr) == (1, result.stderr)
+    assert images.read_bytes() == files["images"].read_bytes()
+    assert labels.read_bytes() == files["labels"].read_bytes()

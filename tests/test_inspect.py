@@ -497,3 +497,56 @@ def test_info_database_with_data_shorter_than_its_shape(tmp_path: Path) -> None:
     assert result.stderr == (
         f"Error: {db}: key 00000001: Datum holds 3 data bytes, shape (1, 2, 2) needs 4\n"
     )
+
+
+# -- issue 10, item 3: export's pair is checked first and placed together -----------------
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_export_checks_both_targets_before_any_work(mnist_pair, tmp_path: Path, kind: str) -> None:
+    """`export db o2 --overwrite` with the labels target a directory replaced the images."""
+    import os
+
+    db, images, labels, _, _ = converted(mnist_pair, tmp_path)
+    out = tmp_path / "o2"
+    out.mkdir()
+    (out / "x-images-idx3-ubyte").write_bytes(b"old images")
+    target = out / "x-labels-idx1-ubyte"
+    if kind == "directory":
+        target.mkdir()
+        what = "is a directory"
+    else:
+        os.mkfifo(target)
+        what = "is not a regular file"
+    result = run("export", db, out, "--prefix", "x", "--overwrite")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {target}: {what}; refusing to replace it (even with --overwrite)\n"
+    )
+    assert (out / "x-images-idx3-ubyte").read_bytes() == b"old images"
+    assert sorted(p.name for p in out.iterdir()) == ["x-images-idx3-ubyte", "x-labels-idx1-ubyte"]
+
+
+def test_export_into_the_database_is_refused(mnist_pair, tmp_path: Path) -> None:
+    db, *_ = converted(mnist_pair, tmp_path)
+    before = sorted(p.name for p in db.iterdir())
+    for out in (db, db / "sub"):
+        result = run("export", db, out, "--prefix", "x")
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"Error: {out}: is inside the database {db}; write the files elsewhere\n"
+        )
+    assert sorted(p.name for p in db.iterdir()) == before
+
+
+def test_export_replaces_both_with_overwrite(mnist_pair, tmp_path: Path) -> None:
+    db, images, labels, _, _ = converted(mnist_pair, tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "x-images-idx3-ubyte").write_bytes(b"old images")
+    (out / "x-labels-idx1-ubyte").write_bytes(b"old labels")
+    result = run("export", db, out, "--prefix", "x", "--overwrite", "-q")
+    assert result.exit_code == 0, result.output
+    assert (out / "x-images-idx3-ubyte").read_bytes() == images.read_bytes()
+    assert (out / "x-labels-idx1-ubyte").read_bytes() == labels.read_bytes()
+    assert sorted(p.name for p in out.iterdir()) == ["x-images-idx3-ubyte", "x-labels-idx1-ubyte"]

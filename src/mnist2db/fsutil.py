@@ -82,12 +82,14 @@ def make_parents(directory: str) -> list[str]:
     """
     missing: list[str] = []
     path = os.path.abspath(directory)
-    while not os.path.isdir(path):
+    while not os.path.lexists(path):
         missing.append(path)
         up = os.path.dirname(path)
         if up == path:
             break
         path = up
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", path)
     made: list[str] = []
     try:
         for path in reversed(missing):
