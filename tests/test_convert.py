@@ -367,3 +367,14 @@ def test_non_utf8_destination_works(mnist_pair, tmp_path: Path, backend: str) ->
     env_path = Path(out)
     assert [bytes(k) for k, _ in read_records(env_path, backend)] == [b"%08d" % i for i in range(6)]
     assert leftovers(tmp_path) == []
+
+
+def test_leveldb_overwrite_keeps_a_users_log_file(mnist_pair, tmp_path: Path) -> None:
+    """LevelDB's own logs are numbered (000003.log): a user's training.log is not one."""
+    ipath, lpath, *_ = mnist_pair(5)
+    out = tmp_path / "db"
+    convert(ipath, lpath, out, backend="leveldb")
+    (out / "training.log").write_text("epoch 1: loss 0.3")
+    with pytest.raises(OutputExistsError, match="holds 'training.log' \\(a file\\)"):
+        convert(ipath, lpath, out, backend="leveldb", overwrite=True)
+    assert (out / "training.log").read_text() == "epoch 1: loss 0.3"

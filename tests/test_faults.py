@@ -888,3 +888,28 @@ def test_png_on_a_full_disk_leaves_nothing(small_tmpfs: Path, tmp_path: Path) ->
     assert code == 1
     assert err == f"Error: {png}: cannot write: No space left on device\n"
     assert sorted(os.listdir(small_tmpfs)) == ["filler"]
+
+
+def test_a_journal_naming_other_files_moves_nothing(tmp_path: Path, exported: dict) -> None:
+    """Recovery acts only on the files being exported, with backups named as ours."""
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "thesis.tex"
+    victim.write_text("important")
+    st = victim.stat()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    forged = [
+        {
+            "target": str(victim),
+            "backup": None,
+            "new": [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns],
+        },  # fmt: skip
+        {"target": str(out / "x-images-idx3-ubyte"), "backup": str(victim), "new": [0, 0, 0, 0]},
+    ]
+    journal = out / f".x-images-idx3-ubyte.mnist2db-pair-{dead.pid}-abc123"
+    journal.write_text(json.dumps(forged))
+    assert run_cli("export", "-q", str(exported["new"]), str(out), "--prefix", "x") == (0, "")
+    assert victim.read_text() == "important"
+    assert pair_bytes(out) == exported["new_bytes"]
+    assert hidden(out) == []

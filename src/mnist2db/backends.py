@@ -276,19 +276,21 @@ def detect_backend(path: str | os.PathLike[str]) -> str:
     raise BackendError(f"{path}: neither an LMDB (no data.mdb) nor a LevelDB (no CURRENT) database")
 
 
-#: The files each backend creates in its directory (fnmatch patterns): what ``--overwrite``
-#: may remove. Anything else in a directory means it is not (only) a database.
-DATABASE_FILES: dict[str, tuple[str, ...]] = {
-    "lmdb": ("data.mdb", "lock.mdb"),
-    "leveldb": ("CURRENT", "LOCK", "LOG", "LOG.old", "MANIFEST-*", "*.log", "*.ldb", "*.sst"),
+#: The files each backend creates in its directory (regular expressions for whole names):
+#: what ``--overwrite`` may remove. LevelDB numbers its tables, logs and manifests
+#: (``000005.ldb``, ``000003.log``, ``MANIFEST-000002``), so a user's ``notes.log`` is not
+#: one of them. Anything else in a directory means it is not (only) a database.
+DATABASE_FILES: dict[str, str] = {
+    "lmdb": r"data\.mdb|lock\.mdb",
+    "leveldb": r"CURRENT|LOCK|LOG|LOG\.old|MANIFEST-[0-9]+|[0-9]+\.(?:log|ldb|sst)",
 }
 
 
 def is_database_file(backend: str, name: str) -> bool:
     """True if ``name`` is a file name ``backend`` creates in a database directory."""
-    import fnmatch
+    import re
 
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in DATABASE_FILES[backend])
+    return re.fullmatch(DATABASE_FILES[backend], name, re.ASCII) is not None
 
 
 def probe_database(backend: str, path: str) -> str | None:

@@ -120,7 +120,8 @@ def place_together(files: Sequence[AtomicFile]) -> None:
                     import shutil
 
                     shutil.copy2(file.path, backup)
-            entries.append({"target": file.path, "backup": backup, "new": _version(file.temp)})
+            target = os.path.abspath(file.path)
+            entries.append({"target": target, "backup": backup, "new": _version(file.temp)})
         fd = os.open(journal_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as journal:
             json.dump(entries, journal)
@@ -157,6 +158,28 @@ def place_together(files: Sequence[AtomicFile]) -> None:
         fsync_dir(os.path.dirname(journal_path))
 
 
+def _belongs(entry: object, paths: Sequence[str]) -> bool:
+    """A journal entry is acted on only for the very files being written now, with a backup
+    named as :func:`place_together` names them beside its target: a journal naming other
+    files (made by hand, or by someone else) never moves or removes anything."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("target"), str):
+        return False
+    target = entry["target"]
+    if target not in {os.path.abspath(p) for p in paths}:
+        return False
+    backup = entry.get("backup")
+    if backup is None:
+        return isinstance(entry.get("new"), list)
+    directory, name = os.path.split(target)
+    prefix = temp_prefix(name).replace(TEMP_MARK, _OLD_MARK)
+    return (
+        isinstance(backup, str)
+        and os.path.dirname(backup) == directory
+        and os.path.basename(backup).startswith(prefix)
+        and isinstance(entry.get("new"), list)
+    )
+
+
 def recover_together(paths: Sequence[str]) -> None:
     """Finish what a killed :func:`place_together` of ``paths`` left: roll it back.
 
@@ -181,8 +204,9 @@ def recover_together(paths: Sequence[str]) -> None:
             except (OSError, ValueError):
                 files = []  # killed while writing it: nothing was placed yet
             for file in reversed(files if isinstance(files, list) else []):
-                with contextlib.suppress(OSError, KeyError, TypeError):
-                    _restore(file)
+                if _belongs(file, paths):
+                    with contextlib.suppress(OSError, KeyError, TypeError):
+                        _restore(file)
             with contextlib.suppress(OSError):
                 os.unlink(entry.path)
     for path in paths:
