@@ -913,3 +913,30 @@ def test_a_journal_naming_other_files_moves_nothing(tmp_path: Path, exported: di
     assert victim.read_text() == "important"
     assert pair_bytes(out) == exported["new_bytes"]
     assert hidden(out) == []
+
+
+@pytest.mark.parametrize("case", ["file/", "link/", ".", ".."])
+def test_odd_destinations_are_refused_before_any_work(
+    tmp_path: Path, data: Dataset, other: Dataset, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """A trailing slash must not hide a file or follow a link; the current directory (or
+    one holding it) is never replaced."""
+    real = tmp_path / "real"
+    convert(other.images_path, other.labels_path, real)
+    (tmp_path / "file").write_text("mine")
+    (tmp_path / "link").symlink_to(real)
+    monkeypatch.chdir(real)
+    messages = {
+        "file/": f"{tmp_path / 'file'}: exists and is not a database directory; refusing to "
+        "replace it",
+        "link/": f"{tmp_path / 'link'}: is a symbolic link (to {real}); mnist2db never replaces "
+        "a link, even with --overwrite: remove it or choose another name",
+        ".": ".: is the current directory or holds it; refusing to replace it",
+        "..": "..: is the current directory or holds it; refusing to replace it",
+    }
+    out = case if case in (".", "..") else f"{tmp_path}/{case}"
+    code, err = run_cli("convert", "-q", "--overwrite", *data.args("x")[:2], out)
+    assert (code, err) == (1, f"Error: {messages[case]}\n")
+    assert (tmp_path / "file").read_text() == "mine"
+    assert_db(real, other)
+    assert leftovers(tmp_path) == [] and leftovers(real) == []

@@ -215,13 +215,21 @@ def _check_destination(
 ) -> None:
     if not out:
         raise OutputExistsError("the destination path is empty: name a directory to create")
-    if os.path.lexists(out):
-        check_inputs_outside(out, inputs)
-        if os.path.islink(out):
-            raise _symlink_refusal(out)
+    # "db/" names what "db" names, but would follow a link and hide a file: check "db".
+    bare = out.rstrip(os.sep) or out
+    if os.path.lexists(bare):
+        check_inputs_outside(bare, inputs)
+        if os.path.islink(bare):
+            raise _symlink_refusal(bare)
         if not overwrite:
             raise OutputExistsError(f"{out}: already exists (use --overwrite to replace it)")
-        check_replaceable(out, backend)
+        here = os.path.realpath(os.curdir)
+        real = os.path.realpath(bare)
+        if here == real or here.startswith(real.rstrip(os.sep) + os.sep):
+            raise OutputExistsError(
+                f"{out}: is the current directory or holds it; refusing to replace it"
+            )
+        check_replaceable(bare, backend)
 
 
 # -- staging and placement -----------------------------------------------------------------
