@@ -333,3 +333,15 @@ def test_threshold_and_ascii_do_not_combine(tiny: tuple[Path, Path]) -> None:
     result = run("show", images, "--threshold", 10, "--ascii")
     assert result.exit_code == 2
     assert "--threshold prints 0/1 digits: it does not combine with --ascii" in result.stderr
+
+
+def test_png_never_replaces_an_input(tiny: tuple[Path, Path]) -> None:
+    images, labels = tiny
+    before = images.read_bytes(), labels.read_bytes()
+    for target in (images, labels):
+        result = run("show", images, "--labels", labels, "--png", target, "--overwrite")
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"Error: {target}: is the input {target}; refusing to replace it\n"
+        )
+    assert (images.read_bytes(), labels.read_bytes()) == before

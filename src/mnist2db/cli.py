@@ -255,7 +255,8 @@ def show(
         raise click.UsageError("--threshold prints 0/1 digits: it does not combine with --ascii")
     with library_errors():
         if png is not None:
-            check_file_target(png, overwrite)  # before reading anything
+            inputs = [source] if labels is None else [source, labels]
+            check_file_target(png, overwrite, inputs)  # before reading anything
         total, records = select_records(source, labels, offset=offset, count=count)
         # A generator holding the files open: closed even when a check below stops early.
         with contextlib.closing(records):  # type: ignore[type-var]

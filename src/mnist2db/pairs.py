@@ -34,12 +34,13 @@ _PAIR_MARK = ".mnist2db-pair-"
 _OLD_MARK = ".mnist2db-old-"
 
 
-def check_file_target(path: str, overwrite: bool) -> None:
+def check_file_target(path: str, overwrite: bool, inputs: Sequence[str] = ()) -> None:
     """Raise unless a finished file may be moved to ``path`` (refused before any work).
 
     Raises:
         OutputExistsError: ``path`` exists and ``overwrite`` is false, or it is anything
-            but a regular file (a directory, a symbolic link, a FIFO, ...).
+            but a regular file (a directory, a symbolic link, a FIFO, ...), or one of
+            ``inputs``.
     """
     if not path:
         raise OutputExistsError("the output path is empty: name a file to create")
@@ -47,6 +48,9 @@ def check_file_target(path: str, overwrite: bool) -> None:
         raise _symlink_refusal(path)
     if not os.path.lexists(path):
         return
+    for source in inputs:
+        if os.path.exists(source) and os.path.samefile(source, path):
+            raise OutputExistsError(f"{path}: is the input {source}; refusing to replace it")
     if os.path.isdir(path):
         raise OutputExistsError(
             f"{path}: is a directory; refusing to replace it (even with --overwrite)"
