@@ -940,3 +940,22 @@ def test_odd_destinations_are_refused_before_any_work(
     assert (tmp_path / "file").read_text() == "mine"
     assert_db(real, other)
     assert leftovers(tmp_path) == [] and leftovers(real) == []
+
+
+def test_two_exports_of_one_pair_never_interleave(tmp_path: Path, exported: dict) -> None:
+    """A stopped between its two renames; B, exporting other data to the same files, waits
+    for A's pair to be whole, then places its own: the result is one export's pair."""
+    out = tmp_path / "out"
+    release = tmp_path / "go"
+    a_argv = ["export", "-q", "--overwrite", str(exported["old"]), str(out), "--prefix", "x"]
+    a, flag = spawn(tmp_path, a_argv, pause="pair-first", release=str(release))
+    wait_for(flag, a)
+    b_argv = ["export", "-q", "--overwrite", str(exported["new"]), str(out), "--prefix", "x"]
+    b, _ = spawn(tmp_path, b_argv)
+    time.sleep(1.0)  # let B reach the lock A holds (never a speed assertion: B may be later)
+    assert b.poll() is None or pair_bytes(out) == exported["new_bytes"]
+    release.touch()
+    assert finish(a) == (0, "", "")
+    assert finish(b) == (0, "", "")
+    assert pair_bytes(out) in (exported["new_bytes"], exported["old_bytes"])
+    assert hidden(out) == []

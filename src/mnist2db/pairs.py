@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from . import staging
 from .errors import OutputExistsError
@@ -106,10 +106,34 @@ def place_together(files: Sequence[AtomicFile]) -> None:
     Raises:
         OSError: naming the file that could not be finished, linked or moved.
     """
-    import json
-
     for file in files:
         file.finish()
+    with _directory_lock(os.path.dirname(os.path.abspath(files[0].path))):
+        _place_locked(files)
+
+
+@contextlib.contextmanager
+def _directory_lock(directory: str) -> Iterator[None]:
+    """Hold an exclusive flock on ``directory`` so that two writers of the same pair place
+    theirs one after the other, never interleaved (where flock is not supported: no lock)."""
+    import fcntl
+
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _place_locked(files: Sequence[AtomicFile]) -> None:
+    import json
+
     journal_path = _hidden_name(files[0].path, _PAIR_MARK)
     entries: list[dict[str, Any]] = []
     placed: list[dict[str, Any]] = []
