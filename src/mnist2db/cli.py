@@ -294,14 +294,6 @@ def show(
         )
 
 
-def _storage(idx: Any) -> str:
-    if idx.streaming:
-        return "gzip, read from a pipe" if idx.header.gzipped else "plain, read from a pipe"
-    if idx.header.gzipped:
-        return f"gzip, {idx.file_size} bytes compressed"
-    return f"plain, {idx.file_size} bytes"
-
-
 @cli.command()
 @click.argument("path", type=Path(path_type=str))
 def info(path: str) -> None:
@@ -347,7 +339,7 @@ def info(path: str) -> None:
             idx = idx_info(path)
             header = idx.header
             row("file", header.path)
-            row("storage", _storage(idx))
+            row("storage", idx.storage)
             row("magic", f"0x{header.magic:08x} ({idx.kind})")
             row("type", header.type_name)
             row("dimensions", " × ".join(map(str, header.dims)))

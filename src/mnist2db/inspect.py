@@ -192,6 +192,14 @@ class IdxInfo:
         return self.header.header_size + self.data_size
 
     @property
+    def storage(self) -> str:
+        """How the file is stored, as ``info`` shows it."""
+        packing = "gzip" if self.header.gzipped else "plain"
+        if self.streaming:
+            return f"{packing}, read from a pipe"
+        return f"{packing}, {self.file_size} bytes{' compressed' if self.header.gzipped else ''}"
+
+    @property
     def kind(self) -> str:
         if self.header.magic == 0x00000803:
             return "MNIST images"
