@@ -306,7 +306,7 @@ def test_caffe_lines_come_before_the_records(mnist_pair, tmp_path: Path) -> None
     staging checkpoint (reached before anything is written) prints a marker."""
     ipath, lpath, *_ = mnist_pair(5)
     code = (
-        "import sys, mnist2db.conversion as c, mnist2db.compat as compat\n"
+        "import sys, mnist2db.staging as c, mnist2db.compat as compat\n"
         "c._checkpoint = lambda stage, staging: sys.stderr.write(f'<{stage}>\\n')\n"
         "sys.argv = ['convert_mnist_data', *sys.argv[1:]]\n"
         "compat.main()\n"

@@ -17,12 +17,12 @@ from mnist2db.datum_pb2 import Datum
 
 def read_records(path: Path, backend: str) -> list[tuple[bytes, bytes]]:
     if backend == "lmdb":
-        env = lmdb.open(str(path), readonly=True, lock=False)
+        env = lmdb.open(os.fsencode(path), readonly=True, lock=False)
         with env.begin() as txn:
             records = [(bytes(k), bytes(v)) for k, v in txn.cursor()]
         env.close()
         return records
-    db = plyvel.DB(str(path), create_if_missing=False)
+    db = plyvel.DB(os.fsencode(path), create_if_missing=False)
     records = list(db.iterator())
     db.close()
     return records
@@ -100,7 +100,10 @@ def test_existing_output_is_refused_and_untouched(mnist_pair, tmp_path: Path) ->
     (out / "precious.txt").write_text("keep me")
     with pytest.raises(OutputExistsError, match="already exists"):
         convert(ipath, lpath, out)
-    with pytest.raises(OutputExistsError, match="not an LMDB or LevelDB database; refusing"):
+    with pytest.raises(
+        OutputExistsError,
+        match=r"holds 'precious.txt' \(a file\), which is not part of an LMDB database; refusing",
+    ):
         convert(ipath, lpath, out, overwrite=True)
     assert (out / "precious.txt").read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
@@ -112,13 +115,34 @@ def test_existing_output_is_refused_and_untouched(mnist_pair, tmp_path: Path) ->
 def test_overwrite_replaces_a_database(mnist_pair, tmp_path: Path, backend: str) -> None:
     ipath, lpath, *_ = mnist_pair(5)
     out = tmp_path / "db"
-    convert(ipath, lpath, out, backend="leveldb" if backend == "lmdb" else "lmdb")
+    convert(ipath, lpath, out, backend=backend)
     ipath2, lpath2, images2, _ = mnist_pair(8, stem="other", seed=5)
     convert(ipath2, lpath2, out, backend=backend, overwrite=True)
     records = list(iter_db(out))
     assert len(records) == 8
     assert records[7][1].data == images2[7].tobytes()
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_overwrite_never_replaces_the_other_backend(
+    mnist_pair, tmp_path: Path, backend: str
+) -> None:
+    ipath, lpath, *_ = mnist_pair(5)
+    out = tmp_path / "db"
+    other = "leveldb" if backend == "lmdb" else "lmdb"
+    convert(ipath, lpath, out, backend=other)
+    before = sorted(p.name for p in out.iterdir())
+    name = {"lmdb": "an LMDB", "leveldb": "a LevelDB"}[backend]
+    first = {"lmdb": "000003.log", "leveldb": "data.mdb"}[backend]  # first in name order
+    with pytest.raises(OutputExistsError) as info:
+        convert(ipath, lpath, out, backend=backend, overwrite=True)
+    assert str(info.value) == (
+        f"{out}: holds '{first}' (a file), which is not part of {name} database; "
+        f"refusing to replace it (--overwrite replaces only {name} database)"
+    )
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert len(list(iter_db(out))) == 5
 
 
 def test_bad_input_leaves_nothing(mnist_pair, tmp_path: Path) -> None:
@@ -183,3 +207,174 @@ def test_lmdb_map_grows_when_full(tmp_path: Path) -> None:
     assert env.stat()["entries"] == 30000
     assert env.info()["map_size"] > start
     env.close()
+
+
+# -- issue 10: --overwrite replaces only what mnist2db would have written -----------------------
+
+
+@pytest.mark.parametrize(
+    ("marker", "backend"), [("CURRENT", "leveldb"), ("data.mdb", "lmdb"), ("CURRENT", "lmdb")]
+)
+def test_overwrite_keeps_a_directory_that_only_looks_like_a_database(
+    mnist_pair, tmp_path: Path, marker: str, backend: str
+) -> None:
+    """Item 1: an empty CURRENT (or data.mdb) beside a user's file is not a database."""
+    ipath, lpath, *_ = mnist_pair(5)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / marker).touch()
+    (proj / "thesis.tex").write_text("important")
+    with pytest.raises(OutputExistsError, match="refusing to replace it"):
+        convert(ipath, lpath, proj, backend=backend, overwrite=True)
+    assert (proj / "thesis.tex").read_text() == "important"
+    assert sorted(p.name for p in proj.iterdir()) == sorted([marker, "thesis.tex"])
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_overwrite_keeps_a_database_files_only_lookalike(
+    mnist_pair, tmp_path: Path, backend: str
+) -> None:
+    """Every entry has a database file's name, but it does not open as one: refused."""
+    ipath, lpath, *_ = mnist_pair(5)
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    names = ["data.mdb"] if backend == "lmdb" else ["CURRENT", "000001.log"]
+    for name in names:
+        (fake / name).write_text("my notes, not a database")
+    name = {"lmdb": "an LMDB", "leveldb": "a LevelDB"}[backend]
+    with pytest.raises(OutputExistsError, match=f"does not open as {name} database"):
+        convert(ipath, lpath, fake, backend=backend, overwrite=True)
+    for name in names:
+        assert (fake / name).read_text() == "my notes, not a database"
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+@pytest.mark.parametrize("extra", ["notes.txt", "subdir", "link"])
+def test_overwrite_keeps_a_database_holding_other_things(
+    mnist_pair, tmp_path: Path, backend: str, extra: str
+) -> None:
+    """Item 2: a real database that also holds a user's file, folder or link is kept whole."""
+    ipath, lpath, *_ = mnist_pair(5)
+    out = tmp_path / "db"
+    convert(ipath, lpath, out, backend=backend)
+    if extra == "subdir":
+        (out / extra).mkdir()
+        (out / extra / "inside.txt").write_text("mine")
+    elif extra == "link":
+        (out / extra).symlink_to(ipath)
+    else:
+        (out / extra).write_text("mine")
+    before = sorted(p.name for p in out.iterdir())
+    kind = {"notes.txt": "a file", "subdir": "a directory", "link": "a symbolic link"}[extra]
+    with pytest.raises(OutputExistsError, match=f"holds '{extra}' \\({kind}\\)"):
+        convert(ipath, lpath, out, backend=backend, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert len(list(iter_db(out))) == 5
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+@pytest.mark.parametrize("how", ["inside", "same-name", "hard-link", "equal"])
+def test_an_input_inside_the_destination_is_refused_before_any_work(
+    tmp_path: Path, backend: str, how: str
+) -> None:
+    """Item 2: `convert db/images db/labels db --overwrite` deleted its own inputs."""
+    from conftest import make_images, make_labels, write_idx
+
+    out = tmp_path / "db"
+    images = make_images(4)
+    labels = make_labels(4)
+    ipath = write_idx(tmp_path / "i", images)
+    lpath = write_idx(tmp_path / "l", labels)
+    convert(ipath, lpath, out, backend=backend)
+    if how == "inside":
+        (out / "i").write_bytes(ipath.read_bytes())
+        ipath = out / "i"
+    elif how == "same-name":  # an input named as the backend's own files
+        name = "lock.mdb" if backend == "lmdb" else "000009.log"
+        (out / name).write_bytes(lpath.read_bytes())
+        lpath = out / name
+    elif how == "hard-link":
+        os.link(out / ("data.mdb" if backend == "lmdb" else "CURRENT"), tmp_path / "hl")
+        lpath = tmp_path / "hl"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    target = out if how != "equal" else ipath
+    with pytest.raises((OutputExistsError, IdxFormatError)) as info:
+        convert(ipath, lpath, target, backend=backend, overwrite=True)
+    if how != "hard-link":  # a hard-linked database file is not an IDX file either way
+        assert str(info.value).startswith(f"{target}: holds the input ")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert ipath.exists() and lpath.exists()
+
+
+def test_input_inside_is_refused_even_when_valid(tmp_path: Path) -> None:
+    from conftest import make_images, make_labels, write_idx
+
+    out = tmp_path / "db"
+    convert(
+        write_idx(tmp_path / "i", make_images(3)), write_idx(tmp_path / "l", make_labels(3)), out
+    )
+    ipath = write_idx(out / "data.mdb.images", make_images(3))
+    os.replace(ipath, out / "lock.mdb")  # a valid IDX file under one of LMDB's names
+    lpath = write_idx(tmp_path / "l2", make_labels(3))
+    with pytest.raises(OutputExistsError) as info:
+        convert(out / "lock.mdb", lpath, out, overwrite=True)
+    assert str(info.value) == (
+        f"{out}: holds the input {out / 'lock.mdb'}; refusing to replace it "
+        "(write the database somewhere else)"
+    )
+    assert (out / "lock.mdb").read_bytes()[:4] == b"\0\0\x08\x03"
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_a_failed_run_removes_the_directories_it_created(
+    mnist_pair, tmp_path: Path, backend: str
+) -> None:
+    """A failed `convert ... a/b/c/out` leaves no a/ (and an existing a/ is kept)."""
+    ipath, lpath, *_ = mnist_pair(30)
+
+    def explode(done: int, total: int) -> None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        convert(ipath, lpath, tmp_path / "a" / "b" / "c" / "out", backend=backend,
+                batch_size=10, progress=explode)  # fmt: skip
+    assert not (tmp_path / "a").exists()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "mine").write_text("x")
+    with pytest.raises(RuntimeError):
+        convert(ipath, lpath, tmp_path / "a" / "b" / "out", backend=backend,
+                batch_size=10, progress=explode)  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["mine"]
+
+
+def test_empty_destination_is_refused(mnist_pair, tmp_path: Path) -> None:
+    ipath, lpath, *_ = mnist_pair(3)
+    with pytest.raises(Exception, match="the destination path is empty"):
+        convert(ipath, lpath, "")
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_non_utf8_destination_works(mnist_pair, tmp_path: Path, backend: str) -> None:
+    """Item 6 (writers): a database path that is not valid UTF-8."""
+    ipath, lpath, images, _ = mnist_pair(6)
+    out = os.fsdecode(os.fsencode(str(tmp_path)) + b"/out\xe9_db")
+    result = convert(ipath, lpath, out, backend=backend)
+    assert result.count == 6
+    assert os.path.isdir(os.fsencode(out))
+    convert(ipath, lpath, out, backend=backend, overwrite=True)
+    env_path = Path(out)
+    assert [bytes(k) for k, _ in read_records(env_path, backend)] == [b"%08d" % i for i in range(6)]
+    assert leftovers(tmp_path) == []
+
+
+def test_leveldb_overwrite_keeps_a_users_log_file(mnist_pair, tmp_path: Path) -> None:
+    """LevelDB's own logs are numbered (000003.log): a user's training.log is not one."""
+    ipath, lpath, *_ = mnist_pair(5)
+    out = tmp_path / "db"
+    convert(ipath, lpath, out, backend="leveldb")
+    (out / "training.log").write_text("epoch 1: loss 0.3")
+    with pytest.raises(OutputExistsError, match="holds 'training.log' \\(a file\\)"):
+        convert(ipath, lpath, out, backend="leveldb", overwrite=True)
+    assert (out / "training.log").read_text() == "epoch 1: loss 0.3"

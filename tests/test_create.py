@@ -165,7 +165,7 @@ def test_create_never_replaces_a_directory_that_is_not_a_database(tmp_path: Path
     precious = tmp_path / "out" / "mnist_train_lmdb"
     precious.mkdir(parents=True)
     (precious / "notes.txt").write_text("mine")
-    with pytest.raises(OutputExistsError, match="is not an LMDB or LevelDB database"):
+    with pytest.raises(OutputExistsError, match="holds 'notes.txt' .*; refusing to replace it"):
         create_databases("mnist", tmp_path / "data", tmp_path / "out", overwrite=True)
     assert (precious / "notes.txt").read_text() == "mine"
 

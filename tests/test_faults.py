@@ -2,7 +2,7 @@
 odd destinations, readers during writes, decompression bombs, permissions.
 
 Processes that are killed or signalled run a small driver script (``DRIVER``) that replaces
-``mnist2db.conversion._checkpoint`` (a no-op hook at the staging life cycle's fixed points) or
+``mnist2db.staging._checkpoint`` (a no-op hook at the staging life cycle's fixed points) or
 the CLI's progress reporter with a function that writes a flag file and waits: the test
 then knows exactly where the child is when it strikes. Nothing else is patched.
 """
@@ -45,7 +45,7 @@ import contextlib, json, os, resource, sys, time
 
 cfg = json.loads(sys.argv[1])
 import mnist2db.cli as cli
-import mnist2db.conversion as conv
+import mnist2db.staging as conv
 
 
 def pause(where, flag=cfg["flag"], release=cfg.get("release")):
@@ -479,30 +479,27 @@ def test_symlink_to_a_database_is_refused(tmp_path: Path, data: Dataset, other: 
     convert(other.images_path, other.labels_path, real)
     link = tmp_path / "link"
     link.symlink_to(real)
-    assert run_cli("convert", "-q", *data.args(link)) == (
-        1,
-        f"Error: {link}: already exists (use --overwrite to replace it)\n",
+    message = (
+        f"Error: {link}: is a symbolic link (to {real}); mnist2db never replaces a link, "
+        "even with --overwrite: remove it or choose another name\n"
     )
-    assert run_cli("convert", "-q", "--overwrite", *data.args(link)) == (
-        1,
-        f"Error: {link}: exists and is not a database directory; refusing to replace it\n",
-    )
+    assert run_cli("convert", "-q", *data.args(link)) == (1, message)
+    assert run_cli("convert", "-q", "--overwrite", *data.args(link)) == (1, message)
     assert link.is_symlink() and os.readlink(link) == str(real)
     assert_db(real, other)
 
 
 def test_dangling_symlink_is_refused(tmp_path: Path, data: Dataset) -> None:
+    """Issue 10, item 14: no advice to use --overwrite, which refuses too: say why."""
     link = tmp_path / "link"
     target = tmp_path / "nowhere"
     link.symlink_to(target)
-    assert run_cli("convert", "-q", *data.args(link)) == (
-        1,
-        f"Error: {link}: already exists (use --overwrite to replace it)\n",
+    message = (
+        f"Error: {link}: is a symbolic link (to {target}, which does not exist); mnist2db "
+        "never replaces a link, even with --overwrite: remove it or choose another name\n"
     )
-    assert run_cli("convert", "-q", "--overwrite", *data.args(link)) == (
-        1,
-        f"Error: {link}: exists and is not a database directory; refusing to replace it\n",
-    )
+    assert run_cli("convert", "-q", *data.args(link)) == (1, message)
+    assert run_cli("convert", "-q", "--overwrite", *data.args(link)) == (1, message)
     assert link.is_symlink() and not target.exists()
     assert leftovers(tmp_path) == []
 
@@ -667,6 +664,25 @@ def test_decompression_bomb_is_refused_early(tmp_path: Path, zeros: int) -> None
     assert leftovers(tmp_path) == []
 
 
+def test_info_on_a_decompression_bomb_is_bounded(tmp_path: Path) -> None:
+    """Issue 10, item 7: info read 8 GiB of zeros to their end; now it stops like convert."""
+    head = bytes([0, 0, 8, 3]) + struct.pack(">3I", 1, 28, 28) + bytes(784)
+    bomb = tmp_path / "bomb-images-idx3-ubyte.gz"
+    write_zero_bomb(bomb, head, 4 << 30)
+    before = read_chars()
+    result = CliRunner().invoke(cli, ["info", str(bomb)])
+    compressed_read = read_chars() - before
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert "size        800 bytes expected, at least 1049376 found (header 16 + data)" in lines
+    assert lines[-1] == "valid       no"
+    assert result.stderr == (
+        f"Error: {bomb}: trailing bytes: header declares 784 bytes of data (1 × 28 × 28 uint8), "
+        "file holds at least 1049360\n"
+    )
+    assert compressed_read < bomb.stat().st_size // 10  # ~2 %: one MiB of the 4 GiB
+
+
 @pytest.mark.parametrize("gz", [False, True])
 def test_header_claiming_terabytes_is_refused_before_allocating(tmp_path: Path, gz: bool) -> None:
     count, rows, cols = 1 << 20, 1 << 10, 1 << 10  # 1 TiB of pixels
@@ -741,3 +757,207 @@ def test_output_permissions_follow_the_umask(
         assert mode & 0o600 == 0o600
     if backend == "lmdb":
         assert stat.S_IMODE((out / "data.mdb").stat().st_mode) == 0o664 & ~umask
+
+
+# -- export's pair: both files or neither (issue 10, items 3 and 4) ---------------------------
+
+
+def hidden(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory, data: Dataset, other: Dataset) -> dict:
+    """Databases of ``data`` and ``other``, and the IDX bytes an export of each gives."""
+    root = tmp_path_factory.mktemp("exported")
+    convert(data.images_path, data.labels_path, root / "new_db")
+    convert(other.images_path, other.labels_path, root / "old_db")
+    return {
+        "new": root / "new_db",
+        "old": root / "old_db",
+        "new_bytes": (data.images_path.read_bytes(), data.labels_path.read_bytes()),
+        "old_bytes": (other.images_path.read_bytes(), other.labels_path.read_bytes()),
+    }
+
+
+def pair_bytes(out: Path) -> tuple[bytes | None, bytes | None]:
+    files = (out / "x-images-idx3-ubyte", out / "x-labels-idx1-ubyte")
+    return tuple(f.read_bytes() if f.exists() else None for f in files)  # type: ignore[return-value]
+
+
+def test_export_kill_between_the_two_renames_is_rolled_back(tmp_path: Path, exported: dict) -> None:
+    out = tmp_path / "out"
+    assert run_cli("export", "-q", str(exported["old"]), str(out), "--prefix", "x") == (0, "")
+    argv = ["export", "-q", "--overwrite", str(exported["new"]), str(out), "--prefix", "x"]
+    proc, flag = spawn(tmp_path, argv, pause="pair-first")
+    wait_for(flag, proc)
+    kill(proc)
+    # SIGKILL between the renames: the first file is new, the second old, a journal says so.
+    assert pair_bytes(out) == (exported["new_bytes"][0], exported["old_bytes"][1])
+    assert any(".mnist2db-pair-" in name for name in hidden(out))
+    # The next export of these files rolls the killed one back first, then does its own work.
+    code, err = run_cli("export", "-q", str(exported["new"]), str(out), "--prefix", "x")
+    assert (code, err) == (1, f"Error: {out / 'x-images-idx3-ubyte'}: already exists "
+                              "(use --overwrite to replace it)\n")  # fmt: skip
+    assert pair_bytes(out) == exported["old_bytes"]
+    assert hidden(out) == []
+
+
+def test_export_kill_between_renames_of_new_files_is_rolled_back(
+    tmp_path: Path, exported: dict
+) -> None:
+    out = tmp_path / "out"
+    argv = ["export", "-q", str(exported["new"]), str(out), "--prefix", "x"]
+    proc, flag = spawn(tmp_path, argv, pause="pair-first")
+    wait_for(flag, proc)
+    kill(proc)
+    assert pair_bytes(out) == (exported["new_bytes"][0], None)
+    assert run_cli(*argv) == (0, "")  # the half-placed pair was taken back, then written whole
+    assert pair_bytes(out) == exported["new_bytes"]
+    assert hidden(out) == []
+
+
+def test_export_rollback_keeps_a_file_changed_after_the_kill(
+    tmp_path: Path, exported: dict
+) -> None:
+    """Recovery puts back only the file the killed run placed, never a user's newer one."""
+    out = tmp_path / "out"
+    argv = ["export", "-q", str(exported["new"]), str(out), "--prefix", "x"]
+    proc, flag = spawn(tmp_path, argv, pause="pair-first")
+    wait_for(flag, proc)
+    kill(proc)
+    (out / "x-images-idx3-ubyte").unlink()
+    (out / "x-images-idx3-ubyte").write_bytes(b"the user's own")
+    code, err = run_cli(*argv)
+    assert code == 1 and "already exists" in err
+    assert (out / "x-images-idx3-ubyte").read_bytes() == b"the user's own"
+    assert hidden(out) == []
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_export_signal_between_the_renames_keeps_the_old_pair(
+    tmp_path: Path, exported: dict, sig: int, code: int
+) -> None:
+    out = tmp_path / "out"
+    assert run_cli("export", "-q", str(exported["old"]), str(out), "--prefix", "x") == (0, "")
+    argv = ["export", "-q", "--overwrite", str(exported["new"]), str(out), "--prefix", "x"]
+    proc, flag = spawn(tmp_path, argv, pause="pair-first")
+    wait_for(flag, proc)
+    proc.send_signal(sig)
+    assert finish(proc) == (code, "", "Interrupted\n")
+    assert pair_bytes(out) == exported["old_bytes"]
+    assert hidden(out) == []
+
+
+def test_export_second_rename_failing_puts_the_first_back(tmp_path: Path, exported: dict) -> None:
+    """The labels target becomes a directory after the checks: the images go back too."""
+    out = tmp_path / "out"
+    assert run_cli("export", "-q", str(exported["old"]), str(out), "--prefix", "x") == (0, "")
+    release = tmp_path / "go"
+    argv = ["export", "-q", "--overwrite", str(exported["new"]), str(out), "--prefix", "x"]
+    proc, flag = spawn(tmp_path, argv, pause="pair-first", release=str(release))
+    wait_for(flag, proc)
+    labels = out / "x-labels-idx1-ubyte"
+    labels.unlink()
+    labels.mkdir()
+    (labels / "inside").write_text("mine")
+    release.touch()
+    code, stdout, err = finish(proc)
+    assert (code, stdout) == (1, "")
+    assert err == f"Error: {labels}: cannot write: Is a directory\n"
+    assert (out / "x-images-idx3-ubyte").read_bytes() == exported["old_bytes"][0]
+    assert (labels / "inside").read_text() == "mine"
+    assert hidden(out) == []
+
+
+def test_export_on_a_full_disk_leaves_nothing(small_tmpfs: Path, exported: dict) -> None:
+    """Item 4: ENOSPC while closing used to leave the temporary; the error names the file."""
+    code, err = run_cli("export", "-q", str(exported["new"]), str(small_tmpfs), "--prefix", "x")
+    assert code == 1
+    assert (
+        err
+        == f"Error: {small_tmpfs / 'x-images-idx3-ubyte'}: cannot write: No space left on device\n"
+    )
+    assert os.listdir(small_tmpfs) == []
+
+
+def test_png_on_a_full_disk_leaves_nothing(small_tmpfs: Path, tmp_path: Path) -> None:
+    images = write_idx(tmp_path / "big-images-idx3-ubyte", make_images(1, 1000, 1000))
+    png = small_tmpfs / "big.png"
+    # Leave 64 KiB free: far less than the PNG of a million random pixels needs.
+    (small_tmpfs / "filler").write_bytes(bytes((4 << 20) - (64 << 10)))
+    code, err = run_cli("show", str(images), "--count", "1", "--png", str(png))
+    assert code == 1
+    assert err == f"Error: {png}: cannot write: No space left on device\n"
+    assert sorted(os.listdir(small_tmpfs)) == ["filler"]
+
+
+def test_a_journal_naming_other_files_moves_nothing(tmp_path: Path, exported: dict) -> None:
+    """Recovery acts only on the files being exported, with backups named as ours."""
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "thesis.tex"
+    victim.write_text("important")
+    st = victim.stat()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    forged = [
+        {
+            "target": str(victim),
+            "backup": None,
+            "new": [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns],
+        },  # fmt: skip
+        {"target": str(out / "x-images-idx3-ubyte"), "backup": str(victim), "new": [0, 0, 0, 0]},
+    ]
+    journal = out / f".x-images-idx3-ubyte.mnist2db-pair-{dead.pid}-abc123"
+    journal.write_text(json.dumps(forged))
+    assert run_cli("export", "-q", str(exported["new"]), str(out), "--prefix", "x") == (0, "")
+    assert victim.read_text() == "important"
+    assert pair_bytes(out) == exported["new_bytes"]
+    assert hidden(out) == []
+
+
+@pytest.mark.parametrize("case", ["file/", "link/", ".", ".."])
+def test_odd_destinations_are_refused_before_any_work(
+    tmp_path: Path, data: Dataset, other: Dataset, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """A trailing slash must not hide a file or follow a link; the current directory (or
+    one holding it) is never replaced."""
+    real = tmp_path / "real"
+    convert(other.images_path, other.labels_path, real)
+    (tmp_path / "file").write_text("mine")
+    (tmp_path / "link").symlink_to(real)
+    monkeypatch.chdir(real)
+    messages = {
+        "file/": f"{tmp_path / 'file'}: exists and is not a database directory; refusing to "
+        "replace it",
+        "link/": f"{tmp_path / 'link'}: is a symbolic link (to {real}); mnist2db never replaces "
+        "a link, even with --overwrite: remove it or choose another name",
+        ".": ".: is the current directory or holds it; refusing to replace it",
+        "..": "..: is the current directory or holds it; refusing to replace it",
+    }
+    out = case if case in (".", "..") else f"{tmp_path}/{case}"
+    code, err = run_cli("convert", "-q", "--overwrite", *data.args("x")[:2], out)
+    assert (code, err) == (1, f"Error: {messages[case]}\n")
+    assert (tmp_path / "file").read_text() == "mine"
+    assert_db(real, other)
+    assert leftovers(tmp_path) == [] and leftovers(real) == []
+
+
+def test_two_exports_of_one_pair_never_interleave(tmp_path: Path, exported: dict) -> None:
+    """A stopped between its two renames; B, exporting other data to the same files, waits
+    for A's pair to be whole, then places its own: the result is one export's pair."""
+    out = tmp_path / "out"
+    release = tmp_path / "go"
+    a_argv = ["export", "-q", "--overwrite", str(exported["old"]), str(out), "--prefix", "x"]
+    a, flag = spawn(tmp_path, a_argv, pause="pair-first", release=str(release))
+    wait_for(flag, a)
+    b_argv = ["export", "-q", "--overwrite", str(exported["new"]), str(out), "--prefix", "x"]
+    b, _ = spawn(tmp_path, b_argv)
+    time.sleep(1.0)  # let B reach the lock A holds (never a speed assertion: B may be later)
+    assert b.poll() is None or pair_bytes(out) == exported["new_bytes"]
+    release.touch()
+    assert finish(a) == (0, "", "")
+    assert finish(b) == (0, "", "")
+    assert pair_bytes(out) in (exported["new_bytes"], exported["old_bytes"])
+    assert hidden(out) == []

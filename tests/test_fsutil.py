@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -87,3 +88,49 @@ def test_temp_prefix_hashes_long_names() -> None:
     assert temp_prefix("a.png") == ".a.png.mnist2db-tmp-"
     long = temp_prefix("x" * 200)
     assert long.startswith(".") and long.endswith(".mnist2db-tmp-") and len(long) == 1 + 32 + 14
+
+
+def test_discard_unlinks_even_when_closing_fails(tmp_path: Path) -> None:
+    """Issue 10, item 4: on a full disk close() flushes, fails, and the unlink never ran."""
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                       check=True, capture_output=True)  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        target = mount / "out.bin"
+        with pytest.raises(OSError) as info, AtomicFile(str(target)) as f:
+            f.write(b"x" * 100_000)  # buffered: fits
+            f.write(bytes(2 << 20))  # does not
+        assert info.value.filename == str(target)  # the file, not its directory
+        assert info.value.strerror == "No space left on device"
+        assert os.listdir(mount) == []
+        # Fill the disk; then a few buffered bytes fail only when close() flushes them.
+        with (mount / "filler").open("wb", buffering=0) as filler, contextlib.suppress(OSError):
+            while True:
+                filler.write(bytes(4096))
+
+        with AtomicFile(str(target)) as f:
+            f.stream.write(b"pending")  # in the buffer, not yet on the full disk
+        assert os.listdir(mount) == ["filler"]
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_make_parents_reports_and_removes_what_it_made(tmp_path: Path) -> None:
+    from mnist2db.fsutil import make_parents, remove_made
+
+    (tmp_path / "a").mkdir()
+    made = make_parents(str(tmp_path / "a" / "b" / "c"))
+    assert made == [str(tmp_path / "a" / "b"), str(tmp_path / "a" / "b" / "c")]
+    assert make_parents(str(tmp_path / "a" / "b" / "c")) == []
+    (tmp_path / "a" / "b" / "someone-else").write_text("x")
+    remove_made(made)  # c goes; b holds another's file: kept, and a was never ours
+    assert sorted(p.name for p in (tmp_path / "a" / "b").iterdir()) == ["someone-else"]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError):
+        make_parents(str(tmp_path / "file" / "d" / "e"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import struct
 from pathlib import Path
@@ -186,3 +187,72 @@ def test_gzip_cut_short(tmp_path: Path) -> None:
     message = _error(path)
     assert message.startswith(f"{path}: ")
     assert "corrupt gzip stream" in message or "truncated" in message
+
+
+# -- issue 10, item 5: pipes, FIFOs, /dev/stdin, process substitution ----------------------
+
+
+def fifo_feeding(tmp_path: Path, data: bytes, name: str = "fifo") -> Path:
+    """A real FIFO that a thread fills with ``data`` once a reader opens it."""
+    import os
+    import threading
+
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        # The reader may stop early (a size error): that is the point.
+        with open(fifo, "wb") as f, contextlib.suppress(BrokenPipeError):
+            f.write(data)
+
+    threading.Thread(target=feed, daemon=True).start()
+    return fifo
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_fifo_is_read_as_a_stream(tmp_path: Path, gz: bool) -> None:
+    array = np.arange(3 * 4 * 5, dtype=np.uint8).reshape(3, 4, 5)
+    data = idx_bytes(array)
+    fifo = fifo_feeding(tmp_path, gzip.compress(data) if gz else data)
+    with open_idx(fifo) as reader:
+        assert reader.streaming
+        assert reader.header.dims == (3, 4, 5) and reader.header.gzipped == gz
+        batches = list(reader.iter_batches(2))
+    assert [b.shape for b in batches] == [(2, 4, 5), (1, 4, 5)]
+    np.testing.assert_array_equal(np.concatenate(batches), array)
+    assert read_idx(fifo_feeding(tmp_path, data, "again")).tolist() == array.tolist()
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize(("change", "fault"), [(-3, "truncated"), (5, "trailing bytes")])
+def test_fifo_sizes_are_checked_as_data_arrives(
+    tmp_path: Path, gz: bool, change: int, fault: str
+) -> None:
+    array = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    data = idx_bytes(array)
+    data = data[:change] if change < 0 else data + bytes(change)
+    fifo = fifo_feeding(tmp_path, gzip.compress(data) if gz else data)
+    holds = 18 + change
+    with pytest.raises(IdxFormatError) as info, open_idx(fifo) as reader:
+        list(reader.iter_raw_batches(1))
+    assert str(info.value) == (
+        f"{fifo}: {fault}: header declares 18 bytes of data (2 × 3 × 3 uint8), file holds {holds}"
+    )
+
+
+def test_fifo_header_promising_terabytes_holds_only_what_arrives(tmp_path: Path) -> None:
+    import tracemalloc
+
+    head = bytes([0, 0, 8, 3]) + struct.pack(">3I", 1 << 20, 1 << 10, 1 << 10)
+    fifo = fifo_feeding(tmp_path, head + bytes(5000))
+    tracemalloc.start()
+    try:
+        with (
+            pytest.raises(IdxFormatError, match="truncated: .* file holds 5000$"),
+            open_idx(fifo) as reader,
+        ):
+            next(reader.iter_raw_batches(1000))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20

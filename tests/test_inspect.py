@@ -17,7 +17,7 @@ from conftest import idx_bytes, write_idx
 
 from mnist2db import array_to_datum, convert
 from mnist2db.cli import cli
-from mnist2db.inspect import default_prefix
+from mnist2db.export import default_prefix
 
 
 def run(*args: object) -> click.testing.Result:
@@ -267,8 +267,8 @@ def test_verify_reports_missing_records(mnist_pair, tmp_path: Path, backend: str
     result = run("verify", db, images, labels)
     assert result.exit_code == 1
     assert result.stderr == (
-        f"Error: {db}: 5 records missing: the database ends after 20 records, the source has "
-        "25 (first missing key 00000020)\n"
+        f"Error: {db}: holds 20 records, the source has 25 ({images}): 5 missing; "
+        "is it the database of another split?\n"
     )
     # The other way round: the database holds records the source does not.
     result = run(
@@ -279,16 +279,37 @@ def test_verify_reports_missing_records(mnist_pair, tmp_path: Path, backend: str
     )
     assert result.exit_code == 1
     assert result.stderr == (
-        f"Error: {db}: 2 extra records not in the source (18 items): keys 00000018 to 00000019\n"
+        f"Error: {db}: holds 20 records, the source has 18 ({tmp_path / 'i18'}): 2 extra; "
+        "is it the database of another split?\n"
+    )
+
+
+def test_verify_against_the_other_split_says_so(mnist_pair, tmp_path: Path) -> None:
+    """Item 10: a test database checked against the training files differed 'at key 0'."""
+    train_images, train_labels, *_ = mnist_pair(30, stem="train", seed=1)
+    test_images, test_labels, *_ = mnist_pair(10, stem="t10k", seed=2)
+    db = tmp_path / "mnist_test_lmdb"
+    convert(test_images, test_labels, db)
+    result = run("verify", db, train_images, train_labels)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {db}: holds 10 records, the source has 30 ({train_images}): 20 missing; "
+        "is it the database of another split?\n"
     )
 
 
 def test_verify_reports_a_deleted_key(mnist_pair, tmp_path: Path) -> None:
     db, images, labels, _, _ = converted(mnist_pair, tmp_path)
-    rewrite_lmdb(db, lambda txn: txn.delete(b"00000005"))
+
+    def replace_key(txn: object) -> None:
+        value = txn.get(b"00000005")  # type: ignore[attr-defined]
+        txn.delete(b"00000005")  # type: ignore[attr-defined]
+        txn.put(b"00000005x", value)  # type: ignore[attr-defined]
+
+    rewrite_lmdb(db, replace_key)
     result = run("verify", db, images, labels)
     assert result.exit_code == 1
-    assert result.stderr == f"Error: {db}: key 00000005 missing (the next key is 00000006)\n"
+    assert result.stderr == f"Error: {db}: key 00000005 missing (the next key is 00000005x)\n"
 
 
 def test_verify_input_errors(mnist_pair, tmp_path: Path) -> None:
@@ -332,6 +353,12 @@ def test_export_default_prefix(mnist_pair, tmp_path: Path) -> None:
     assert default_prefix("examples/mnist/mnist_train_lmdb") == "train"
     assert default_prefix("examples/mnist/mnist_test_leveldb/") == "t10k"
     assert default_prefix("digits") == "digits"
+    # Item 13: Caffe's names only, not substrings ("latest" holds "test").
+    assert default_prefix("latest_train_lmdb") == "train"
+    assert default_prefix("latest_lmdb") == "latest_lmdb"
+    assert default_prefix("contest_results") == "contest_results"
+    assert default_prefix("fashion_test_leveldb") == "t10k"
+    assert default_prefix("t10k_lmdb") == "t10k_lmdb"
     images, labels, _, _ = mnist_pair(4, 6, 5)
     convert(images, labels, tmp_path / "mnist_test_lmdb")
     result = run("export", tmp_path / "mnist_test_lmdb", tmp_path / "out", "-q")
@@ -390,14 +417,20 @@ def test_export_refuses_what_idx_cannot_hold(tmp_path: Path, second: bytes, mess
     result = run("export", db, tmp_path / "out", "--prefix", "odd")
     assert result.exit_code == 1
     assert result.stderr == f"Error: {db}: key 00000001: {message}\n"
-    assert list((tmp_path / "out").iterdir()) == []
+    assert not (tmp_path / "out").exists()  # made by the export, removed with it
 
 
-def test_export_empty_database(tmp_path: Path) -> None:
-    db = write_lmdb(tmp_path / "empty_lmdb", {})
-    result = run("export", db, tmp_path / "out")
-    assert result.exit_code == 1
-    assert result.stderr == f"Error: {db}: the database is empty, nothing to export\n"
+def test_export_empty_database_round_trips(tmp_path: Path) -> None:
+    """Item 13: convert writes an empty database; export gives it back (0 items)."""
+    images = write_idx(tmp_path / "i", np.zeros((0, 28, 28), np.uint8))
+    labels = write_idx(tmp_path / "l", np.zeros((0,), np.uint8))
+    db = tmp_path / "empty_lmdb"
+    convert(images, labels, db)
+    result = run("export", db, tmp_path / "out", "--prefix", "e")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.endswith("(0 items, 28 × 28).\n")
+    assert (tmp_path / "out" / "e-images-idx3-ubyte").read_bytes() == images.read_bytes()
+    assert (tmp_path / "out" / "e-labels-idx1-ubyte").read_bytes() == labels.read_bytes()
 
 
 def test_export_header_matches_caffe_layout(tmp_path: Path) -> None:
@@ -419,7 +452,8 @@ def test_info_verify_export_while_a_dataset_holds_the_database(
     """Neither backend lets one process open a database twice: the commands share the
     dataset's handle instead of failing with 'already open' / 'lock already held'."""
     from mnist2db import open_db
-    from mnist2db.inspect import db_info, export_db, verify_db
+    from mnist2db.export import export_db
+    from mnist2db.inspect import db_info, verify_db
 
     db, images, labels, _, label_array = converted(mnist_pair, tmp_path, backend)
     with open_db(db) as dataset:
@@ -444,7 +478,7 @@ def test_export_names_the_record_that_is_not_a_datum(
         f"Error: {db}: key {key.decode()}: value of 2 bytes is not a Datum: "
     )
     assert result.stderr.count("\n") == 1
-    assert list((tmp_path / "out").glob("*")) == []  # no file, no temporary
+    assert not (tmp_path / "out").exists()  # no file, no temporary, no directory
 
 
 def test_info_database_with_data_shorter_than_its_shape(tmp_path: Path) -> None:
@@ -463,3 +497,56 @@ def test_info_database_with_data_shorter_than_its_shape(tmp_path: Path) -> None:
     assert result.stderr == (
         f"Error: {db}: key 00000001: Datum holds 3 data bytes, shape (1, 2, 2) needs 4\n"
     )
+
+
+# -- issue 10, item 3: export's pair is checked first and placed together -----------------
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_export_checks_both_targets_before_any_work(mnist_pair, tmp_path: Path, kind: str) -> None:
+    """`export db o2 --overwrite` with the labels target a directory replaced the images."""
+    import os
+
+    db, images, labels, _, _ = converted(mnist_pair, tmp_path)
+    out = tmp_path / "o2"
+    out.mkdir()
+    (out / "x-images-idx3-ubyte").write_bytes(b"old images")
+    target = out / "x-labels-idx1-ubyte"
+    if kind == "directory":
+        target.mkdir()
+        what = "is a directory"
+    else:
+        os.mkfifo(target)
+        what = "is not a regular file"
+    result = run("export", db, out, "--prefix", "x", "--overwrite")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {target}: {what}; refusing to replace it (even with --overwrite)\n"
+    )
+    assert (out / "x-images-idx3-ubyte").read_bytes() == b"old images"
+    assert sorted(p.name for p in out.iterdir()) == ["x-images-idx3-ubyte", "x-labels-idx1-ubyte"]
+
+
+def test_export_into_the_database_is_refused(mnist_pair, tmp_path: Path) -> None:
+    db, *_ = converted(mnist_pair, tmp_path)
+    before = sorted(p.name for p in db.iterdir())
+    for out in (db, db / "sub"):
+        result = run("export", db, out, "--prefix", "x")
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"Error: {out}: is inside the database {db}; write the files elsewhere\n"
+        )
+    assert sorted(p.name for p in db.iterdir()) == before
+
+
+def test_export_replaces_both_with_overwrite(mnist_pair, tmp_path: Path) -> None:
+    db, images, labels, _, _ = converted(mnist_pair, tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "x-images-idx3-ubyte").write_bytes(b"old images")
+    (out / "x-labels-idx1-ubyte").write_bytes(b"old labels")
+    result = run("export", db, out, "--prefix", "x", "--overwrite", "-q")
+    assert result.exit_code == 0, result.output
+    assert (out / "x-images-idx3-ubyte").read_bytes() == images.read_bytes()
+    assert (out / "x-labels-idx1-ubyte").read_bytes() == labels.read_bytes()
+    assert sorted(p.name for p in out.iterdir()) == ["x-images-idx3-ubyte", "x-labels-idx1-ubyte"]

@@ -270,23 +270,78 @@ def test_float_database_cannot_be_drawn(tmp_path: Path, png: bool) -> None:
     assert not (tmp_path / "f.png").exists()
 
 
-def test_png_count_is_bounded(tmp_path: Path) -> None:
-    from mnist2db.cli import MAX_PNG_IMAGES
+def test_png_canvas_is_bounded_in_pixels_not_images(tmp_path: Path) -> None:
+    """Item 8: 40 images of 3000 × 3000 were a MemoryError traceback under a 1000-image cap."""
+    from conftest import write_idx
 
-    result = CliRunner().invoke(
-        cli,
-        [
-            "show",
-            str(tmp_path / "x"),
-            "--count",
-            str(MAX_PNG_IMAGES + 1),
-            "--png",
-            str(tmp_path / "p.png"),
-        ],
-    )
-    assert result.exit_code == 2
-    assert (
-        f"--png draws at most {MAX_PNG_IMAGES} images (--count {MAX_PNG_IMAGES + 1})"
-        in result.stderr
+    from mnist2db.render import MAX_PNG_PIXELS
+
+    images = np.zeros((40, 3000, 3000), np.uint8)
+    path = write_idx(tmp_path / "huge-images-idx3-ubyte", images)
+    del images
+    result = run("show", path, "--count", 40, "--png", tmp_path / "p.png")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {tmp_path / 'p.png'}: 40 images of 3000 × 3000 make a 63032 × 54112 canvas, "
+        f"more than {MAX_PNG_PIXELS} pixels (one image is already too large)\n"
     )
     assert not (tmp_path / "p.png").exists()
+
+
+def test_png_of_many_small_images_is_allowed(tmp_path: Path) -> None:
+    """2000 images of 8 × 8 is a small canvas: no image count limit."""
+    from conftest import make_labels, write_idx
+
+    images = write_idx(tmp_path / "s-images-idx3-ubyte", np.zeros((2000, 8, 8), np.uint8))
+    write_idx(tmp_path / "s-labels-idx1-ubyte", make_labels(2000))
+    result = run("show", images, "--count", 2000, "--png", tmp_path / "s.png")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == f"Wrote {tmp_path / 's.png'}: 2000 images, 284 × 8404 pixels.\n"
+    many = write_idx(tmp_path / "m-images-idx3-ubyte", np.zeros((6000, 100, 100), np.uint8))
+    result = run("show", many, "--count", 6000, "--png", tmp_path / "m.png")
+    assert result.exit_code == 1
+    assert result.stderr.endswith("(use --count 660 or fewer)\n"), result.stderr
+    assert not (tmp_path / "m.png").exists()
+
+
+@pytest.mark.parametrize("kind", ["directory", "dangling link"])
+def test_png_target_that_is_not_a_file_is_refused_first(
+    tiny: tuple[Path, Path], tmp_path: Path, kind: str
+) -> None:
+    images, _ = tiny
+    png = tmp_path / "out.png"
+    if kind == "directory":
+        png.mkdir()
+        result = run("show", images, "--png", png, "--overwrite")
+        assert result.exit_code == 2 and "is a directory" in result.stderr
+        assert png.is_dir()
+        return
+    png.symlink_to(tmp_path / "nowhere")
+    message = (
+        f"{png}: is a symbolic link (to {tmp_path / 'nowhere'}, which does not exist); "
+        "mnist2db never replaces a link, even with --overwrite: remove it or choose "
+        "another name"
+    )
+    result = run("show", images, "--png", png, "--overwrite")
+    assert (result.exit_code, result.stderr) == (1, f"Error: {message}\n")
+    assert png.is_symlink()
+
+
+def test_threshold_and_ascii_do_not_combine(tiny: tuple[Path, Path]) -> None:
+    """Item 14: --ascii was silently ignored beside --threshold."""
+    images, _ = tiny
+    result = run("show", images, "--threshold", 10, "--ascii")
+    assert result.exit_code == 2
+    assert "--threshold prints 0/1 digits: it does not combine with --ascii" in result.stderr
+
+
+def test_png_never_replaces_an_input(tiny: tuple[Path, Path]) -> None:
+    images, labels = tiny
+    before = images.read_bytes(), labels.read_bytes()
+    for target in (images, labels):
+        result = run("show", images, "--labels", labels, "--png", target, "--overwrite")
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"Error: {target}: is the input {target}; refusing to replace it\n"
+        )
+    assert (images.read_bytes(), labels.read_bytes()) == before

@@ -24,12 +24,14 @@ else:
 
 __all__ = [
     "BACKENDS",
+    "DATABASE_FILES",
     "DbReader",
     "Writer",
     "detect_backend",
     "iter_db",
     "open_reader",
     "open_writer",
+    "probe_database",
 ]
 
 BACKENDS = ("lmdb", "leveldb")
@@ -75,7 +77,7 @@ class LmdbWriter:
         self.map_size = max(_MIN_MAP_SIZE, size_hint)
         try:
             self._env = lmdb.open(
-                path,
+                os.fsencode(path),
                 map_size=self.map_size,
                 subdir=True,
                 # One fsync at the end (close) instead of one per commit: the database
@@ -201,10 +203,12 @@ class LeveldbWriter:
         self.path = path
         try:
             self._db = plyvel.DB(
-                path, create_if_missing=True, error_if_exists=True, **LEVELDB_OPTIONS
+                os.fsencode(path), create_if_missing=True, error_if_exists=True, **LEVELDB_OPTIONS
             )
         except plyvel.Error as exc:
-            raise BackendError(f"{path}: cannot create LevelDB database: {exc}") from exc
+            raise BackendError(
+                f"{path}: cannot create LevelDB database: {_backend_message(exc)}"
+            ) from exc
         self._writeback = _Writeback(path, ".log")
 
     def write_batch(self, items: Sequence[tuple[bytes, bytes]]) -> None:
@@ -213,7 +217,9 @@ class LeveldbWriter:
                 # starmap drained by a zero-length deque: the loop runs in C.
                 _drain(itertools.starmap(batch.put, items))
         except self._plyvel.Error as exc:
-            raise BackendError(f"{self.path}: LevelDB write failed: {exc}") from exc
+            raise BackendError(
+                f"{self.path}: LevelDB write failed: {_backend_message(exc)}"
+            ) from exc
         if items:
             self._writeback.wrote(len(items) * (len(items[0][0]) + len(items[0][1]) + 16))
 
@@ -224,7 +230,9 @@ class LeveldbWriter:
             self._db.write_batch(sync=True).write()
             self._db.close()
         except self._plyvel.Error as exc:
-            raise BackendError(f"{self.path}: LevelDB flush failed: {exc}") from exc
+            raise BackendError(
+                f"{self.path}: LevelDB flush failed: {_backend_message(exc)}"
+            ) from exc
 
     def abort(self) -> None:
         self._writeback.close()
@@ -266,6 +274,55 @@ def detect_backend(path: str | os.PathLike[str]) -> str:
     if os.path.isfile(os.path.join(path, "CURRENT")):
         return "leveldb"
     raise BackendError(f"{path}: neither an LMDB (no data.mdb) nor a LevelDB (no CURRENT) database")
+
+
+#: The files each backend creates in its directory (regular expressions for whole names):
+#: what ``--overwrite`` may remove. LevelDB numbers its tables, logs and manifests
+#: (``000005.ldb``, ``000003.log``, ``MANIFEST-000002``), so a user's ``notes.log`` is not
+#: one of them. Anything else in a directory means it is not (only) a database.
+DATABASE_FILES: dict[str, str] = {
+    "lmdb": r"data\.mdb|lock\.mdb",
+    "leveldb": r"CURRENT|LOCK|LOG|LOG\.old|MANIFEST-[0-9]+|[0-9]+\.(?:log|ldb|sst)",
+}
+
+
+def is_database_file(backend: str, name: str) -> bool:
+    """True if ``name`` is a file name ``backend`` creates in a database directory."""
+    import re
+
+    return re.fullmatch(DATABASE_FILES[backend], name, re.ASCII) is not None
+
+
+def probe_database(backend: str, path: str) -> str | None:
+    """Open the database at ``path`` read-only as ``backend`` and close it again.
+
+    Returns None if it opens as one, else the backend's reason. Nothing is created: LMDB is
+    opened without its lock file, LevelDB with ``create_if_missing=False``.
+    """
+    if backend == "lmdb":
+        import lmdb
+
+        try:
+            env = lmdb.open(os.fsencode(path), readonly=True, lock=False, subdir=True, max_dbs=0)
+            env.stat()
+            env.close()
+        except lmdb.Error as exc:
+            return str(exc)
+        return None
+    import plyvel
+
+    try:
+        plyvel.DB(os.fsencode(path), create_if_missing=False).close()
+    except plyvel.Error as exc:
+        return _backend_message(exc)
+    return None
+
+
+def _backend_message(exc: BaseException) -> str:
+    """A backend's message as text (plyvel gives ``b'...'`` bytes), on one line."""
+    arg = exc.args[0] if exc.args else exc
+    text = arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
+    return " ".join(text.split())
 
 
 class DbReader:

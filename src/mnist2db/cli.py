@@ -57,6 +57,16 @@ def progress_reporter(label: str, quiet: bool) -> Iterator[Callable[[int, int], 
 
 # -- options several commands share ---------------------------------------------------------
 
+
+class Path(click.Path):
+    """click.Path that refuses an empty string up front (a usage error, exit 2)."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if value == "":
+            self.fail("an empty path names nothing", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 backend_option = click.option(
     "--backend",
     type=click.Choice(["lmdb", "leveldb"], case_sensitive=False),
@@ -65,7 +75,6 @@ backend_option = click.option(
     help="Database to write.",
 )
 quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
-MAX_PNG_IMAGES = 1000  # 100 rows of 10 28 × 28 images drawn 3 × 3: a canvas of about 9 MB
 
 
 def dataset_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -97,9 +106,9 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("images", type=click.Path(dir_okay=True, path_type=str))
-@click.argument("labels", type=click.Path(dir_okay=True, path_type=str))
-@click.argument("out_db", type=click.Path(path_type=str))
+@click.argument("images", type=Path(dir_okay=True, path_type=str))
+@click.argument("labels", type=Path(dir_okay=True, path_type=str))
+@click.argument("out_db", type=Path(path_type=str))
 @backend_option
 @click.option(
     "--batch-size",
@@ -176,10 +185,10 @@ def _check_drawable(source: str, record: Any) -> None:
 
 
 @cli.command()
-@click.argument("source", type=click.Path(path_type=str))
+@click.argument("source", type=Path(path_type=str))
 @click.option(
     "--labels",
-    type=click.Path(dir_okay=False, path_type=str),
+    type=Path(dir_okay=False, path_type=str),
     help="IDX label file for an IDX SOURCE (default: the *-labels-idx1-ubyte file beside it).",
 )
 @click.option(
@@ -206,7 +215,7 @@ def _check_drawable(source: str, record: Any) -> None:
 @click.option("--ascii", "ascii_", is_flag=True, help="Draw with plain ASCII characters.")
 @click.option(
     "--png",
-    type=click.Path(dir_okay=False, path_type=str),
+    type=Path(dir_okay=False, path_type=str),
     default=None,
     help="Write a labelled grid of the images to this PNG file instead.",
 )
@@ -233,7 +242,8 @@ def show(
     import os
 
     from .inspect import select_records
-    from .render import image_to_text, write_png_grid
+    from .pairs import check_file_target
+    from .render import check_canvas, image_to_text, write_png_grid
 
     if png is not None and (threshold is not None or ascii_):
         raise click.UsageError(
@@ -241,36 +251,43 @@ def show(
         )
     if labels is not None and os.path.isdir(source):
         raise click.UsageError("--labels is for an IDX image file; a database holds its labels")
-    if png is not None and count > MAX_PNG_IMAGES:
-        # The grid is built in memory: bound it rather than run out of memory.
-        raise click.UsageError(
-            f"--png draws at most {MAX_PNG_IMAGES} images (--count {count}); split the range"
-        )
+    if threshold is not None and ascii_:
+        raise click.UsageError("--threshold prints 0/1 digits: it does not combine with --ascii")
     with library_errors():
-        total, records = select_records(source, labels, offset=offset, count=count)
-        shown = 0
         if png is not None:
-            selected = list(records)
-            for record in selected:
-                _check_drawable(source, record)
-            captions = [f"#{r.index}: {r.label if r.label is not None else '-'}" for r in selected]
-            width, height = write_png_grid(
-                [r.image for r in selected], captions, png, overwrite=overwrite
-            )
-            shown = len(selected)
-            click.echo(f"Wrote {png}: {shown} images, {width} × {height} pixels.", err=True)
-        else:
-            for record in records:
-                _check_drawable(source, record)
-                head = f"#{record.index}"
-                if record.key is not None:
-                    head += f"  key {record.key.decode('ascii', errors='backslashreplace')}"
-                head += f"  label {record.label if record.label is not None else '-'}"
-                click.echo(head)
-                for line in image_to_text(record.image, threshold=threshold, ascii=ascii_):
-                    click.echo(line)
-                click.echo()
-                shown += 1
+            inputs = [source] if labels is None else [source, labels]
+            check_file_target(png, overwrite, inputs)  # before reading anything
+        total, records = select_records(source, labels, offset=offset, count=count)
+        # A generator holding the files open: closed even when a check below stops early.
+        with contextlib.closing(records):  # type: ignore[type-var]
+            shown = 0
+            if png is not None:
+                selected: list[Any] = []
+                for record in records:
+                    _check_drawable(source, record)
+                    if not selected:  # the grid is held in memory: bound it before filling it
+                        check_canvas(png, min(count, total - offset), *record.image.shape[1:])
+                    selected.append(record)
+                captions = [
+                    f"#{r.index}: {r.label if r.label is not None else '-'}" for r in selected
+                ]
+                width, height = write_png_grid(
+                    [r.image for r in selected], captions, png, overwrite=overwrite
+                )
+                shown = len(selected)
+                click.echo(f"Wrote {png}: {shown} images, {width} × {height} pixels.", err=True)
+            else:
+                for record in records:
+                    _check_drawable(source, record)
+                    head = f"#{record.index}"
+                    if record.key is not None:
+                        head += f"  key {record.key.decode('ascii', errors='backslashreplace')}"
+                    head += f"  label {record.label if record.label is not None else '-'}"
+                    click.echo(head)
+                    for line in image_to_text(record.image, threshold=threshold, ascii=ascii_):
+                        click.echo(line)
+                    click.echo()
+                    shown += 1
     if shown < count:
         click.echo(
             f"Showed {shown} of {count} requested: {source} ends at {total} records.", err=True
@@ -278,7 +295,7 @@ def show(
 
 
 @cli.command()
-@click.argument("path", type=click.Path(path_type=str))
+@click.argument("path", type=Path(path_type=str))
 def info(path: str) -> None:
     """Describe an IDX file or a Datum database; exit 1 if it is not valid.
 
@@ -322,19 +339,15 @@ def info(path: str) -> None:
             idx = idx_info(path)
             header = idx.header
             row("file", header.path)
-            row(
-                "storage",
-                f"gzip, {idx.file_size} bytes compressed"
-                if header.gzipped
-                else f"plain, {idx.file_size} bytes",
-            )
+            row("storage", idx.storage)
             row("magic", f"0x{header.magic:08x} ({idx.kind})")
             row("type", header.type_name)
             row("dimensions", " × ".join(map(str, header.dims)))
             row("items", header.count)
             row(
                 "size",
-                f"{idx.expected_size} bytes expected, {idx.actual_size} found "
+                f"{idx.expected_size} bytes expected, "
+                f"{'at least ' if idx.at_least else ''}{idx.actual_size} found "
                 f"(header {header.header_size} + data)",
             )
             if idx.label_counts is not None:
@@ -347,9 +360,9 @@ def info(path: str) -> None:
 
 
 @cli.command()
-@click.argument("db", type=click.Path(path_type=str))
-@click.argument("images", type=click.Path(path_type=str))
-@click.argument("labels", type=click.Path(path_type=str))
+@click.argument("db", type=Path(path_type=str))
+@click.argument("images", type=Path(path_type=str))
+@click.argument("labels", type=Path(path_type=str))
 @quiet_option
 def verify(db: str, images: str, labels: str, quiet: bool) -> None:
     """Check that database DB holds exactly the records converted from IMAGES and LABELS.
@@ -368,8 +381,8 @@ def verify(db: str, images: str, labels: str, quiet: bool) -> None:
 
 
 @cli.command()
-@click.argument("db", type=click.Path(path_type=str))
-@click.argument("out_dir", type=click.Path(file_okay=False, path_type=str))
+@click.argument("db", type=Path(path_type=str))
+@click.argument("out_dir", type=Path(file_okay=False, path_type=str))
 @click.option(
     "--prefix",
     default=None,
@@ -386,7 +399,7 @@ def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bo
 
     Example: mnist2db export examples/mnist/mnist_train_lmdb out/
     """
-    from .inspect import export_db
+    from .export import export_db
 
     with library_errors(), progress_reporter("Exporting", quiet) as progress:
         result = export_db(db, out_dir, prefix=prefix, overwrite=overwrite, progress=progress)

@@ -13,7 +13,9 @@ __all__ = [
     "file_mode",
     "fsync_dir",
     "fsync_tree",
+    "make_parents",
     "mkdtemp_beside",
+    "remove_made",
     "remove_stale",
     "rmtree",
     "temp_prefix",
@@ -69,6 +71,50 @@ def fsync_tree(path: str) -> None:
     fsync_dir(path)
 
 
+def make_parents(directory: str) -> list[str]:
+    """``os.makedirs(directory, exist_ok=True)``, returning the directories it created.
+
+    The list runs from the outermost created directory to ``directory``: hand it to
+    :func:`remove_made` to take them away again after a failure.
+
+    Raises:
+        OSError: as :func:`os.mkdir` (NotADirectoryError when a parent is a file).
+    """
+    missing: list[str] = []
+    path = os.path.abspath(directory)
+    while not os.path.lexists(path):
+        missing.append(path)
+        up = os.path.dirname(path)
+        if up == path:
+            break
+        path = up
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", path)
+    made: list[str] = []
+    try:
+        for path in reversed(missing):
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                if not os.path.isdir(path):
+                    raise
+                continue  # made meanwhile by someone else: not ours to remove
+            made.append(path)
+    except BaseException:
+        remove_made(made)
+        raise
+    return made
+
+
+def remove_made(made: list[str]) -> None:
+    """Remove the directories :func:`make_parents` created, deepest first, if still empty."""
+    for path in reversed(made):
+        try:
+            os.rmdir(path)
+        except OSError:
+            return  # not empty (someone else's now) or gone: leave it and its parents
+
+
 def mkdtemp_beside(parent: str, prefix: str) -> str:
     """``tempfile.mkdtemp(prefix=prefix, dir=parent)`` (mode 0700) without tempfile's ~10 ms import."""
     for _ in range(100):
@@ -85,7 +131,9 @@ class AtomicFile:
     """A file written under a temporary name beside ``path``, moved there by :meth:`commit`.
 
     Use as a context manager: leaving the block without committing removes the temporary,
-    so a failure or an interruption never leaves a partial file under ``path``.
+    so a failure or an interruption never leaves a partial file under ``path``. Every
+    OSError raised by :meth:`write`, :meth:`finish` and :meth:`commit` names ``path``
+    (``exc.filename``), whatever the call that failed.
 
     Raises:
         OSError: the temporary cannot be created (the caller names the file in its error).
@@ -99,28 +147,58 @@ class AtomicFile:
         prefix = temp_prefix(os.path.basename(path))
         # Temporaries of killed runs for this same file are recognised by name and removed.
         remove_stale(directory, prefix, directories=False, extensions=(suffix,) if suffix else ())
-        fd, self.temp = tempfile.mkstemp(
-            prefix=f"{prefix}{os.getpid()}-", suffix=suffix, dir=directory
-        )
+        try:
+            fd, self.temp = tempfile.mkstemp(
+                prefix=f"{prefix}{os.getpid()}-", suffix=suffix, dir=directory
+            )
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, path) from None
         self.stream = os.fdopen(fd, "wb")
         self.committed = False
+        self.finished = False
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Write ``data``; a failure (a full disk, ``ulimit -f``) names ``path``."""
+        try:
+            self.stream.write(data)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, self.path) from None
+
+    def finish(self) -> None:
+        """Flush, fsync and close the temporary and give it the umask's mode (not yet moved)."""
+        if self.finished:
+            return
+        try:
+            self.stream.flush()
+            os.fsync(self.stream.fileno())
+            self.stream.close()
+            os.chmod(self.temp, file_mode())
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, self.path) from None
+        self.finished = True
 
     def commit(self) -> None:
-        """Flush and fsync the data, give it the umask's mode, rename it to ``path``."""
-        self.stream.flush()
-        os.fsync(self.stream.fileno())
-        self.stream.close()
-        os.chmod(self.temp, file_mode())
-        os.replace(self.temp, self.path)
-        self.committed = True
-        fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        """:meth:`finish`, then rename the temporary to ``path`` and flush the directory."""
+        self.finish()
+        try:
+            os.replace(self.temp, self.path)
+            self.committed = True
+            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, self.path) from None
 
     def discard(self) -> None:
-        """Close and remove the temporary unless committed."""
-        self.stream.close()
-        if not self.committed:
-            with contextlib.suppress(OSError):
-                os.unlink(self.temp)
+        """Close and remove the temporary unless committed (even if closing fails)."""
+        try:
+            # Closing flushes the buffer, which fails again on a full disk: the unlink
+            # below must run all the same.
+            self.stream.close()
+        except OSError:
+            pass
+        finally:
+            if not self.committed:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.temp)
 
     def __enter__(self) -> AtomicFile:
         return self

@@ -4,6 +4,10 @@ The IDX format: a big-endian header of two zero bytes, a type code, a dimension 
 uint32 per dimension, then the data in C order. Every size is checked against the header
 before memory is allocated for the data, and a file must hold exactly what the header
 declares: neither less (truncated) nor more (trailing bytes).
+
+Pipes, FIFOs, ``/dev/stdin`` and process substitution (``<(zcat f.gz)``) are read as
+streams, without seeking: their size is checked as the data arrives (a batch is held only
+as far as data has actually arrived, and at most one chunk past the declared end is read).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from .errors import IdxFormatError
 
 TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
-    from typing import NamedTuple
+    from typing import Any, NamedTuple
 
     import numpy as np
 
@@ -112,6 +116,50 @@ class IdxHeader(_IdxHeaderFields):
     def describe(self) -> str:
         """The declared shape as people write it: ``60000 × 28 × 28 uint8``."""
         return " × ".join(str(d) for d in self.dims) + " " + self.type_name
+
+
+class _Prefixed(io.RawIOBase):
+    """A stream that gives ``head`` first, then what ``raw`` holds: a look at the first
+    bytes of a pipe without seeking back."""
+
+    def __init__(self, head: bytes, raw: io.BufferedIOBase) -> None:
+        super().__init__()
+        self._head = head
+        self._raw = raw
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._head:
+            n = min(len(buffer), len(self._head))
+            buffer[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        return self._raw.readinto(buffer)
+
+
+def is_stream(raw: io.BufferedReader) -> bool:
+    """True for what cannot be sized or sought: a pipe, a FIFO, a character device."""
+    import stat
+
+    return not stat.S_ISREG(os.fstat(raw.fileno()).st_mode)
+
+
+def open_data(raw: io.BufferedReader, path: str) -> tuple[io.BufferedIOBase, bool, bool]:
+    """``(stream, gzipped, streaming)`` for an opened file: its (decompressed) bytes from the
+    start, whether it is gzip (by content), and whether it is a stream that cannot seek."""
+    streaming = is_stream(raw)
+    first = _guarded_read(raw, 2, path)
+    if streaming:
+        stream: io.BufferedIOBase = io.BufferedReader(_Prefixed(first, raw), _READ_CHUNK)
+    else:
+        raw.seek(0)
+        stream = raw
+    gzipped = first == GZIP_MAGIC
+    if gzipped:
+        stream = gzip.GzipFile(fileobj=stream, mode="rb")
+    return stream, gzipped, streaming
 
 
 def open_raw(path: str) -> io.BufferedReader:
@@ -217,12 +265,10 @@ class IdxReader:
 
     def _open(self) -> None:
         path = self.path
-        first = _guarded_read(self._raw, 2, path)
-        self._raw.seek(0)
-        gzipped = first == GZIP_MAGIC
-        if gzipped:
-            self._stream = gzip.GzipFile(fileobj=self._raw, mode="rb")
+        self._stream, gzipped, self.streaming = open_data(self._raw, path)
         self.header = parse_header(self._stream, path, gzipped)
+        if self.streaming:
+            return  # sizes are checked as the data arrives
         if gzipped:
             self._check_gzip_size()
         else:
@@ -290,6 +336,17 @@ class IdxReader:
                 raise size_error(self.header, done_before + filled)
             filled += n
 
+    def _read_arriving(self, size: int, done_before: int) -> bytearray:
+        """Read ``size`` bytes from a stream, holding only what has arrived (a header may
+        promise more than a pipe delivers); a short read is a truncation error."""
+        data = bytearray()
+        while len(data) < size:
+            chunk = _guarded_read(self._stream, min(_READ_CHUNK, size - len(data)), self.path)
+            if not chunk:
+                raise size_error(self.header, done_before + len(data))
+            data += chunk
+        return data
+
     def _check_end(self) -> None:
         extra = _guarded_read(self._stream, _READ_CHUNK, self.path)
         if extra:
@@ -318,6 +375,11 @@ class IdxReader:
         done = 0
         while done < header.count:
             n = min(batch_size, header.count - done)
+            if self.streaming:
+                data = self._read_arriving(n * header.item_size, done * header.item_size)
+                done += n
+                yield np.frombuffer(data, dtype=dtype).reshape(n, *header.item_shape)
+                continue
             try:
                 batch = np.empty((n, *header.item_shape), dtype=dtype)
             except (MemoryError, ValueError) as exc:
@@ -343,8 +405,16 @@ class IdxReader:
             raise ValueError("batch_size must be at least 1")
         header = self.header
         item_size = header.item_size
-        buffer = memoryview(bytearray(min(batch_size, header.count) * item_size))
         done = 0
+        if self.streaming:
+            while done < header.count:
+                n = min(batch_size, header.count - done)
+                data = self._read_arriving(n * item_size, done * item_size)
+                done += n
+                yield memoryview(data)
+            self._check_end()
+            return
+        buffer = memoryview(bytearray(min(batch_size, header.count) * item_size))
         while done < header.count:
             n = min(batch_size, header.count - done)
             view = buffer[: n * item_size]
@@ -360,6 +430,11 @@ class IdxReader:
 
         header = self.header
         dtype = np.dtype(IDX_TYPES[header.type_code][1])
+        if self.streaming:
+            arrived = self._read_arriving(header.payload_size, 0)
+            self._check_end()
+            whole = np.frombuffer(arrived, dtype=dtype).reshape(header.dims)
+            return whole.astype(dtype.newbyteorder("="), copy=False)
         try:
             data = np.empty(header.dims, dtype=dtype)
         except (MemoryError, ValueError) as exc:

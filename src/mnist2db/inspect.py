@@ -6,32 +6,28 @@
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .backends import detect_backend
 from .conversion import check_pair
 from .dataset import RecordIndexError, open_db, record_key, shared_reader
 from .datum import DatumError, datum_to_array, decode_datum, encode_batch
-from .errors import IdxFormatError, Mnist2dbError, OutputExistsError
-from .fsutil import AtomicFile
-from .idx import GZIP_MAGIC, IdxHeader, open_idx, open_raw, parse_header, size_error
+from .errors import IdxFormatError, Mnist2dbError
+from .idx import IdxHeader, open_data, open_idx, open_raw, parse_header, size_error
 
 if TYPE_CHECKING:
     import numpy as np
 
 __all__ = [
     "DbInfo",
-    "ExportResult",
     "IdxInfo",
     "Record",
     "VerifyError",
     "db_info",
-    "export_db",
     "find_labels",
     "idx_info",
     "select_records",
@@ -184,6 +180,8 @@ class IdxInfo:
     data_size: int  # bytes of data found after the header (decompressed for gzip)
     problem: str | None
     label_counts: dict[int, int] | None = None
+    at_least: bool = False  # reading stopped one chunk past the declared size
+    streaming: bool = False  # a pipe: no size known beforehand
 
     @property
     def expected_size(self) -> int:
@@ -192,6 +190,14 @@ class IdxInfo:
     @property
     def actual_size(self) -> int:
         return self.header.header_size + self.data_size
+
+    @property
+    def storage(self) -> str:
+        """How the file is stored, as ``info`` shows it."""
+        packing = "gzip" if self.header.gzipped else "plain"
+        if self.streaming:
+            return f"{packing}, read from a pipe"
+        return f"{packing}, {self.file_size} bytes{' compressed' if self.header.gzipped else ''}"
 
     @property
     def kind(self) -> str:
@@ -205,8 +211,10 @@ class IdxInfo:
 def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
     """Describe an IDX file: header, sizes, gzip or not, whether it is valid.
 
-    The file is read through once (a chunk at a time) when it is gzip-compressed or a label
-    file, to measure its data and count labels; a plain image file is measured by its size.
+    The file is read through once (a chunk at a time) when it is gzip-compressed, a label
+    file or a pipe, to measure its data and count labels; a plain image file is measured by
+    its size. Reading stops one chunk past the declared size, as ``convert`` does, so a
+    decompression bomb is reported as holding "at least" that much.
 
     Raises:
         IdxFormatError: the file cannot be read or its header cannot be parsed at all.
@@ -216,33 +224,38 @@ def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
     path = os.fspath(path)
     with open_raw(path) as raw:
         file_size = os.fstat(raw.fileno()).st_size
-        gzipped = raw.read(2) == GZIP_MAGIC
-        raw.seek(0)
-        stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
+        stream, gzipped, streaming = open_data(raw, path)
         header = parse_header(stream, path, gzipped)
         count_labels = header.magic == 0x00000801
         problem = None
+        at_least = False
         counts = np.zeros(256, dtype=np.int64) if count_labels else None
-        if not gzipped and not count_labels:
+        if not gzipped and not count_labels and not streaming:
             data_size = file_size - header.header_size
         else:
             data_size = 0
+            limit = header.payload_size + _CHUNK
             try:
-                while chunk := stream.read(_CHUNK):
+                while chunk := stream.read(min(_CHUNK, limit - data_size)):
                     if counts is not None:
                         room = max(0, header.payload_size - data_size)
                         counts += np.bincount(
                             np.frombuffer(chunk[:room], dtype=np.uint8), minlength=256
                         )
                     data_size += len(chunk)
+                    if data_size >= limit:
+                        at_least = True
+                        break
             except (gzip.BadGzipFile, zlib.error, EOFError, OSError) as exc:
                 problem = f"corrupt gzip stream after {data_size} bytes of data: {exc}"
+        if streaming and not gzipped:
+            file_size = header.header_size + data_size
     if problem is None and data_size != header.payload_size:
-        problem = str(size_error(header, data_size)).removeprefix(f"{path}: ")
+        problem = str(size_error(header, data_size, at_least=at_least)).removeprefix(f"{path}: ")
     label_counts = (
         {int(v): int(n) for v, n in enumerate(counts) if n} if counts is not None else None
     )
-    return IdxInfo(header, file_size, data_size, problem, label_counts)
+    return IdxInfo(header, file_size, data_size, problem, label_counts, at_least, streaming)
 
 
 @dataclass
@@ -387,8 +400,8 @@ def verify_db(
 ) -> VerifyResult:
     """Check that database ``db`` holds exactly what ``convert(images, labels)`` writes.
 
-    Every record is compared with the source, key and value, in one pass over the three
-    inputs, a batch at a time. A value equal byte for byte to Caffe's encoding passes;
+    The record counts are compared first; then every record is compared with the source,
+    key and value, in one pass over the three inputs, a batch at a time. A value equal byte for byte to Caffe's encoding passes;
     otherwise the first differing field is named.
 
     Raises:
@@ -402,6 +415,14 @@ def verify_db(
         total = images_reader.header.count
         rows, cols = images_reader.header.dims[1:]
         with shared_reader(db_path) as reader:
+            held = len(reader)
+            if held != total:
+                # Say so first: a database of the other split differs at key 0 already.
+                differ = f"{total - held} missing" if held < total else f"{held - total} extra"
+                raise VerifyError(
+                    f"{db_path}: holds {held} records, the source has {total} "
+                    f"({os.fspath(images)}): {differ}; is it the database of another split?"
+                )
             records = iter(reader)
             index = 0
             for image_batch, label_batch in zip(
@@ -452,129 +473,3 @@ def verify_db(
                     f"source ({total} items): key{'s' if extra > 1 else ''} {keys}"
                 )
     return VerifyResult(total, rows, cols)
-
-
-# -- export ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ExportResult:
-    images: str
-    labels: str
-    count: int
-    rows: int
-    cols: int
-
-
-def _decode_record(db_path: str, key: bytes, value: bytes) -> Any:
-    try:
-        return decode_datum(value)
-    except DatumError as exc:
-        raise DatumError(f"{db_path}: key {_key_text(key)}: {exc}") from None
-
-
-def default_prefix(db: str | os.PathLike[str]) -> str:
-    """The file-name stem for :func:`export_db`: ``t10k`` for a test database, ``train`` for
-    a training one (MNIST's names), else the database's own name."""
-    name = os.path.basename(os.path.normpath(os.fspath(db)))
-    lowered = name.lower()
-    if "test" in lowered or "t10k" in lowered:
-        return "t10k"
-    if "train" in lowered:
-        return "train"
-    return name
-
-
-def export_db(
-    db: str | os.PathLike[str],
-    out_dir: str | os.PathLike[str],
-    *,
-    prefix: str | None = None,
-    overwrite: bool = False,
-    progress: ProgressCallback | None = None,
-) -> ExportResult:
-    """Write ``PREFIX-images-idx3-ubyte`` and ``PREFIX-labels-idx1-ubyte`` from a database of
-    single-channel uint8 Datums, in key order. For a database made by ``convert`` the files
-    equal the sources byte for byte.
-
-    Both files are written under temporary names in ``out_dir`` (created if missing) and
-    renamed into place only when both are complete.
-
-    Raises:
-        OutputExistsError: a destination file exists and ``overwrite`` is false.
-        DatumError: a record is not a 1-channel uint8 Datum of the first record's size, or
-            its label does not fit a uint8 label file.
-        BackendError: ``db`` is not a database.
-    """
-    import struct
-
-    import numpy as np
-
-    db_path = os.fspath(db)
-    out = os.fspath(out_dir)
-    stem = prefix if prefix is not None else default_prefix(db_path)
-    images_out = os.path.join(out, f"{stem}-images-idx3-ubyte")
-    labels_out = os.path.join(out, f"{stem}-labels-idx1-ubyte")
-    if not overwrite:
-        for target in (images_out, labels_out):
-            if os.path.lexists(target):
-                raise OutputExistsError(f"{target}: already exists (use --overwrite to replace it)")
-    with shared_reader(db_path) as reader:
-        total = len(reader)
-        if total == 0:
-            raise DatumError(f"{db_path}: the database is empty, nothing to export")
-        first_key = reader.first_key() or b""
-        first = _decode_record(db_path, first_key, reader.get(first_key) or b"")
-        rows, cols = int(first.height), int(first.width)
-        try:
-            os.makedirs(out, exist_ok=True)
-        except OSError as exc:
-            raise OutputExistsError(f"{out}: cannot create directory: {exc.strerror}") from None
-        try:
-            with AtomicFile(images_out) as image_target, AtomicFile(labels_out) as label_target:
-                image_target.stream.write(struct.pack(">4I", 0x00000803, total, rows, cols))
-                label_target.stream.write(struct.pack(">2I", 0x00000801, total))
-                labels = np.empty(_BATCH, dtype=np.uint8)
-                pending: list[bytes] = []
-                count = 0
-                for key, value in reader:
-                    datum = _decode_record(db_path, bytes(key), bytes(value))
-                    where = f"{db_path}: key {_key_text(bytes(key))}"
-                    if (datum.channels, datum.height, datum.width) != (1, rows, cols):
-                        raise DatumError(
-                            f"{where}: Datum {datum.channels}×{datum.height}×{datum.width}, "
-                            f"an IDX image file needs every record 1×{rows}×{cols}"
-                        )
-                    if datum.encoded or len(datum.data) != rows * cols:
-                        raise DatumError(
-                            f"{where}: not raw uint8 pixels ({_datum_encoding(datum)}, "
-                            f"{len(datum.data)} data bytes)"
-                        )
-                    if not 0 <= datum.label <= 255:
-                        raise DatumError(
-                            f"{where}: label {datum.label} does not fit a uint8 IDX label file"
-                        )
-                    labels[len(pending)] = datum.label
-                    pending.append(datum.data)
-                    count += 1
-                    if len(pending) == _BATCH:
-                        image_target.stream.write(b"".join(pending))
-                        label_target.stream.write(labels[: len(pending)].tobytes())
-                        pending.clear()
-                        if progress is not None:
-                            progress(count, total)
-                image_target.stream.write(b"".join(pending))
-                label_target.stream.write(labels[: len(pending)].tobytes())
-                if count != total:
-                    raise DatumError(
-                        f"{db_path}: read {count} records, the database reported {total} "
-                        "(was it changed while exporting?)"
-                    )
-                # Both complete: only now do they reach their names.
-                image_target.commit()
-                label_target.commit()
-        except OSError as exc:
-            raise Mnist2dbError(f"{out}: cannot write: {exc.strerror or exc}") from None
-    if progress is not None:
-        progress(count, total)
-    return ExportResult(images_out, labels_out, count, rows, cols)

@@ -15,8 +15,9 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .errors import Mnist2dbError, OutputExistsError
+from .errors import Mnist2dbError
 from .fsutil import AtomicFile
+from .pairs import check_file_target
 
 if TYPE_CHECKING:
     import numpy as np
@@ -25,6 +26,7 @@ __all__ = [
     "ASCII_RAMP",
     "SHADE_RAMP",
     "RenderError",
+    "check_canvas",
     "grid_layout",
     "image_to_gray",
     "image_to_text",
@@ -40,6 +42,9 @@ SCALE = 3
 PAD = 4
 LABEL_HEIGHT = 14
 MAX_COLUMNS = 10
+#: The largest PNG canvas drawn, in pixels (one byte each, in memory until written):
+#: 1000 MNIST digits take 9 million.
+MAX_PNG_PIXELS = 64_000_000
 
 
 class RenderError(Mnist2dbError):
@@ -101,6 +106,27 @@ def grid_layout(count: int, height: int, width: int) -> tuple[int, int, int, int
     return columns, rows, columns * cell_w + (columns + 1) * PAD, rows * cell_h + (rows + 1) * PAD
 
 
+def check_canvas(path: str, count: int, height: int, width: int) -> None:
+    """Refuse, before any image is held, a grid whose canvas exceeds :data:`MAX_PNG_PIXELS`.
+
+    Raises:
+        RenderError: naming the size and what fits.
+    """
+    _, _, png_w, png_h = grid_layout(count, height, width)
+    if png_w * png_h > MAX_PNG_PIXELS:
+        low, high = 0, count  # the most images that fit: the canvas grows with the count
+        while low < high:
+            middle = (low + high + 1) // 2
+            _, _, w, h = grid_layout(middle, height, width)
+            low, high = (middle, high) if w * h <= MAX_PNG_PIXELS else (low, middle - 1)
+        fits = low
+        hint = f"use --count {fits} or fewer" if fits else "one image is already too large"
+        raise RenderError(
+            f"{path}: {count} images of {height} × {width} make a {png_w} × {png_h} canvas, "
+            f"more than {MAX_PNG_PIXELS} pixels ({hint})"
+        )
+
+
 def cell_origin(position: int, columns: int, height: int, width: int) -> tuple[int, int]:
     """Top-left corner ``(x, y)`` of the image (below its caption) in grid cell ``position``."""
     row, column = divmod(position, columns)
@@ -125,8 +151,9 @@ def write_png_grid(
         The PNG's ``(width, height)``.
 
     Raises:
-        OutputExistsError: ``path`` exists and ``overwrite`` is false.
-        RenderError: no images, images of different shapes, or the file cannot be written.
+        OutputExistsError: ``path`` exists and ``overwrite`` is false, or is not a file.
+        RenderError: no images, images of different shapes, a canvas larger than
+            :data:`MAX_PNG_PIXELS`, too little memory, or the file cannot be written.
     """
     import numpy as np
     from PIL import Image, ImageDraw, ImageFont
@@ -134,8 +161,7 @@ def write_png_grid(
     out = os.fspath(path)
     if not images:
         raise RenderError(f"{out}: no images to draw")
-    if os.path.lexists(out) and not overwrite:
-        raise OutputExistsError(f"{out}: already exists (use --overwrite to replace it)")
+    check_file_target(out, overwrite)
     grays = [image_to_gray(image) for image in images]
     height, width = grays[0].shape
     for gray in grays:
@@ -144,22 +170,28 @@ def write_png_grid(
                 f"{out}: images of different sizes ({height} × {width} and "
                 f"{gray.shape[0]} × {gray.shape[1]}) cannot share a grid"
             )
+    check_canvas(out, len(grays), height, width)
     columns, _, png_w, png_h = grid_layout(len(grays), height, width)
-    canvas = Image.new("L", (png_w, png_h), color=255)
-    draw = ImageDraw.Draw(canvas)
-    font = ImageFont.load_default()
-    block = np.ones((SCALE, SCALE), dtype=np.uint8)
-    for position, (gray, caption) in enumerate(zip(grays, captions, strict=True)):
-        x, y = cell_origin(position, columns, height, width)
-        canvas.paste(Image.fromarray(np.kron(gray, block)), (x, y))
-        text = caption
-        while text and draw.textlength(text, font=font) > width * SCALE:
-            text = text[1:]
-        draw.text((x, y - LABEL_HEIGHT + 1), text, fill=0, font=font)
+    try:
+        canvas = Image.new("L", (png_w, png_h), color=255)
+        draw = ImageDraw.Draw(canvas)
+        font = ImageFont.load_default()
+        block = np.ones((SCALE, SCALE), dtype=np.uint8)
+        for position, (gray, caption) in enumerate(zip(grays, captions, strict=True)):
+            x, y = cell_origin(position, columns, height, width)
+            canvas.paste(Image.fromarray(np.kron(gray, block)), (x, y))
+            text = caption
+            while text and draw.textlength(text, font=font) > width * SCALE:
+                text = text[1:]
+            draw.text((x, y - LABEL_HEIGHT + 1), text, fill=0, font=font)
+    except MemoryError:
+        raise RenderError(f"{out}: not enough memory to draw a {png_w} × {png_h} canvas") from None
     try:
         with AtomicFile(out, suffix=".png") as target:
             canvas.save(target.stream, format="PNG")
             target.commit()
+    except MemoryError:
+        raise RenderError(f"{out}: not enough memory to encode the PNG") from None
     except OSError as exc:
         raise RenderError(f"{out}: cannot write: {exc.strerror or exc}") from None
     return png_w, png_h

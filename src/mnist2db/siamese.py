@@ -81,7 +81,9 @@ class SiameseResult(_SiameseResultFields):
 
 
 @contextlib.contextmanager
-def _staged_database(out: str, overwrite: bool) -> Iterator[tuple[str, Callable[..., Writer]]]:
+def _staged_database(
+    out: str, backend: str, overwrite: bool, inputs: tuple[str, ...]
+) -> Iterator[tuple[str, Callable[..., Writer]]]:
     """``(staging directory, open_writer)`` for a new database that appears at ``out`` only
     when complete: the staging and placement of :func:`mnist2db.convert`, used from here only.
 
@@ -89,7 +91,8 @@ def _staged_database(out: str, overwrite: bool) -> Iterator[tuple[str, Callable[
     must be closed by it; on any exception it is aborted and the staging directory removed.
     """
     from .backends import open_writer
-    from .conversion import _APPEND_LIMIT, _staged_directory
+    from .conversion import _APPEND_LIMIT
+    from .staging import staged_database
 
     opened: list[Writer] = []
 
@@ -98,7 +101,7 @@ def _staged_database(out: str, overwrite: bool) -> Iterator[tuple[str, Callable[
         opened.append(writer)
         return writer
 
-    with _staged_directory(out, overwrite) as staging:
+    with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
         try:
             yield staging, open_staged
         except BaseException:
@@ -244,7 +247,7 @@ def convert_siamese(
         seed = int.from_bytes(os.urandom(8), "little")
     elif not 0 <= seed < 1 << 64:
         raise Mnist2dbError(f"seed must be between 0 and 2**64-1, got {seed}")
-    with _staged_database(out, overwrite) as (staging, open_staged):
+    with _staged_database(out, backend, overwrite, (images, labels)) as (staging, open_staged):
         pixels, label_array, rows, cols = _load(images, labels, staging)
         count = len(label_array)
         if 2 * rows * cols > _INT32_MAX:

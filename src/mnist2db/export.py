@@ -1,0 +1,185 @@
+"""Write IDX files back from a database: ``PREFIX-images-idx3-ubyte`` and ``PREFIX-labels-idx1-ubyte``.
+
+The two files appear together or not at all (:mod:`mnist2db.pairs`): both targets are
+checked before any work, both are written under temporary names, and both are placed, the
+first put back if the second cannot be.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .dataset import shared_reader
+from .datum import DatumError, decode_datum
+from .errors import Mnist2dbError, OutputExistsError
+from .fsutil import AtomicFile, make_parents, remove_made
+from .inspect import _datum_encoding, _key_text
+from .pairs import check_file_target, place_together, recover_together
+
+__all__ = ["ExportResult", "default_prefix", "export_db"]
+
+ProgressCallback = Callable[[int, int], None]
+
+_BATCH = 1000
+#: What an empty database is exported as: it records no image size, so MNIST's.
+EMPTY_SHAPE = (28, 28)
+#: Caffe's database names: ``mnist_train_lmdb``, ``mnist_test_leveldb``, ``<name>_train_lmdb``.
+_CAFFE_NAME = re.compile(r"(?:.*[_-])?(train|test)[_-](?:lmdb|leveldb)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    images: str
+    labels: str
+    count: int
+    rows: int
+    cols: int
+
+
+def _decode_record(db_path: str, key: bytes, value: bytes) -> Any:
+    try:
+        return decode_datum(value)
+    except DatumError as exc:
+        raise DatumError(f"{db_path}: key {_key_text(key)}: {exc}") from None
+
+
+def default_prefix(db: str | os.PathLike[str]) -> str:
+    """The file-name stem for :func:`export_db`, from Caffe's database names only.
+
+    ``…_train_lmdb`` / ``…_train_leveldb`` give ``train``, ``…_test_…`` give ``t10k``
+    (MNIST's names); any other name (``latest_lmdb``, ``digits``) is used as it is.
+    """
+    name = os.path.basename(os.path.normpath(os.fspath(db)))
+    match = _CAFFE_NAME.fullmatch(name)
+    if match is None:
+        return name
+    return "train" if match.group(1).lower() == "train" else "t10k"
+
+
+def export_db(
+    db: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    prefix: str | None = None,
+    overwrite: bool = False,
+    progress: ProgressCallback | None = None,
+) -> ExportResult:
+    """Write ``PREFIX-images-idx3-ubyte`` and ``PREFIX-labels-idx1-ubyte`` from a database of
+    single-channel uint8 Datums, in key order. For a database made by ``convert`` the files
+    equal the sources byte for byte. An empty database gives two files of 0 items (images
+    of 28 × 28: a database of no records does not record a size).
+
+    Both targets are checked first; both files are written under temporary names in
+    ``out_dir`` (created if missing, and removed again if the export fails) and placed
+    together: both appear, or neither does (an export killed half-way is rolled back by
+    the next export of the same files).
+
+    Raises:
+        OutputExistsError: a target exists and ``overwrite`` is false, or is not a regular
+            file, or ``out_dir`` is the database itself.
+        DatumError: a record is not a 1-channel uint8 Datum of the first record's size, or
+            its label does not fit a uint8 label file.
+        BackendError: ``db`` is not a database.
+    """
+    db_path = os.fspath(db)
+    out = os.fspath(out_dir)
+    if not out:
+        raise OutputExistsError("the output directory is empty: name a directory")
+    stem = prefix if prefix is not None else default_prefix(db_path)
+    images_out = os.path.join(out, f"{stem}-images-idx3-ubyte")
+    labels_out = os.path.join(out, f"{stem}-labels-idx1-ubyte")
+    real_db = os.path.realpath(db_path)
+    if os.path.realpath(out) == real_db or os.path.realpath(out).startswith(real_db + os.sep):
+        raise OutputExistsError(
+            f"{out}: is inside the database {db_path}; write the files elsewhere"
+        )
+    if os.path.isdir(out):
+        recover_together([images_out, labels_out])
+    for target in (images_out, labels_out):
+        check_file_target(target, overwrite)
+    with shared_reader(db_path) as reader:
+        total = len(reader)
+        rows, cols = EMPTY_SHAPE
+        if total:
+            first_key = reader.first_key() or b""
+            first = _decode_record(db_path, first_key, reader.get(first_key) or b"")
+            rows, cols = int(first.height), int(first.width)
+        try:
+            made = make_parents(out)
+        except OSError as exc:
+            raise OutputExistsError(f"{out}: cannot create directory: {exc.strerror}") from None
+        try:
+            count = _write_pair(reader, db_path, (images_out, labels_out), total, rows, cols,
+                                progress)  # fmt: skip
+        except OSError as exc:
+            remove_made(made)
+            raise Mnist2dbError(
+                f"{exc.filename or out}: cannot write: {exc.strerror or exc}"
+            ) from None
+        except BaseException:
+            remove_made(made)
+            raise
+    if progress is not None:
+        progress(count, total)
+    return ExportResult(images_out, labels_out, count, rows, cols)
+
+
+def _write_pair(
+    reader: Any,
+    db_path: str,
+    targets: tuple[str, str],
+    total: int,
+    rows: int,
+    cols: int,
+    progress: ProgressCallback | None,
+) -> int:
+    import struct
+
+    import numpy as np
+
+    with AtomicFile(targets[0]) as image_target, AtomicFile(targets[1]) as label_target:
+        image_target.write(struct.pack(">4I", 0x00000803, total, rows, cols))
+        label_target.write(struct.pack(">2I", 0x00000801, total))
+        labels = np.empty(_BATCH, dtype=np.uint8)
+        pending: list[bytes] = []
+        count = 0
+        for key, value in reader:
+            datum = _decode_record(db_path, bytes(key), bytes(value))
+            where = f"{db_path}: key {_key_text(bytes(key))}"
+            if (datum.channels, datum.height, datum.width) != (1, rows, cols):
+                raise DatumError(
+                    f"{where}: Datum {datum.channels}×{datum.height}×{datum.width}, "
+                    f"an IDX image file needs every record 1×{rows}×{cols}"
+                )
+            if datum.encoded or len(datum.data) != rows * cols:
+                raise DatumError(
+                    f"{where}: not raw uint8 pixels ({_datum_encoding(datum)}, "
+                    f"{len(datum.data)} data bytes)"
+                )
+            if not 0 <= datum.label <= 255:
+                raise DatumError(
+                    f"{where}: label {datum.label} does not fit a uint8 IDX label file"
+                )
+            labels[len(pending)] = datum.label
+            pending.append(datum.data)
+            count += 1
+            if len(pending) == _BATCH:
+                image_target.write(b"".join(pending))
+                label_target.write(labels[: len(pending)].tobytes())
+                pending.clear()
+                if progress is not None:
+                    progress(count, total)
+        image_target.write(b"".join(pending))
+        label_target.write(labels[: len(pending)].tobytes())
+        if count != total:
+            raise DatumError(
+                f"{db_path}: read {count} records, the database reported {total} "
+                "(was it changed while exporting?)"
+            )
+        # Both complete: only now do they reach their names, together.
+        place_together([image_target, label_target])
+    return count
