@@ -23,11 +23,16 @@ FLOOR_STAMP := $(FLOOR_VENV)/.installed-stamp
 
 $(FLOOR_STAMP): pyproject.toml constraints/floor.txt
 	test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
-	$(FLOOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -c constraints/floor.txt -e '.[test]'
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r constraints/floor.txt
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(FLOOR_STAMP)
 
+# The pinned stack first, then mnist2db into it, unconstrained: pip must keep every pin.
 test-floor: $(FLOOR_STAMP)
-	$(FLOOR_VENV)/bin/python -m pip freeze --exclude-editable | grep -iE '^(click|lmdb|numpy|pillow|plyvel|protobuf)=='
+	$(FLOOR_VENV)/bin/python -c "import sys, importlib.metadata as m; \
+	pins = [l.split('==') for l in open('constraints/floor.txt') if '==' in l]; \
+	bad = [f'{n} {m.version(n)} (floor {v.strip()})' for n, v in pins if m.version(n) != v.strip()]; \
+	sys.exit('not at the floor: ' + ', '.join(bad) if bad else 0)"
 	$(FLOOR_VENV)/bin/python -m pytest
 
 lint: $(STAMP)
