@@ -26,7 +26,9 @@ def _separate_stderr_on_click_8_1() -> None:
         return
     init = CliRunner.__init__
 
-    def __init__(self: CliRunner, *args: object, mix_stderr: bool = False, **kwargs: object) -> None:
+    def __init__(
+        self: CliRunner, *args: object, mix_stderr: bool = False, **kwargs: object
+    ) -> None:
         init(self, *args, mix_stderr=mix_stderr, **kwargs)  # type: ignore[misc]
 
     CliRunner.__init__ = __init__  # type: ignore[method-assign]

@@ -203,7 +203,12 @@ def test_leveldb_held_by_another_process_names_the_limit(mnist_pair, tmp_path: P
 
     path, _, _ = make_db(mnist_pair, tmp_path, "leveldb")
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import plyvel, sys; db = plyvel.DB(sys.argv[1]); print('held', flush=True); sys.stdin.read()", str(path)],
+        [
+            sys.executable,
+            "-c",
+            "import plyvel, sys; db = plyvel.DB(sys.argv[1]); print('held', flush=True); sys.stdin.read()",
+            str(path),
+        ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

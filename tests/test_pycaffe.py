@@ -18,13 +18,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Caffe's caffe.proto, cut down to the messages mnist2db uses, field for field, plus one
 # Caffe message mnist2db does not define (it must not matter to either side).
-CAFFE_PROTO = (ROOT / "proto" / "datum.proto").read_text() + """
+CAFFE_PROTO = (
+    (ROOT / "proto" / "datum.proto").read_text()
+    + """
 message LabelMapItem {
   optional string name = 1;
   optional int32 label = 2;
   optional string display_name = 3;
 }
 """
+)
 
 
 def compile_caffe_pb2(tmp_path: Path) -> Path:

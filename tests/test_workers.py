@@ -13,7 +13,6 @@ import hashlib
 import multiprocessing
 import os
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,7 +51,11 @@ def read_everything(args: tuple[object, int]) -> tuple[str, str, int]:
                 batched.update(image.tobytes() + bytes([label]))
         return one.hexdigest(), batched.hexdigest(), os.getpid()
     except Exception as exc:  # reported to the parent with its class
-        return f"{type(exc).__name__}{'(Mnist2dbError)' if isinstance(exc, Mnist2dbError) else ''}", str(exc), os.getpid()
+        return (
+            f"{type(exc).__name__}{'(Mnist2dbError)' if isinstance(exc, Mnist2dbError) else ''}",
+            str(exc),
+            os.getpid(),
+        )
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +143,9 @@ def test_threads_share_one_handle(databases, backend: str) -> None:
     assert errors == []
     for entry in digests:
         value, seed = entry.split(":")
-        assert value == digest(np.random.default_rng(int(seed)).permutation(RECORDS), images, labels)
+        assert value == digest(
+            np.random.default_rng(int(seed)).permutation(RECORDS), images, labels
+        )
     assert len(digests) == 8
     count = 0
     for key, datum in mnist2db.iter_db(path):

@@ -24,11 +24,8 @@ else:
 
 __all__ = [
     "BACKENDS",
-    "DbReader",
     "Writer",
     "detect_backend",
-    "iter_db",
-    "open_reader",
     "open_writer",
 ]
 

@@ -49,6 +49,10 @@ __all__ = [
     "shared_reader",
 ]
 
+#: numpy's, set on first use (numpy is imported lazily).
+_ndarray: Any = None
+_uint8: Any = None
+
 # Caffe's "%08d" keys sort in index order only below 10**8 records.
 _SEQUENTIAL_LIMIT = 10**8
 
@@ -98,9 +102,12 @@ def _decode_image(data: bytes, where: str) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(io.BytesIO(data)) as picture:
-            if picture.mode not in ("L", "RGB"):
-                picture = picture.convert("RGB" if "A" in picture.mode or picture.mode == "P" else "L")
+        with Image.open(io.BytesIO(data)) as opened:
+            picture = (
+                opened
+                if opened.mode in ("L", "RGB")
+                else opened.convert("L" if opened.mode in ("1", "I", "I;16", "F") else "RGB")
+            )
             pixels = np.asarray(picture)
     except (OSError, UnidentifiedImageError, ValueError) as exc:
         raise DatumError(f"{where}: encoded image cannot be decoded: {exc}") from None
@@ -119,6 +126,7 @@ class DatumDataset:
         self.path = os.fspath(path)
         self.backend = backend or detect_backend(self.path)
         self._reader: DbReader | None = None
+        self._local: Any = None  # the handle's thread-local transactions (LMDB)
         self._keys: list[bytes] | None = None
         self._layout: tuple[int, bytes, tuple[int, int, int], int] | None = None
         reader = self._open()
@@ -140,8 +148,10 @@ class DatumDataset:
     def _init_fast(self) -> None:
         import numpy as np
 
-        self._ndarray = np.ndarray
-        self._uint8 = np.uint8
+        global _ndarray, _uint8
+        _ndarray, _uint8 = np.ndarray, np.uint8
+        # db[i]'s fast path: LMDB, Caffe's keys, a first record in Caffe's fixed layout.
+        self._fast = self._layout if self._sequential and self.backend == "lmdb" else None
         if self.backend == "lmdb":
             import lmdb
 
@@ -156,11 +166,13 @@ class DatumDataset:
     def _open(self) -> DbReader:
         if self._reader is None:
             self._reader = DbReader(self.path, self.backend)
+            self._local = self._reader.handle._local
         return self._reader
 
     def close(self) -> None:
         """Release the database handle (it is reopened if the dataset is used again)."""
         reader, self._reader = self._reader, None
+        self._local = None
         if reader is not None:
             reader.close()
 
@@ -176,13 +188,14 @@ class DatumDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_reader", "_ndarray", "_uint8", "_errors"):
+        for name in ("_reader", "_local", "_errors"):
             state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._reader = None
+        self._local = None
         self._init_fast()
 
     # -- keys ----------------------------------------------------------------------------
@@ -223,9 +236,7 @@ class DatumDataset:
 
             raise self._failed(exc, _error_text(exc)) from exc
         if value is None:
-            raise MissingKeyError(
-                f"{self.path}: no record with key {key.decode(errors='replace')}"
-            )
+            raise MissingKeyError(f"{self.path}: no record with key {key.decode(errors='replace')}")
         return value  # type: ignore[no-any-return]
 
     def _failed(self, exc: Exception, text: str) -> Mnist2dbError:
@@ -242,14 +253,11 @@ class DatumDataset:
             and value[-1] < 0x80
             and value.startswith(layout[1])
         ):
-            return self._ndarray(layout[2], self._uint8, bytearray(value), layout[3]), value[-1]
+            return _ndarray(layout[2], _uint8, bytearray(value), layout[3]), value[-1]
         where = f"{self.path}: key {key.decode(errors='replace')}"
         try:
             datum = decode_datum(value)
-            if datum.encoded:
-                image = _decode_image(datum.data, where)
-            else:
-                image = datum_to_array(datum)
+            image = _decode_image(datum.data, where) if datum.encoded else datum_to_array(datum)
         except DatumError as exc:
             if str(exc).startswith(where):
                 raise
@@ -276,29 +284,27 @@ class DatumDataset:
     ) -> tuple[np.ndarray, int] | list[tuple[np.ndarray, int]]:
         # The hot path of a training loop, kept flat: an int index, Caffe's keys, LMDB, a
         # record in the first record's layout. Everything else takes the general path.
-        if index.__class__ is int and self._sequential and self.backend == "lmdb":
-            length = self._length
-            position = index + length if index < 0 else index  # type: ignore[operator]
-            if 0 <= position < length:
+        if index.__class__ is int and self._fast is not None:
+            position = index + self._length if index < 0 else index
+            if 0 <= position < self._length:
                 key = b"%08d" % position
                 try:
-                    value = self._reader._handle._local.txn.get(key)  # type: ignore[union-attr]
-                except AttributeError:  # no handle or transaction in this process/thread yet
+                    value = self._local.txn.get(key)
+                except AttributeError:  # no transaction in this process or thread yet
                     value = self._fetch(key)
                 except self._errors as exc:
                     from .readers import _error_text
 
                     raise self._failed(exc, _error_text(exc)) from exc
-                layout = self._layout
+                length, prefix, shape, offset = self._fast
                 if (
-                    layout is not None
-                    and value is not None
-                    and len(value) == layout[0]
+                    value.__class__ is bytes
+                    and len(value) == length
                     and value[-2] == 0x28
                     and value[-1] < 0x80
-                    and value.startswith(layout[1])
+                    and value.startswith(prefix)
                 ):
-                    return self._ndarray(layout[2], self._uint8, bytearray(value), layout[3]), value[-1]
+                    return _ndarray(shape, _uint8, bytearray(value), offset), value[-1]
                 return self._decode(key, value if value is not None else self._fetch(key))
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(self._length))]

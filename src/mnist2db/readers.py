@@ -82,7 +82,9 @@ class _Handle:
         elif backend == "leveldb":
             self._open_leveldb()
         else:
-            raise BackendError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+            raise BackendError(
+                f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}"
+            )
         self.pid = os.getpid()
 
     def _open_lmdb(self) -> None:
@@ -114,7 +116,10 @@ class _Handle:
     # -- fork --------------------------------------------------------------------------------
 
     def after_fork_in_child(self, parent: int) -> None:
-        self._local = threading.local()
+        # The same local object (datasets hold it), emptied: after fork only this thread is
+        # left, and its transaction belongs to the parent's environment.
+        with contextlib.suppress(AttributeError):
+            del self._local.txn
         self._open_lock = threading.Lock()
         if self.backend == "lmdb":
             env, self._env = self._env, None
@@ -254,7 +259,9 @@ class DbReader:
                 raise self._failed(exc) from exc
         return sum(1 for _ in self.iter_keys())
 
-    def _iterate(self, start: bytes | None, keys_only: bool, reverse: bool = False) -> Iterator[Any]:
+    def _iterate(
+        self, start: bytes | None, keys_only: bool, reverse: bool = False
+    ) -> Iterator[Any]:
         try:
             if self.backend == "lmdb":
                 cursor = self.handle.txn().cursor()
