@@ -305,3 +305,24 @@ def test_keys_that_only_look_like_caffe_keys_are_indexed_in_key_order(
         by_iteration = [label for _, label in dataset]
         assert dataset.key(3) == b"00000003x"
     assert by_index == by_iteration == [0, 1, 2, 3, 4]
+
+
+def test_non_integer_indices_raise_type_error(mnist_pair, tmp_path: Path) -> None:
+    path, _, _ = make_db(mnist_pair, tmp_path, "lmdb")
+    with open_db(path) as db:
+        for index in (1.0, "3", None):
+            with pytest.raises(TypeError, match="record indices must be integers or slices"):
+                db[index]  # type: ignore[index]
+
+
+def test_non_utf8_database_path(mnist_pair, tmp_path: Path, backend: str) -> None:
+    """A database whose name is not valid UTF-8: py-lmdb and plyvel get os.fsencode(path)."""
+    path, images, labels = make_db(mnist_pair, tmp_path, backend)
+    odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/out\xe9_db")
+    os.rename(path, odd)
+    with open_db(odd) as db:
+        assert len(db) == 25 and db[3][1] == int(labels[3])
+        assert np.array_equal(db[4][0][0], images[4])
+    assert sum(1 for _ in mnist2db.iter_db(odd)) == 25
+    with mnist2db.open_reader(odd) as reader:
+        assert reader.first_key() == b"00000000"
