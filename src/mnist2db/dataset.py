@@ -314,11 +314,29 @@ class DatumDataset:
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[np.ndarray, int]]:
         """The records at ``indices`` (PyTorch's batched fetch: ``DataLoader`` calls it with
         each batch's indices when a dataset has it)."""
+        fast = self._fast
+        if fast is not None and all(i.__class__ is int for i in indices) and indices:
+            length = self._length
+            if -length <= min(indices) and max(indices) < length:
+                keys = [b"%08d" % (i + length if i < 0 else i) for i in indices]
+                try:
+                    get = self._local.txn.get
+                except AttributeError:  # no transaction in this process or thread yet
+                    self._fetch(keys[0])
+                    get = self._local.txn.get
+                try:
+                    values = list(map(get, keys))
+                except self._errors as exc:
+                    from .readers import _error_text
+
+                    raise self._failed(exc, _error_text(exc)) from exc
+                if None not in values:
+                    images, labels = self._stack(keys, values)
+                    return list(zip(images, labels.tolist(), strict=True))
         keys = [self.key(i) for i in indices]
         values = [self._fetch(key) for key in keys]
         images, labels = self._stack(keys, values)
-        label_list = labels.tolist()
-        return [(images[j], label_list[j]) for j in range(len(keys))]
+        return list(zip(images, labels.tolist(), strict=True))
 
     def read_range(self, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Records ``start`` to ``stop`` (exclusive) as one ``(n, c, h, w)`` image array and
@@ -343,15 +361,18 @@ class DatumDataset:
         import numpy as np
 
         layout = self._layout
-        if layout is not None and all(
-            len(v) == layout[0] and v[-2] == 0x28 and v[-1] < 0x80 and v.startswith(layout[1])
-            for v in values
-        ):
-            n, (length, _, shape, offset) = len(values), layout
+        if layout is not None and values and set(map(len, values)) == {layout[0]}:
+            # All of the first record's length: check the layout of all at once, as columns.
+            n, (length, prefix, shape, offset) = len(values), layout
             matrix = np.frombuffer(b"".join(values), np.uint8).reshape(n, length)
-            size = shape[0] * shape[1] * shape[2]
-            images = matrix[:, offset : offset + size].reshape(n, *shape).copy()
-            return images, matrix[:, -1].astype(np.int64)
+            if (
+                (matrix[:, :offset] == np.frombuffer(prefix, np.uint8)).all()
+                and (matrix[:, -2] == 0x28).all()
+                and (matrix[:, -1] < 0x80).all()
+            ):
+                size = shape[0] * shape[1] * shape[2]
+                images = matrix[:, offset : offset + size].reshape(n, *shape).copy()
+                return images, matrix[:, -1].astype(np.int64)
         records = [self._decode(k, v) for k, v in zip(keys, values, strict=True)]
         if not records:
             shape = layout[2] if layout is not None else (0, 0, 0)
