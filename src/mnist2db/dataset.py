@@ -122,6 +122,23 @@ class DatumDataset:
     Make one with :func:`open_db`.
     """
 
+    # Slots: db[i] is the hot path of a training loop, and slot attributes load fastest.
+    __slots__ = (
+        "_errors",
+        "_fast",
+        "_keys",
+        "_layout",
+        "_length",
+        "_local",
+        "_reader",
+        "_sequential",
+        "backend",
+        "path",
+    )
+
+    #: Attributes that belong to one process: not pickled (a worker opens its own handle).
+    _PROCESS_LOCAL = ("_reader", "_local", "_errors")
+
     def __init__(self, path: str | os.PathLike[str], backend: str | None = None) -> None:
         self.path = os.fspath(path)
         self.backend = backend or detect_backend(self.path)
@@ -149,7 +166,7 @@ class DatumDataset:
         import numpy as np
 
         global _ndarray, _uint8
-        _ndarray, _uint8 = np.ndarray, np.uint8
+        _ndarray, _uint8 = np.ndarray, np.dtype(np.uint8)
         # db[i]'s fast path: LMDB, Caffe's keys, a first record in Caffe's fixed layout.
         self._fast = self._layout if self._sequential and self.backend == "lmdb" else None
         if self.backend == "lmdb":
@@ -187,13 +204,15 @@ class DatumDataset:
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        for name in ("_reader", "_local", "_errors"):
-            state.pop(name, None)
-        return state
+        return {
+            name: getattr(self, name)
+            for name in self.__slots__
+            if name not in self._PROCESS_LOCAL and hasattr(self, name)
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        for name, value in state.items():
+            setattr(self, name, value)
         self._reader = None
         self._local = None
         self._init_fast()
@@ -283,29 +302,27 @@ class DatumDataset:
         self, index: int | slice
     ) -> tuple[np.ndarray, int] | list[tuple[np.ndarray, int]]:
         # The hot path of a training loop, kept flat: an int index, Caffe's keys, LMDB, a
-        # record in the first record's layout. Everything else takes the general path.
-        if index.__class__ is int and self._fast is not None:
-            position = index + self._length if index < 0 else index
-            if 0 <= position < self._length:
-                key = b"%08d" % position
-                try:
-                    value = self._local.txn.get(key)
-                except AttributeError:  # no transaction in this process or thread yet
-                    value = self._fetch(key)
-                except self._errors as exc:
-                    from .readers import _error_text
-
-                    raise self._failed(exc, _error_text(exc)) from exc
-                length, prefix, shape, offset = self._fast
+        # record in the first record's layout. Everything else, and every error (no
+        # transaction in this thread yet, an index out of range, so no such key: get returns
+        # None), takes the general path below.
+        fast = self._fast
+        if fast is not None and index.__class__ is int:
+            key = b"%08d" % (index + self._length if index < 0 else index)
+            try:
+                value = self._local.txn.get(key)
                 if (
-                    value.__class__ is bytes
-                    and len(value) == length
+                    len(value) == fast[0]
                     and value[-2] == 0x28
                     and value[-1] < 0x80
-                    and value.startswith(prefix)
+                    and value.startswith(fast[1])
                 ):
-                    return _ndarray(shape, _uint8, bytearray(value), offset), value[-1]
-                return self._decode(key, value if value is not None else self._fetch(key))
+                    return _ndarray(fast[2], _uint8, bytearray(value), fast[3]), value[-1]
+            except (AttributeError, TypeError):
+                pass
+            except self._errors as exc:
+                from .readers import _error_text
+
+                raise self._failed(exc, _error_text(exc)) from exc
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(self._length))]
         key = self.key(index)
