@@ -180,12 +180,14 @@ def _keep_forever(obj: object) -> None:
 
 #: (real path, backend) -> the process's handle on it.
 _HANDLES: dict[tuple[str, str], _Handle] = {}
-_HANDLES_LOCK = threading.Lock()
+# Re-entrant: a dataset freed by the garbage collector while this thread holds the lock
+# (inside _acquire) releases its handle from within.
+_HANDLES_LOCK = threading.RLock()
 
 
 def _after_fork_in_child() -> None:
     global _HANDLES_LOCK
-    _HANDLES_LOCK = threading.Lock()  # another thread may have held it at fork time
+    _HANDLES_LOCK = threading.RLock()  # another thread may have held it at fork time
     parent = os.getppid()
     for handle in _HANDLES.values():
         handle.after_fork_in_child(parent)
@@ -208,13 +210,14 @@ def _acquire(path: str, backend: str) -> _Handle:
 def _release(handle: _Handle) -> None:
     with _HANDLES_LOCK:
         handle.users -= 1
-        if handle.users > 0:
+        if handle.users > 0 or handle.forked_from is not None:
+            # A LevelDB handle inherited by fork stays in the table: opening the database
+            # again in this process would fail on the lock the parent holds, without a hint.
             return
         for key, found in list(_HANDLES.items()):
             if found is handle:
                 del _HANDLES[key]
-        if handle.forked_from is None:
-            handle.close()
+        handle.close()
 
 
 class DbReader:
