@@ -196,3 +196,24 @@ def test_forked_child_reads_lmdb_through_its_own_environment(mnist_pair, tmp_pat
     assert got == " ".join(str(int(x)) for x in labels)
     assert db[4][1] == int(labels[4])
     db.close()
+
+
+def test_a_database_replaced_under_the_same_name_is_read_anew(mnist_pair, tmp_path: Path) -> None:
+    """convert --overwrite while a dataset is open: a new open_db reads the new records, the
+    open one keeps reading the database it opened."""
+    first_i, first_l, _, first_labels = mnist_pair(6, 2, 2)
+    path = tmp_path / "db"
+    convert(first_i, first_l, path, backend="lmdb")
+    old = open_db(path)
+    assert old[5][1] == int(first_labels[5])
+    other = tmp_path / "other"
+    other.mkdir()
+    images2 = np.full((9, 2, 2), 7, np.uint8)
+    labels2 = np.arange(9, dtype=np.uint8)
+    from conftest import write_idx
+
+    convert(write_idx(other / "i", images2), write_idx(other / "l", labels2), path, backend="lmdb", overwrite=True)  # fmt: skip
+    with open_db(path) as new:
+        assert len(new) == 9 and new[8][1] == 8 and np.array_equal(new[0][0][0], images2[0])
+    assert len(old) == 6 and old[5][1] == int(first_labels[5])
+    old.close()

@@ -178,8 +178,8 @@ def _keep_forever(obj: object) -> None:
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
-#: (real path, backend) -> the process's handle on it.
-_HANDLES: dict[tuple[str, str], _Handle] = {}
+#: (real path, backend, st_dev, st_ino of the directory) -> the process's handle on it.
+_HANDLES: dict[tuple[str, str, int, int], _Handle] = {}
 # Re-entrant: a dataset freed by the garbage collector while this thread holds the lock
 # (inside _acquire) releases its handle from within.
 _HANDLES_LOCK = threading.RLock()
@@ -198,7 +198,13 @@ if hasattr(os, "register_at_fork"):
 
 
 def _acquire(path: str, backend: str) -> _Handle:
-    key = (os.path.realpath(path), backend)
+    # The directory's identity is part of the key: a database replaced under the same name
+    # (convert --overwrite) is another database, and gets a handle of its own.
+    try:
+        status = os.stat(path)
+    except OSError as exc:
+        raise BackendError(f"{path}: cannot open database: {exc.strerror}") from None
+    key = (os.path.realpath(path), backend, status.st_dev, status.st_ino)
     with _HANDLES_LOCK:
         handle = _HANDLES.get(key)
         if handle is None:
