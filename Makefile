@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test lint format proto bench clean
+.PHONY: install test test-floor lint format proto bench clean
 
 install: $(STAMP)
 
@@ -16,6 +16,25 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
+# The suite again with every dependency at its declared floor (constraints/floor.txt), in
+# its own environment: what a pinned Caffe stack (protobuf 3.20, numpy 1.23) runs. CI runs it.
+FLOOR_VENV ?= .venv-floor
+FLOOR_STAMP := $(FLOOR_VENV)/.installed-stamp
+
+$(FLOOR_STAMP): pyproject.toml constraints/floor.txt
+	test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r constraints/floor.txt
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(FLOOR_STAMP)
+
+# The pinned stack first, then mnist2db into it, unconstrained: pip must keep every pin.
+test-floor: $(FLOOR_STAMP)
+	$(FLOOR_VENV)/bin/python -c "import sys, importlib.metadata as m; \
+	pins = [l.split('==') for l in open('constraints/floor.txt') if '==' in l]; \
+	bad = [f'{n} {m.version(n)} (floor {v.strip()})' for n, v in pins if m.version(n) != v.strip()]; \
+	sys.exit('not at the floor: ' + ', '.join(bad) if bad else 0)"
+	$(FLOOR_VENV)/bin/python -m pytest
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts
 	$(BIN)/ruff format --check src tests scripts
@@ -25,9 +44,10 @@ format: $(STAMP)
 	$(BIN)/ruff format src tests scripts
 	$(BIN)/ruff check --fix src tests scripts
 
-# Regenerate the protobuf module from proto/datum.proto (grpcio-tools pins protoc's version).
+# No generated code: the message classes are built at run time (mnist2db.datum). This checks
+# that they equal what protoc makes of proto/datum.proto (needs protoc: protobuf-compiler).
 proto: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=src/mnist2db proto/datum.proto
+	$(BIN)/python -m pytest -q tests/test_proto.py
 
 # Speed and memory against the naive converter and the backends' floors (issue 5); ~2 minutes.
 # BENCH_ARGS="--markdown bench.md" also writes the tables as Markdown.
@@ -35,7 +55,7 @@ bench: $(STAMP)
 	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(FLOOR_VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
 
 # The main job: fetch a dataset (verified) and write both databases, as Caffe's
 # get_mnist.sh + create_mnist.sh. make mnist DATASET=fashion-mnist BACKEND=leveldb MIRROR=URL

@@ -367,6 +367,12 @@ def main() -> None:
 
         lines += ["", "Targets (issue 5):", ""]
         lines += targets(by, naive, scale_rows, per_train)
+
+        print("read side ...", file=sys.stderr)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_read import read_table
+
+        lines += ["", *read_table(*data["train"], work)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = "\n".join(lines) + "\n"

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mnist2db.backends import detect_backend, open_reader
+from mnist2db.backends import detect_backend
 from mnist2db.compat import FlagError, parse_flags, run
+from mnist2db.readers import open_reader
 
 ENTRY = [sys.executable, "-c", "from mnist2db.compat import main; main()"]
 

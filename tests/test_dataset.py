@@ -124,13 +124,25 @@ def _labels_in_child(args: tuple[object, list[int]]) -> list[int]:
 
 
 def test_forked_workers_read(mnist_pair, tmp_path: Path, backend: str) -> None:
+    """LMDB: forked children reopen the environment and read. LevelDB admits one process at
+    a time: every child fails with the one BackendError that says what to do."""
     path, _, labels = make_db(mnist_pair, tmp_path, backend)
     db = open_db(path)
-    assert db[0][1] == int(labels[0])  # the parent has the environment open before forking
+    assert db[0][1] == int(labels[0])  # the parent has the database open before forking
     context = multiprocessing.get_context("fork")
     with context.Pool(2) as pool:
-        got = pool.map(_labels_in_child, [(db, [1, 2, 3]), (db, [20, 21])])
-    assert got == [[int(labels[i]) for i in (1, 2, 3)], [int(labels[i]) for i in (20, 21)]]
+        if backend == "lmdb":
+            got = pool.map(_labels_in_child, [(db, [1, 2, 3]), (db, [20, 21])])
+            assert got == [[int(labels[i]) for i in (1, 2, 3)], [int(labels[i]) for i in (20, 21)]]
+        else:
+            with pytest.raises(BackendError) as info:
+                pool.map(_labels_in_child, [(db, [1, 2, 3]), (db, [20, 21])])
+            assert str(info.value) == (
+                f"{path}: this LevelDB database was opened by process {os.getpid()} before "
+                "it forked this one; LevelDB admits one process at a time: read it with "
+                "num_workers=0 (in the process that opened it), or convert it to LMDB "
+                "(mnist2db convert --backend lmdb), which any number of processes can read"
+            )
     # The parent's handle still works after the children exit, and a second dataset on
     # the same database shares it (neither backend can be opened twice by one process).
     assert [db[i][1] for i in (5, 6)] == [int(labels[5]), int(labels[6])]
@@ -185,15 +197,50 @@ def test_not_a_database(tmp_path: Path) -> None:
         open_db(tmp_path / "missing")
 
 
-def test_leveldb_held_by_another_handle_names_the_limit(mnist_pair, tmp_path: Path) -> None:
+def test_leveldb_held_by_another_process_names_the_limit(mnist_pair, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path, _, _ = make_db(mnist_pair, tmp_path, "leveldb")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import plyvel, sys; db = plyvel.DB(sys.argv[1]); print('held', flush=True); sys.stdin.read()",
+            str(path),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(BackendError) as info:
+            open_db(path)
+        assert str(info.value) == (
+            f"{path}: cannot open LevelDB database: IO error: lock {path}/LOCK: Resource "
+            "temporarily unavailable (LevelDB admits one process at a time: read it with "
+            "num_workers=0 (in the process that opened it), or convert it to LMDB (mnist2db "
+            "convert --backend lmdb), which any number of processes can read)"
+        )
+    finally:
+        holder.communicate("")
+
+
+def test_leveldb_held_in_this_process_outside_mnist2db_has_no_process_hint(
+    mnist_pair, tmp_path: Path
+) -> None:
+    """A lock this process holds (a plyvel handle of the user's): LevelDB's text, no
+    b'...' repr, and no "one process at a time" hint (it is this process)."""
     path, _, _ = make_db(mnist_pair, tmp_path, "leveldb")
     holder = plyvel.DB(str(path))
     try:
         with pytest.raises(BackendError) as info:
             open_db(path)
-        message = str(info.value)
-        assert message.startswith(f"{path}: cannot open LevelDB database: ")
-        assert message.endswith("(LevelDB admits one process at a time; LMDB has no such limit)")
+        assert str(info.value) == (
+            f"{path}: cannot open LevelDB database: IO error: lock {path}/LOCK: "
+            "already held by process"
+        )
     finally:
         holder.close()
 
@@ -258,3 +305,24 @@ def test_keys_that_only_look_like_caffe_keys_are_indexed_in_key_order(
         by_iteration = [label for _, label in dataset]
         assert dataset.key(3) == b"00000003x"
     assert by_index == by_iteration == [0, 1, 2, 3, 4]
+
+
+def test_non_integer_indices_raise_type_error(mnist_pair, tmp_path: Path) -> None:
+    path, _, _ = make_db(mnist_pair, tmp_path, "lmdb")
+    with open_db(path) as db:
+        for index in (1.0, "3", None):
+            with pytest.raises(TypeError, match="record indices must be integers or slices"):
+                db[index]  # type: ignore[index]
+
+
+def test_non_utf8_database_path(mnist_pair, tmp_path: Path, backend: str) -> None:
+    """A database whose name is not valid UTF-8: py-lmdb and plyvel get os.fsencode(path)."""
+    path, images, labels = make_db(mnist_pair, tmp_path, backend)
+    odd = os.fsdecode(os.fsencode(str(tmp_path)) + b"/out\xe9_db")
+    os.rename(path, odd)
+    with open_db(odd) as db:
+        assert len(db) == 25 and db[3][1] == int(labels[3])
+        assert np.array_equal(db[4][0][0], images[4])
+    assert sum(1 for _ in mnist2db.iter_db(odd)) == 25
+    with mnist2db.open_reader(odd) as reader:
+        assert reader.first_key() == b"00000000"

@@ -106,41 +106,10 @@ def test_datum_to_array_checks_length() -> None:
         datum_to_array(datum)
 
 
-PYCAFFE_FIRST = """
-# What importing pycaffe does: caffe/proto/caffe_pb2.py registers Caffe's caffe.Datum.
-from google.protobuf import descriptor_pb2, descriptor_pool
-F = descriptor_pb2.FieldDescriptorProto
-caffe = descriptor_pb2.FileDescriptorProto(
-    name="caffe/proto/caffe.proto", package="caffe", syntax="proto2"
-)
-datum = caffe.message_type.add(name="Datum")
-for name, number, kind in [("channels", 1, F.TYPE_INT32), ("height", 2, F.TYPE_INT32),
-                           ("width", 3, F.TYPE_INT32), ("data", 4, F.TYPE_BYTES),
-                           ("label", 5, F.TYPE_INT32)]:
-    datum.field.add(name=name, number=number, type=kind, label=F.LABEL_OPTIONAL)
-datum.field.add(name="float_data", number=6, type=F.TYPE_FLOAT, label=F.LABEL_REPEATED)
-datum.field.add(name="encoded", number=7, type=F.TYPE_BOOL, label=F.LABEL_OPTIONAL,
-                default_value="false")
-descriptor_pool.Default().Add(caffe)
-
-import numpy as np
-import mnist2db
-value = mnist2db.encode_datum(b"\\x01\\x02\\x03\\x04", 1, 2, 2, 7)
-decoded = mnist2db.decode_datum(value)
-made = mnist2db.array_to_datum(np.arange(4, dtype=np.uint8).reshape(1, 2, 2), 3)
-print(decoded.DESCRIPTOR.file.name, decoded.label, list(decoded.data),
-      made.SerializeToString() == mnist2db.encode_datum(bytes(range(4)), 1, 2, 2, 3))
-"""
-
-
-def test_works_beside_pycaffe() -> None:
-    """pycaffe registers caffe.Datum first; protobuf then refuses our definition of the same
-    name, and mnist2db uses Caffe's (the same message) instead of failing."""
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-c", PYCAFFE_FIRST], capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["caffe/proto/caffe.proto", "7", "[1,", "2,", "3,", "4]", "True"]
+def test_datum_to_array_returns_a_writable_copy() -> None:
+    """As pycaffe's caffe.io.datum_to_array: the caller may change the array."""
+    datum = decode_datum(encode_datum(b"\x01\x02\x03\x04", 1, 2, 2, 7))
+    array = datum_to_array(datum)
+    assert array.flags.writeable and array.flags.owndata
+    array[0, 0, 0] = 99
+    assert datum.data == b"\x01\x02\x03\x04"

@@ -30,10 +30,11 @@ import pytest
 from click.testing import CliRunner
 from conftest import make_images, make_labels, write_idx
 
-from mnist2db.backends import detect_backend, iter_db, open_reader
+from mnist2db.backends import detect_backend
 from mnist2db.cli import cli
 from mnist2db.conversion import STAGING_MARK, convert, remove_stale_staging
 from mnist2db.errors import BackendError, IdxFormatError
+from mnist2db.readers import iter_db, open_reader
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "mnist2db"
 

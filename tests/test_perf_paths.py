@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mnist2db.__main__ import parse_convert
-from mnist2db.backends import open_reader
 from mnist2db.conversion import convert, record_keys
 from mnist2db.datum import encode_batch, encode_raw_batch
 from mnist2db.datum_pb2 import Datum
 from mnist2db.errors import IdxFormatError
 from mnist2db.idx import open_idx
+from mnist2db.readers import open_reader
 
 
 def serialize(data: bytes, rows: int, cols: int, label: int) -> bytes:

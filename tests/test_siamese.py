@@ -15,10 +15,11 @@ import pytest
 from click.testing import CliRunner
 from conftest import write_idx
 
-from mnist2db.backends import detect_backend, open_reader
+from mnist2db.backends import detect_backend
 from mnist2db.cli import cli
 from mnist2db.datum import decode_datum
 from mnist2db.errors import IdxFormatError, Mnist2dbError, OutputExistsError
+from mnist2db.readers import open_reader
 from mnist2db.siamese import convert_siamese
 
 ROOT = Path(__file__).resolve().parent.parent

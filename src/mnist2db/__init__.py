@@ -32,8 +32,8 @@ _LAZY = {
     "ConvertResult": "conversion",
     "convert": "conversion",
     "detect_backend": "backends",
-    "iter_db": "backends",
-    "open_reader": "backends",
+    "iter_db": "readers",
+    "open_reader": "readers",
     "DatumDataset": "dataset",
     "open_db": "dataset",
 }
@@ -45,7 +45,7 @@ __all__ = sorted([*_LAZY, "__version__"])
 if TYPE_CHECKING:
     from typing import Any
 
-    from .backends import detect_backend, iter_db, open_reader
+    from .backends import detect_backend
     from .conversion import ConvertResult, convert
     from .dataset import DatumDataset, open_db
     from .datum import DatumError, array_to_datum, datum_to_array, decode_datum, encode_datum
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         OutputExistsError,
     )
     from .idx import IdxHeader, open_idx, read_header, read_idx
+    from .readers import iter_db, open_reader
 
 
 def __getattr__(name: str) -> Any:

@@ -25,13 +25,9 @@ else:
 __all__ = [
     "BACKENDS",
     "DATABASE_FILES",
-    "DbReader",
     "Writer",
     "detect_backend",
-    "iter_db",
-    "open_reader",
     "open_writer",
-    "probe_database",
 ]
 
 BACKENDS = ("lmdb", "leveldb")
@@ -207,7 +203,7 @@ class LeveldbWriter:
             )
         except plyvel.Error as exc:
             raise BackendError(
-                f"{path}: cannot create LevelDB database: {_backend_message(exc)}"
+                f"{path}: cannot create LevelDB database: {backend_message(exc)}"
             ) from exc
         self._writeback = _Writeback(path, ".log")
 
@@ -218,7 +214,7 @@ class LeveldbWriter:
                 _drain(itertools.starmap(batch.put, items))
         except self._plyvel.Error as exc:
             raise BackendError(
-                f"{self.path}: LevelDB write failed: {_backend_message(exc)}"
+                f"{self.path}: LevelDB write failed: {backend_message(exc)}"
             ) from exc
         if items:
             self._writeback.wrote(len(items) * (len(items[0][0]) + len(items[0][1]) + 16))
@@ -231,7 +227,7 @@ class LeveldbWriter:
             self._db.close()
         except self._plyvel.Error as exc:
             raise BackendError(
-                f"{self.path}: LevelDB flush failed: {_backend_message(exc)}"
+                f"{self.path}: LevelDB flush failed: {backend_message(exc)}"
             ) from exc
 
     def abort(self) -> None:
@@ -293,168 +289,8 @@ def is_database_file(backend: str, name: str) -> bool:
     return re.fullmatch(DATABASE_FILES[backend], name, re.ASCII) is not None
 
 
-def probe_database(backend: str, path: str) -> str | None:
-    """Open the database at ``path`` read-only as ``backend`` and close it again.
-
-    Returns None if it opens as one, else the backend's reason. Nothing is created: LMDB is
-    opened without its lock file, LevelDB with ``create_if_missing=False``.
-    """
-    if backend == "lmdb":
-        import lmdb
-
-        try:
-            env = lmdb.open(os.fsencode(path), readonly=True, lock=False, subdir=True, max_dbs=0)
-            env.stat()
-            env.close()
-        except lmdb.Error as exc:
-            return str(exc)
-        return None
-    import plyvel
-
-    try:
-        plyvel.DB(os.fsencode(path), create_if_missing=False).close()
-    except plyvel.Error as exc:
-        return _backend_message(exc)
-    return None
-
-
-def _backend_message(exc: BaseException) -> str:
+def backend_message(exc: BaseException) -> str:
     """A backend's message as text (plyvel gives ``b'...'`` bytes), on one line."""
     arg = exc.args[0] if exc.args else exc
     text = arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
     return " ".join(text.split())
-
-
-class DbReader:
-    """A finished database opened read-only: ``len()``, ``get(key)``, and iteration in key order."""
-
-    def __init__(self, path: str | os.PathLike[str], backend: str | None = None) -> None:
-        self.path = os.fspath(path)
-        self.backend = backend or detect_backend(self.path)
-        if self.backend == "lmdb":
-            self._open_lmdb()
-        elif self.backend == "leveldb":
-            self._open_leveldb()
-        else:
-            raise BackendError(
-                f"unknown backend {self.backend!r}: expected one of {', '.join(BACKENDS)}"
-            )
-
-    def _open_lmdb(self) -> None:
-        import lmdb
-
-        try:
-            try:
-                self._env = lmdb.open(self.path, readonly=True, lock=True, subdir=True, max_dbs=0)
-            except lmdb.Error:
-                # Read-only media or a folder we may not write to: lock.mdb cannot be
-                # opened for writing. A finished database does not change, so read unlocked.
-                self._env = lmdb.open(self.path, readonly=True, lock=False, subdir=True, max_dbs=0)
-        except lmdb.Error as exc:
-            raise BackendError(f"{self.path}: cannot open LMDB database: {exc}") from exc
-        self._lmdb_error = lmdb.Error
-
-    def _open_leveldb(self) -> None:
-        import plyvel
-
-        try:
-            self._db = plyvel.DB(self.path, create_if_missing=False)
-        except plyvel.Error as exc:
-            hint = ""
-            if "lock" in str(exc).lower():
-                hint = " (LevelDB admits one process at a time; LMDB has no such limit)"
-            raise BackendError(f"{self.path}: cannot open LevelDB database: {exc}{hint}") from exc
-
-    def __len__(self) -> int:
-        if self.backend == "lmdb":
-            return int(self._env.stat()["entries"])
-        return sum(1 for _ in self.iter_keys())
-
-    def iter_keys(self) -> Iterator[bytes]:
-        """The keys in order, without reading the values."""
-        if self.backend == "lmdb":
-            with self._env.begin() as txn:
-                yield from txn.cursor().iternext(keys=True, values=False)
-        else:
-            yield from self._db.iterator(include_value=False)
-
-    def get(self, key: bytes) -> bytes | None:
-        """The value stored under ``key``, or None."""
-        if self.backend == "lmdb":
-            with self._env.begin(buffers=False) as txn:
-                value = txn.get(key)
-        else:
-            value = self._db.get(key)
-        return None if value is None else bytes(value)
-
-    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
-        if self.backend == "lmdb":
-            with self._env.begin() as txn:
-                yield from txn.cursor().iternext(keys=True, values=True)
-        else:
-            yield from self._db.iterator()
-
-    def iter_from(self, start: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Iterate ``(key, value)`` in key order from the first key at or after ``start``."""
-        if self.backend == "lmdb":
-            with self._env.begin() as txn:
-                cursor = txn.cursor()
-                if cursor.set_range(start):
-                    yield from cursor.iternext(keys=True, values=True)
-        else:
-            yield from self._db.iterator(start=start)
-
-    def last_key(self) -> bytes | None:
-        """The greatest key, or None for an empty database."""
-        if self.backend == "lmdb":
-            with self._env.begin() as txn:
-                cursor = txn.cursor()
-                return bytes(cursor.key()) if cursor.last() else None
-        with self._db.iterator(reverse=True, include_value=False) as keys:
-            for key in keys:
-                return bytes(key)
-        return None
-
-    def first_key(self) -> bytes | None:
-        """The smallest key, or None for an empty database."""
-        if self.backend == "lmdb":
-            with self._env.begin() as txn:
-                cursor = txn.cursor()
-                return bytes(cursor.key()) if cursor.first() else None
-        with self._db.iterator(include_value=False) as keys:
-            for key in keys:
-                return bytes(key)
-        return None
-
-    def close(self) -> None:
-        if self.backend == "lmdb":
-            self._env.close()
-        else:
-            self._db.close()
-
-    def __enter__(self) -> DbReader:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-
-def open_reader(path: str | os.PathLike[str], backend: str | None = None) -> DbReader:
-    """Open a finished LMDB or LevelDB database for reading (backend detected when None)."""
-    return DbReader(path, backend)
-
-
-def iter_db(
-    path: str | os.PathLike[str], backend: str | None = None
-) -> Iterator[tuple[bytes, Any]]:
-    """Iterate a finished database as ``(key, caffe.Datum)`` in key order, for either backend.
-
-    Raises:
-        BackendError: the path is not a database of either backend.
-        DatumError: a value is not a Datum.
-    """
-    from .datum import decode_datum
-
-    with open_reader(path, backend) as reader:
-        for key, value in reader:
-            yield bytes(key), decode_datum(value)

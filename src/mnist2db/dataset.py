@@ -1,39 +1,41 @@
 """Read a finished Caffe Datum database as a dataset: ``open_db(path)[i] -> (image, label)``.
 
 The object :func:`open_db` returns is a read-only, map-style dataset: ``len()``, integer
-indexing (negative too), slicing and iteration. That is the whole protocol a PyTorch
-``DataLoader`` asks of a map-style dataset, so it can be passed to one directly; torch
-is never imported here::
+indexing (negative too), slicing, iteration, ``__getitems__`` (PyTorch's batched fetch) and
+:meth:`DatumDataset.read_range` (a contiguous range as one ``(n, c, h, w)`` array). That is
+the protocol a PyTorch ``DataLoader`` asks of a map-style dataset; torch is never imported.
 
-    from torch.utils.data import DataLoader
-    loader = DataLoader(mnist2db.open_db("examples/mnist/mnist_train_lmdb"), batch_size=64,
-                        shuffle=True, num_workers=2)
-
-Each image is a fresh, writable numpy array of shape ``(channels, height, width)`` (uint8
-for databases written by Caffe's ``convert_mnist_data`` or by mnist2db), each label an int.
+Each image is a fresh, writable numpy array of shape ``(channels, height, width)``: uint8
+for ``data``, float64 for ``float_data`` (as pycaffe's ``datum_to_array``), and for an
+encoded Datum the decoded image as Caffe's data layer sees it (grey: 1 channel; colour: 3,
+in OpenCV's BGR order). Each label is an int.
 
 Random access relies on Caffe's keys: record ``i`` is stored under ``"%08d" % i``. When a
 database's keys are not that sequence, the keys are read once, on first indexed access,
 and held in memory (one short bytes object per record).
 
-Worker processes: the database handle is dropped when the object is pickled and opened
-again on first use, so the dataset can be sent to spawned workers; forked workers read
-through the handle they inherit. LMDB admits any number of reading processes. LevelDB
-admits one process at a time: with a LevelDB database use ``num_workers=0`` or the fork
-start method, or convert it to LMDB. One process may open a database any number of times:
-the datasets share one handle.
+Records in the layout of the first record (same shape, raw uint8 pixels, a label from 0
+to 127: every MNIST record) are read without protobuf, straight from the stored bytes;
+any other record goes through protobuf.
+
+Processes and threads: see :mod:`mnist2db.readers`. A pickled dataset carries no handle
+and opens its own on first use (spawn, forkserver); a forked child reopens LMDB on first
+use; LevelDB admits one process at a time, so a worker process reading a LevelDB database
+that its parent holds fails with one :class:`~mnist2db.errors.BackendError` saying what
+to do (``num_workers=0``, or convert to LMDB).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from .backends import DbReader, detect_backend, open_reader
-from .datum import datum_to_array, decode_datum
+from .backends import detect_backend
+from .datum import DatumError, datum_to_array, decode_datum
 from .errors import Mnist2dbError
+from .readers import DbReader, shared_reader
 
 if TYPE_CHECKING:
     import numpy as np
@@ -47,51 +49,9 @@ __all__ = [
     "shared_reader",
 ]
 
-#: One reader per database per process, shared by every dataset open on it: neither LMDB
-#: nor LevelDB lets a process open the same database twice.
-#: (real path, backend) -> [reader, number of datasets using it, pid of the opener]
-#: A child made by fork() inherits this table and reads through its parent's handles
-#: (py-lmdb refuses a second environment on the same files), but never closes them:
-#: closing an LMDB environment in the child would clear the parent's reader slots.
-_SHARED: dict[tuple[str, str], list[Any]] = {}
-
-
-def _acquire(path: str, backend: str) -> DbReader:
-    key = (os.path.realpath(path), backend)
-    entry = _SHARED.get(key)
-    if entry is None:
-        entry = _SHARED[key] = [open_reader(path, backend), 0, os.getpid()]
-    entry[1] += 1
-    reader: DbReader = entry[0]
-    return reader
-
-
-def _release(path: str, backend: str, reader: DbReader) -> None:
-    key = (os.path.realpath(path), backend)
-    entry = _SHARED.get(key)
-    if entry is None or entry[0] is not reader:
-        return
-    entry[1] -= 1
-    if entry[1] <= 0 and entry[2] == os.getpid():
-        del _SHARED[key]
-        reader.close()
-
-
-@contextlib.contextmanager
-def shared_reader(path: str | os.PathLike[str], backend: str | None = None) -> Iterator[DbReader]:
-    """The process's reader of the database at ``path``, shared with any open dataset on it.
-
-    For code that reads a database once (info, verify, export): opening it with
-    :func:`~mnist2db.backends.open_reader` would fail while a dataset holds it open.
-    """
-    path = os.fspath(path)
-    backend = backend or detect_backend(path)
-    reader = _acquire(path, backend)
-    try:
-        yield reader
-    finally:
-        _release(path, backend, reader)
-
+#: numpy's, set on first use (numpy is imported lazily).
+_ndarray: Any = None
+_uint8: Any = None
 
 # Caffe's "%08d" keys sort in index order only below 10**8 records.
 _SEQUENTIAL_LIMIT = 10**8
@@ -114,17 +74,78 @@ def record_key(index: int) -> bytes:
     return b"%08d" % index
 
 
+def _layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | None:
+    """``(length, prefix, shape, pixels offset)`` of a record in Caffe's fixed layout
+    (``channels, height, width, data, label`` with a one-byte label), else None."""
+    from .datum import datum_prefix, encode_datum
+
+    try:
+        datum = decode_datum(value)
+    except DatumError:
+        return None
+    shape = (int(datum.channels), int(datum.height), int(datum.width))
+    size = shape[0] * shape[1] * shape[2]
+    if min(shape) <= 0 or len(datum.data) != size or datum.encoded or len(datum.float_data):
+        return None
+    label = int(datum.label)
+    if not 0 <= label < 0x80 or value != encode_datum(datum.data, *shape, label):
+        return None
+    prefix = datum_prefix(*shape, size)
+    return len(value), prefix, shape, len(prefix)
+
+
+def _decode_image(data: bytes, where: str) -> np.ndarray:
+    """An encoded Datum's image as Caffe's data layer decodes it: ``(c, h, w)``, BGR."""
+    import io
+
+    import numpy as np
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            picture = (
+                opened
+                if opened.mode in ("L", "RGB")
+                else opened.convert("L" if opened.mode in ("1", "I", "I;16", "F") else "RGB")
+            )
+            pixels = np.asarray(picture)
+    except (OSError, UnidentifiedImageError, ValueError) as exc:
+        raise DatumError(f"{where}: encoded image cannot be decoded: {exc}") from None
+    if pixels.ndim == 2:
+        return pixels[np.newaxis].copy()
+    return np.ascontiguousarray(pixels[:, :, ::-1].transpose(2, 0, 1))
+
+
 class DatumDataset:
     """A finished LMDB or LevelDB database of Caffe Datums, read-only, indexed like a list.
 
     Make one with :func:`open_db`.
     """
 
+    # Slots: db[i] is the hot path of a training loop, and slot attributes load fastest.
+    __slots__ = (
+        "_errors",
+        "_fast",
+        "_keys",
+        "_layout",
+        "_length",
+        "_local",
+        "_reader",
+        "_sequential",
+        "backend",
+        "path",
+    )
+
+    #: Attributes that belong to one process: not pickled (a worker opens its own handle).
+    _PROCESS_LOCAL = ("_reader", "_local", "_errors")
+
     def __init__(self, path: str | os.PathLike[str], backend: str | None = None) -> None:
         self.path = os.fspath(path)
         self.backend = backend or detect_backend(self.path)
         self._reader: DbReader | None = None
+        self._local: Any = None  # the handle's thread-local transactions (LMDB)
         self._keys: list[bytes] | None = None
+        self._layout: tuple[int, bytes, tuple[int, int, int], int] | None = None
         reader = self._open()
         # Record i is read under Caffe's key "%08d" % i only if the keys are exactly that
         # sequence; otherwise by position in key order. One pass over the keys tells (about
@@ -135,19 +156,42 @@ class DatumDataset:
             sequential = sequential and bytes(key) == record_key(self._length)
             self._length += 1
         self._sequential = sequential and self._length <= _SEQUENTIAL_LIMIT
+        first = reader.first_key()
+        if first is not None:
+            value = reader.get(first)
+            self._layout = _layout(value) if value is not None else None
+        self._init_fast()
 
-    # -- the handle, one per process -----------------------------------------------------
+    def _init_fast(self) -> None:
+        import numpy as np
+
+        global _ndarray, _uint8
+        _ndarray, _uint8 = np.ndarray, np.dtype(np.uint8)
+        # db[i]'s fast path: LMDB, Caffe's keys, a first record in Caffe's fixed layout.
+        self._fast = self._layout if self._sequential and self.backend == "lmdb" else None
+        if self.backend == "lmdb":
+            import lmdb
+
+            self._errors: tuple[type[Exception], ...] = (lmdb.Error,)
+        else:
+            import plyvel
+
+            self._errors = (plyvel.Error,)
+
+    # -- the handle, shared by the process (mnist2db.readers) ----------------------------
 
     def _open(self) -> DbReader:
         if self._reader is None:
-            self._reader = _acquire(self.path, self.backend)
+            self._reader = DbReader(self.path, self.backend)
+            self._local = self._reader.handle._local
         return self._reader
 
     def close(self) -> None:
         """Release the database handle (it is reopened if the dataset is used again)."""
-        if self._reader is not None:
-            _release(self.path, self.backend, self._reader)
-        self._reader = None
+        reader, self._reader = self._reader, None
+        self._local = None
+        if reader is not None:
+            reader.close()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
@@ -160,42 +204,83 @@ class DatumDataset:
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_reader"] = None
-        return state
+        return {
+            name: getattr(self, name)
+            for name in self.__slots__
+            if name not in self._PROCESS_LOCAL and hasattr(self, name)
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        for name, value in state.items():
+            setattr(self, name, value)
+        self._reader = None
+        self._local = None
+        self._init_fast()
 
     # -- keys ----------------------------------------------------------------------------
 
-    def _index(self, index: int) -> int:
+    def _position(self, index: Any) -> int:
+        if isinstance(index, bool) or not hasattr(index, "__index__"):
+            raise TypeError(
+                f"{self.path}: record indices must be integers or slices, "
+                f"not {type(index).__name__}"
+            )
+        index = index.__index__()
         position = index + self._length if index < 0 else index
         if not 0 <= position < self._length:
             raise RecordIndexError(
                 f"{self.path}: index {index} is out of range ({self._length} records)"
             )
-        return position
+        return int(position)
 
     def key(self, index: int) -> bytes:
         """The key of record ``index`` (negative counts from the end)."""
-        position = self._index(index)
+        position = self._position(index)
         if self._sequential:
             return record_key(position)
         if self._keys is None:
-            self._keys = [bytes(k) for k, _ in self._open()]
+            self._keys = [bytes(k) for k in self._open().iter_keys()]
         return self._keys[position]
 
     # -- records -------------------------------------------------------------------------
 
+    def _fetch(self, key: bytes) -> bytes:
+        try:
+            if self.backend == "lmdb":
+                value = self._open().handle.txn().get(key)
+            else:
+                value = self._open().handle.db().get(key)
+        except self._errors as exc:
+            from .backends import backend_message
+
+            raise self._failed(exc, backend_message(exc)) from exc
+        if value is None:
+            raise MissingKeyError(f"{self.path}: no record with key {key.decode(errors='replace')}")
+        return value  # type: ignore[no-any-return]
+
+    def _failed(self, exc: Exception, text: str) -> Mnist2dbError:
+        from .errors import BackendError
+
+        return BackendError(f"{self.path}: {self.backend} read failed: {text}")
+
     def _decode(self, key: bytes, value: bytes) -> tuple[np.ndarray, int]:
+        layout = self._layout
+        if (
+            layout is not None
+            and len(value) == layout[0]
+            and value[-2] == 0x28
+            and value[-1] < 0x80
+            and value.startswith(layout[1])
+        ):
+            return _ndarray(layout[2], _uint8, bytearray(value), layout[3]), value[-1]
+        where = f"{self.path}: key {key.decode(errors='replace')}"
         try:
             datum = decode_datum(value)
-            image = datum_to_array(datum)
-        except Mnist2dbError as exc:
-            raise type(exc)(f"{self.path}: key {key.decode(errors='replace')}: {exc}") from None
-        if not image.flags.writeable:
-            image = image.copy()
+            image = _decode_image(datum.data, where) if datum.encoded else datum_to_array(datum)
+        except DatumError as exc:
+            if str(exc).startswith(where):
+                raise
+            raise DatumError(f"{where}: {exc}") from None
         return image, int(datum.label)
 
     def get(self, key: bytes | str) -> tuple[np.ndarray, int]:
@@ -205,12 +290,7 @@ class DatumDataset:
             MissingKeyError: no record has that key.
         """
         raw_key = key.encode() if isinstance(key, str) else bytes(key)
-        value = self._open().get(raw_key)
-        if value is None:
-            raise MissingKeyError(
-                f"{self.path}: no record with key {raw_key.decode(errors='replace')}"
-            )
-        return self._decode(raw_key, value)
+        return self._decode(raw_key, self._fetch(raw_key))
 
     @overload
     def __getitem__(self, index: int) -> tuple[np.ndarray, int]: ...
@@ -221,12 +301,110 @@ class DatumDataset:
     def __getitem__(
         self, index: int | slice
     ) -> tuple[np.ndarray, int] | list[tuple[np.ndarray, int]]:
+        # The hot path of a training loop, kept flat: an int index, Caffe's keys, LMDB, a
+        # record in the first record's layout. Everything else, and every error (no
+        # transaction in this thread yet, an index out of range, so no such key: get returns
+        # None), takes the general path below.
+        fast = self._fast
+        if fast is not None and index.__class__ is int:
+            key = b"%08d" % (index + self._length if index < 0 else index)
+            try:
+                value = self._local.txn.get(key)
+                if (
+                    len(value) == fast[0]
+                    and value[-2] == 0x28
+                    and value[-1] < 0x80
+                    and value.startswith(fast[1])
+                ):
+                    return _ndarray(fast[2], _uint8, bytearray(value), fast[3]), value[-1]
+            except (AttributeError, TypeError):
+                pass
+            except self._errors as exc:
+                from .backends import backend_message
+
+                raise self._failed(exc, backend_message(exc)) from exc
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(self._length))]
-        if not isinstance(index, int):
-            # numpy and torch integers pass through operator.index.
-            index = index.__index__()
-        return self.get(self.key(index))
+        key = self.key(index)
+        return self._decode(key, self._fetch(key))
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[np.ndarray, int]]:
+        """The records at ``indices`` (PyTorch's batched fetch: ``DataLoader`` calls it with
+        each batch's indices when a dataset has it)."""
+        fast = self._fast
+        if fast is not None and all(i.__class__ is int for i in indices) and indices:
+            length = self._length
+            if -length <= min(indices) and max(indices) < length:
+                keys = [b"%08d" % (i + length if i < 0 else i) for i in indices]
+                try:
+                    get = self._local.txn.get
+                except AttributeError:  # no transaction in this process or thread yet
+                    self._fetch(keys[0])
+                    get = self._local.txn.get
+                try:
+                    values = list(map(get, keys))
+                except self._errors as exc:
+                    from .backends import backend_message
+
+                    raise self._failed(exc, backend_message(exc)) from exc
+                if None not in values:
+                    images, labels = self._stack(keys, values)
+                    return list(zip(images, labels.tolist(), strict=True))
+        keys = [self.key(i) for i in indices]
+        values = [self._fetch(key) for key in keys]
+        images, labels = self._stack(keys, values)
+        return list(zip(images, labels.tolist(), strict=True))
+
+    def read_range(self, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Records ``start`` to ``stop`` (exclusive) as one ``(n, c, h, w)`` image array and
+        one ``(n,)`` int64 label array, read sequentially (one cursor).
+
+        Raises:
+            DatumError: the records do not all have one shape and dtype.
+        """
+        stop = self._length if stop is None else max(0, min(stop, self._length))
+        start = max(0, start + self._length if start < 0 else start)
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        if start < stop:
+            for key, value in self._open().iter_from(self.key(start)):
+                if len(keys) == stop - start:
+                    break
+                keys.append(bytes(key))
+                values.append(bytes(value))
+        return self._stack(keys, values)
+
+    def _stack(self, keys: list[bytes], values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        import numpy as np
+
+        layout = self._layout
+        if layout is not None and values and set(map(len, values)) == {layout[0]}:
+            # All of the first record's length: check the layout of all at once, as columns.
+            n, (length, prefix, shape, offset) = len(values), layout
+            matrix = np.frombuffer(b"".join(values), np.uint8).reshape(n, length)
+            if (
+                (matrix[:, :offset] == np.frombuffer(prefix, np.uint8)).all()
+                and (matrix[:, -2] == 0x28).all()
+                and (matrix[:, -1] < 0x80).all()
+            ):
+                size = shape[0] * shape[1] * shape[2]
+                images = matrix[:, offset : offset + size].reshape(n, *shape).copy()
+                return images, matrix[:, -1].astype(np.int64)
+        records = [self._decode(k, v) for k, v in zip(keys, values, strict=True)]
+        if not records:
+            shape = layout[2] if layout is not None else (0, 0, 0)
+            return np.empty((0, *shape), np.uint8), np.empty(0, np.int64)
+        first = records[0][0]
+        for key, (image, _) in zip(keys, records, strict=True):
+            if image.shape != first.shape or image.dtype != first.dtype:
+                raise DatumError(
+                    f"{self.path}: key {key.decode(errors='replace')}: {image.dtype} "
+                    f"{image.shape} does not stack with the first record's {first.dtype} "
+                    f"{first.shape}"
+                )
+        return np.stack([image for image, _ in records]), np.array(
+            [label for _, label in records], np.int64
+        )
 
     def __len__(self) -> int:
         return self._length
@@ -261,12 +439,13 @@ def open_db(path: str | os.PathLike[str], backend: str | None = None) -> DatumDa
     """Open a finished Caffe Datum database (LMDB or LevelDB, detected) as a read-only dataset.
 
     Args:
-        path: the database directory.
+        path: the database directory (any path bytes: non-UTF-8 names work).
         backend: ``"lmdb"`` or ``"leveldb"``; detected from the directory's files when None.
 
     Returns:
         A :class:`DatumDataset`: ``len(db)``, ``db[i] -> (image, label)`` with ``image`` a
-        ``(channels, height, width)`` numpy array, ``db[a:b]`` a list of those, iteration.
+        ``(channels, height, width)`` numpy array, ``db[a:b]`` a list of those, iteration,
+        ``db.__getitems__(indices)``, ``db.read_range(start, stop)``.
 
     Raises:
         BackendError: the path is missing or not a database of either backend.

@@ -33,6 +33,8 @@ __all__ = [
     "encode_datum",
     "encode_raw_batch",
     "encode_varint",
+    "file_descriptor",
+    "message_type",
     "splitter",
 ]
 
@@ -169,28 +171,103 @@ def splitter(size: int, count: int) -> struct.Struct:
     return found
 
 
-def datum_type() -> Any:
-    """The ``caffe.Datum`` message class.
+#: Caffe's messages that mnist2db reads and writes, as ``(name, fields)``; each field is
+#: ``(name, number, label, type, default, packed, message type)``, in caffe.proto's order.
+#: proto/datum.proto is the same text for protoc; tests/test_proto.py checks they agree.
+_MESSAGES: tuple[tuple[str, tuple[tuple[str, int, str, str, str | None, bool, str], ...]], ...] = (
+    ("BlobShape", (("dim", 1, "repeated", "int64", None, True, ""),)),
+    (
+        "BlobProto",
+        (
+            ("shape", 7, "optional", "message", None, False, ".caffe.BlobShape"),
+            ("data", 5, "repeated", "float", None, True, ""),
+            ("diff", 6, "repeated", "float", None, True, ""),
+            ("double_data", 8, "repeated", "double", None, True, ""),
+            ("double_diff", 9, "repeated", "double", None, True, ""),
+            ("num", 1, "optional", "int32", "0", False, ""),
+            ("channels", 2, "optional", "int32", "0", False, ""),
+            ("height", 3, "optional", "int32", "0", False, ""),
+            ("width", 4, "optional", "int32", "0", False, ""),
+        ),
+    ),
+    (
+        "Datum",
+        (
+            ("channels", 1, "optional", "int32", None, False, ""),
+            ("height", 2, "optional", "int32", None, False, ""),
+            ("width", 3, "optional", "int32", None, False, ""),
+            ("data", 4, "optional", "bytes", None, False, ""),
+            ("label", 5, "optional", "int32", None, False, ""),
+            ("float_data", 6, "repeated", "float", None, False, ""),
+            ("encoded", 7, "optional", "bool", "false", False, ""),
+        ),
+    ),
+)
 
-    Normally the one generated from ``proto/datum.proto``. When the process has already
-    registered a ``caffe.Datum`` (pycaffe's ``caffe_pb2``, from Caffe's own ``caffe.proto``),
-    protobuf refuses a second definition of the name; that one is then used: it is the same
-    message, field for field, so the bytes read and written are the same.
+
+def file_descriptor() -> Any:
+    """Caffe's messages as a ``FileDescriptorProto``: what protoc makes of proto/datum.proto."""
+    from google.protobuf import descriptor_pb2
+
+    proto = descriptor_pb2.FileDescriptorProto(name="datum.proto", package="caffe")
+    field_type = descriptor_pb2.FieldDescriptorProto
+    for message_name, fields in _MESSAGES:
+        message = proto.message_type.add(name=message_name)
+        for name, number, label, kind, default, packed, type_name in fields:
+            field = message.field.add(
+                name=name,
+                number=number,
+                label=field_type.Label.Value(f"LABEL_{label.upper()}"),
+                type=field_type.Type.Value(f"TYPE_{kind.upper()}"),
+                json_name=name.split("_")[0] + "".join(p.title() for p in name.split("_")[1:]),
+            )
+            if type_name:
+                field.type_name = type_name
+            if default is not None:
+                field.default_value = default
+            if packed:
+                field.options.packed = True
+    return proto
+
+
+def message_type(name: str) -> Any:
+    """The message class ``caffe.<name>`` (``Datum``, ``BlobShape``, ``BlobProto``).
+
+    The classes are built at run time from :func:`file_descriptor` in a descriptor pool of
+    mnist2db's own, not protobuf's default pool. Two reasons, written here once: protoc's
+    generated code is locked to the protobuf release that made it (mnist2db supports 3.20
+    to 7.x), and a ``caffe.Datum`` in the default pool would collide with pycaffe's
+    ``caffe_pb2`` whichever is imported second. Both decode the same bytes to the same fields.
+
+    Raises:
+        KeyError: no such message.
     """
-    global _DATUM_TYPE
-    if _DATUM_TYPE is None:
-        try:
-            from .datum_pb2 import Datum
-        except TypeError:  # "duplicate symbol 'caffe.Datum'"
-            from google.protobuf import descriptor_pool, message_factory
+    if not _MESSAGE_TYPES:
+        from google.protobuf import descriptor_pool
 
-            found = descriptor_pool.Default().FindMessageTypeByName("caffe.Datum")
-            Datum = message_factory.GetMessageClass(found)
-        _DATUM_TYPE = Datum
-    return _DATUM_TYPE
+        pool = descriptor_pool.DescriptorPool()
+        pool.AddSerializedFile(file_descriptor().SerializeToString())
+        for message_name, _ in _MESSAGES:
+            descriptor = pool.FindMessageTypeByName(f"caffe.{message_name}")
+            _MESSAGE_TYPES[message_name] = _message_class(descriptor)
+    return _MESSAGE_TYPES[name]
 
 
-_DATUM_TYPE: Any = None
+def _message_class(descriptor: Any) -> Any:
+    from google.protobuf import message_factory
+
+    get_class = getattr(message_factory, "GetMessageClass", None)
+    if get_class is not None:  # protobuf >= 4.21
+        return get_class(descriptor)
+    return message_factory.MessageFactory(descriptor.file.pool).GetPrototype(descriptor)
+
+
+_MESSAGE_TYPES: dict[str, Any] = {}
+
+
+def datum_type() -> Any:
+    """The ``caffe.Datum`` message class (see :func:`message_type`)."""
+    return message_type("Datum")
 
 
 def decode_datum(value: bytes) -> Any:
@@ -235,7 +312,8 @@ def array_to_datum(arr: np.ndarray, label: int | None = None) -> Any:
 
 
 def datum_to_array(datum: Any) -> np.ndarray:
-    """The Datum's pixels as a ``(channels, height, width)`` array (uint8 ``data`` or float).
+    """The Datum's pixels as a fresh, writable ``(channels, height, width)`` array: uint8
+    ``data``, or ``float_data`` as float64 (as pycaffe's ``caffe.io.datum_to_array``).
 
     Raises:
         DatumError: the data length does not match ``channels × height × width``.
@@ -249,7 +327,8 @@ def datum_to_array(datum: Any) -> np.ndarray:
             raise DatumError(
                 f"Datum holds {len(datum.data)} data bytes, shape {shape} needs {expected}"
             )
-        return np.frombuffer(datum.data, dtype=np.uint8).reshape(shape)
+        # A writable copy, as pycaffe's caffe.io.datum_to_array returns.
+        return np.frombuffer(datum.data, dtype=np.uint8).reshape(shape).copy()
     if len(datum.float_data) != expected:
         raise DatumError(
             f"Datum holds {len(datum.float_data)} float_data values, shape {shape} needs {expected}"

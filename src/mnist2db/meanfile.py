@@ -75,7 +75,7 @@ class MeanResult(_MeanResultFields):
 
 def _records(path: str, backend: str | None) -> Iterator[tuple[bytes, Any]]:
     """The database's ``(key, Datum)`` in key order: the one place the readers are used."""
-    from .backends import iter_db
+    from .readers import iter_db
 
     return iter_db(path, backend)
 

@@ -25,7 +25,7 @@ import errno
 import os
 from collections.abc import Callable, Iterable, Iterator
 
-from .backends import BACKENDS, is_database_file, probe_database
+from .backends import BACKENDS, is_database_file
 from .errors import BackendError, OutputExistsError
 from .fsutil import (
     fsync_dir,
@@ -163,7 +163,9 @@ def check_replaceable(out: str, backend: str) -> None:
                 f"{out}: holds {entry.name!r} ({kind}), which is not part of {name} "
                 f"database; refusing to replace it (--overwrite replaces only {name} database)"
             )
-    reason = probe_database(backend, out)
+    from .readers import probe_database  # off the start-up path: only an existing `out`
+
+    reason: str | None = probe_database(backend, out)
     if reason is not None:
         raise OutputExistsError(
             f"{out}: does not open as {name} database ({reason}); refusing to replace it"
