@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import gzip
+import lzma
 import os
 import zlib
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ from .conversion import check_pair
 from .dataset import RecordIndexError, open_db, record_key, shared_reader
 from .datum import DatumError, datum_to_array, decode_datum, encode_batch
 from .errors import IdxFormatError, Mnist2dbError
-from .idx import IdxHeader, open_data, open_idx, open_raw, parse_header, size_error
+from .idx import IdxHeader, corrupt_stream, open_data, open_idx, open_raw, parse_header, size_error
 
 if TYPE_CHECKING:
     import numpy as np
@@ -194,10 +195,10 @@ class IdxInfo:
     @property
     def storage(self) -> str:
         """How the file is stored, as ``info`` shows it."""
-        packing = "gzip" if self.header.gzipped else "plain"
+        packing = self.header.packing
         if self.streaming:
             return f"{packing}, read from a pipe"
-        return f"{packing}, {self.file_size} bytes{' compressed' if self.header.gzipped else ''}"
+        return f"{packing}, {self.file_size} bytes{'' if packing == 'plain' else ' compressed'}"
 
     @property
     def kind(self) -> str:
@@ -224,8 +225,9 @@ def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
     path = os.fspath(path)
     with open_raw(path) as raw:
         file_size = os.fstat(raw.fileno()).st_size
-        stream, gzipped, streaming = open_data(raw, path)
-        header = parse_header(stream, path, gzipped)
+        stream, packing, streaming = open_data(raw, path)
+        header = parse_header(stream, path, packing)
+        gzipped = packing != "plain"
         count_labels = header.magic == 0x00000801
         problem = None
         at_least = False
@@ -246,8 +248,8 @@ def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
                     if data_size >= limit:
                         at_least = True
                         break
-            except (gzip.BadGzipFile, zlib.error, EOFError, OSError) as exc:
-                problem = f"corrupt gzip stream after {data_size} bytes of data: {exc}"
+            except (gzip.BadGzipFile, zlib.error, lzma.LZMAError, EOFError, OSError) as exc:
+                problem = f"{corrupt_stream(stream)} after {data_size} bytes of data: {exc}"
         if streaming and not gzipped:
             file_size = header.header_size + data_size
     if problem is None and data_size != header.payload_size:

@@ -1,0 +1,264 @@
+"""Conversion options (issue 11 §4, issue 12): transpose, QMNIST idx2-int labels, .xz inputs,
+ranges and seeded shuffles, and the metadata file that records them."""
+
+from __future__ import annotations
+
+import lzma
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import idx_bytes, make_images, write_idx
+
+import mnist2db
+from mnist2db.backends import open_reader
+from mnist2db.datum import decode_datum
+from mnist2db.errors import IdxFormatError, Mnist2dbError, OutputExistsError
+from mnist2db.recipe import METADATA_NAME, permutation, read_metadata
+
+Pair = Callable[..., tuple[Path, Path, np.ndarray, np.ndarray]]
+
+
+def records(db: Path) -> list[tuple[bytes, bytes]]:
+    with open_reader(str(db)) as reader:
+        return [(bytes(k), bytes(v)) for k, v in reader]
+
+
+def decoded(db: Path) -> list[tuple[bytes, np.ndarray, int]]:
+    out = []
+    for key, value in records(db):
+        datum = decode_datum(value)
+        image = np.frombuffer(datum.data, dtype=np.uint8).reshape(datum.height, datum.width)
+        assert datum.channels == 1
+        out.append((key, image, int(datum.label)))
+    return out
+
+
+def qmnist_labels(count: int, seed: int = 3) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, 100_000, size=(count, 8), dtype=np.int32)
+    rows[:, 0] = rng.integers(0, 10, size=count)
+    rows[:, 7] = 0
+    return rows
+
+
+# -- orientation -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_transpose_swaps_height_and_width_element_by_element(
+    tmp_path: Path, mnist_pair: Pair, backend: str
+) -> None:
+    images_path, labels_path, images, labels = mnist_pair(5, rows=3, cols=7)
+    db = tmp_path / "t_db"
+    result = mnist2db.convert(images_path, labels_path, db, backend, transpose=True)
+    assert (result.rows, result.cols, result.transposed) == (7, 3, True)
+    got = decoded(db)
+    assert [k for k, _, _ in got] == [b"%08d" % i for i in range(5)]
+    for i, (_, image, label) in enumerate(got):
+        assert image.shape == (7, 3)
+        for r in range(3):
+            for c in range(7):
+                assert image[c, r] == images[i, r, c]
+        assert label == labels[i]
+    meta = read_metadata(db)
+    assert meta is not None and meta[0].transpose is True
+
+
+def test_plain_convert_writes_no_metadata_file(tmp_path: Path, mnist_pair: Pair) -> None:
+    images_path, labels_path, _, _ = mnist_pair(3)
+    mnist2db.convert(images_path, labels_path, tmp_path / "db")
+    assert sorted(os.listdir(tmp_path / "db")) == ["data.mdb", "lock.mdb"]
+    assert read_metadata(tmp_path / "db") is None
+
+
+# -- QMNIST labels and .xz -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("column", [0, 2, 6])
+def test_idx2_int_labels_take_the_chosen_column(tmp_path: Path, column: int) -> None:
+    images = make_images(6, 4, 4)
+    rows = qmnist_labels(6)
+    write_idx(tmp_path / "i", images)
+    write_idx(tmp_path / "l", rows)
+    db = tmp_path / "db"
+    mnist2db.convert(tmp_path / "i", tmp_path / "l", db, "leveldb", label_column=column)
+    got = decoded(db)
+    assert [label for _, _, label in got] == rows[:, column].tolist()
+    assert all((image == images[i]).all() for i, (_, image, _) in enumerate(got))
+    meta = read_metadata(db)
+    assert meta is not None
+    assert meta[0].label_column == column
+    assert meta[1]["source"]["label_magic"] == "0x00000c02"
+
+
+def test_label_column_out_of_range_is_one_line(tmp_path: Path) -> None:
+    write_idx(tmp_path / "i", make_images(2, 4, 4))
+    write_idx(tmp_path / "l", qmnist_labels(2))
+    with pytest.raises(IdxFormatError) as info:
+        mnist2db.convert(tmp_path / "i", tmp_path / "l", tmp_path / "db", label_column=8)
+    assert str(info.value) == (
+        f"{tmp_path / 'l'}: label column 8 does not exist: the file has 8 columns (0 … 7)"
+    )
+    assert not (tmp_path / "db").exists()
+
+
+def test_label_column_of_a_uint8_label_file_is_refused(tmp_path: Path, mnist_pair: Pair) -> None:
+    images_path, labels_path, _, _ = mnist_pair(2)
+    with pytest.raises(IdxFormatError, match="label column 1 needs an idx2-int label file"):
+        mnist2db.convert(images_path, labels_path, tmp_path / "db", label_column=1)
+
+
+def test_xz_inputs_are_detected_by_content(tmp_path: Path, mnist_pair: Pair) -> None:
+    images_path, labels_path, _, _ = mnist_pair(7, rows=5, cols=6)
+    plain = tmp_path / "plain_db"
+    mnist2db.convert(images_path, labels_path, plain)
+    xz_images = tmp_path / "images-no-suffix"
+    xz_images.write_bytes(lzma.compress(images_path.read_bytes()))
+    xz_labels = tmp_path / "labels.xz"
+    xz_labels.write_bytes(lzma.compress(labels_path.read_bytes()))
+    packed = tmp_path / "xz_db"
+    mnist2db.convert(xz_images, xz_labels, packed)
+    assert records(packed) == records(plain)
+    assert mnist2db.read_header(xz_images).xz is True
+
+
+def test_truncated_and_long_xz_are_refused(tmp_path: Path) -> None:
+    data = idx_bytes(make_images(4, 4, 4))
+    short = tmp_path / "short"
+    short.write_bytes(lzma.compress(data[:-5]))
+    with pytest.raises(IdxFormatError, match=r"truncated: header declares 64 bytes.* holds 59"):
+        mnist2db.read_header(short)
+    bomb = tmp_path / "bomb"
+    bomb.write_bytes(lzma.compress(data + bytes(5 << 20)))
+    with pytest.raises(IdxFormatError, match=r"trailing bytes: .* holds at least"):
+        mnist2db.read_header(bomb)
+    corrupt = tmp_path / "corrupt"
+    packed = bytearray(lzma.compress(data))
+    packed[len(packed) // 2] ^= 0xFF
+    corrupt.write_bytes(bytes(packed))
+    with pytest.raises(IdxFormatError, match="corrupt xz stream"):
+        mnist2db.read_idx(corrupt)
+
+
+# -- ranges ----------------------------------------------------------------------------------
+
+
+def test_offset_and_count_select_source_items_under_keys_from_zero(
+    tmp_path: Path, mnist_pair: Pair
+) -> None:
+    images_path, labels_path, images, labels = mnist_pair(2500, rows=2, cols=3)
+    db = tmp_path / "db"
+    result = mnist2db.convert(images_path, labels_path, db, offset=997, count=1100)
+    assert result.count == 1100
+    got = decoded(db)
+    assert [k for k, _, _ in got] == [b"%08d" % i for i in range(1100)]
+    for i, (_, image, label) in enumerate(got):
+        assert (image == images[997 + i]).all() and label == labels[997 + i]
+
+
+@pytest.mark.parametrize(
+    ("offset", "count", "wanted"), [(3, 8, "items 3 … 10"), (11, None, "offset 11")]
+)
+def test_range_that_does_not_fit_is_one_line(
+    tmp_path: Path, mnist_pair: Pair, offset: int, count: int | None, wanted: str
+) -> None:
+    images_path, labels_path, _, _ = mnist_pair(10)
+    with pytest.raises(IdxFormatError) as info:
+        mnist2db.convert(images_path, labels_path, tmp_path / "db", offset=offset, count=count)
+    assert str(info.value) == f"{images_path}: {wanted} do not fit: it holds 10 items (0 … 9)"
+    assert not (tmp_path / "db").exists()
+
+
+# -- shuffles --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_same_seed_gives_identical_records_in_the_permuted_order(
+    tmp_path: Path, mnist_pair: Pair, backend: str
+) -> None:
+    images_path, labels_path, images, labels = mnist_pair(2100, rows=3, cols=2)
+    first, second = tmp_path / "a", tmp_path / "b"
+    r1 = mnist2db.convert(
+        images_path, labels_path, first, backend, shuffle=True, seed=42, batch_size=256
+    )
+    mnist2db.convert(images_path, labels_path, second, backend, shuffle=True, seed=42)
+    assert r1.seed == 42
+    one, two = records(first), records(second)
+    assert one == two  # every key and value
+    order = permutation(42, 2100)
+    assert sorted(order.tolist()) == list(range(2100))
+    assert order.tolist() != list(range(2100))
+    for k, (key, image, label) in enumerate(decoded(first)):
+        assert key == b"%08d" % k
+        assert (image == images[order[k]]).all() and label == labels[order[k]]
+    third = tmp_path / "c"
+    mnist2db.convert(images_path, labels_path, third, backend, shuffle=True, seed=43)
+    assert records(third) != one
+
+
+def test_no_seed_draws_a_fresh_one_and_reports_it(tmp_path: Path, mnist_pair: Pair) -> None:
+    images_path, labels_path, _, _ = mnist_pair(50)
+    a = mnist2db.convert(images_path, labels_path, tmp_path / "a", shuffle=True)
+    b = mnist2db.convert(images_path, labels_path, tmp_path / "b", shuffle=True)
+    assert a.seed is not None and b.seed is not None and a.seed != b.seed
+    assert f"Shuffled with seed {a.seed}." in a.summary()
+    again = mnist2db.convert(images_path, labels_path, tmp_path / "c", shuffle=True, seed=a.seed)
+    assert records(tmp_path / "c") == records(tmp_path / "a") and again.seed == a.seed
+    meta = read_metadata(tmp_path / "a")
+    assert meta is not None and meta[0].seed == a.seed
+
+
+def test_seed_without_shuffle_is_refused(tmp_path: Path, mnist_pair: Pair) -> None:
+    images_path, labels_path, _, _ = mnist_pair(2)
+    with pytest.raises(Mnist2dbError, match="a seed orders a shuffle"):
+        mnist2db.convert(images_path, labels_path, tmp_path / "db", seed=1)
+
+
+def test_shuffled_subset_of_transposed_qmnist(tmp_path: Path) -> None:
+    images = make_images(30, 2, 5)
+    rows = qmnist_labels(30)
+    write_idx(tmp_path / "i", images)
+    write_idx(tmp_path / "l", rows, gz=True)
+    db = tmp_path / "db"
+    mnist2db.convert(
+        tmp_path / "i", tmp_path / "l", db, transpose=True, label_column=3,
+        shuffle=True, seed=5, offset=4, count=20, batch_size=7,
+    )  # fmt: skip
+    order = permutation(5, 20)
+    got = decoded(db)
+    assert len(got) == 20
+    for k, (_, image, label) in enumerate(got):
+        item = 4 + int(order[k])
+        assert (image == images[item].T).all() and label == rows[item, 3]
+
+
+# -- the metadata file and --overwrite ----------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_overwrite_replaces_a_database_holding_the_metadata_file(
+    tmp_path: Path, mnist_pair: Pair, backend: str
+) -> None:
+    images_path, labels_path, _, _ = mnist_pair(4)
+    db = tmp_path / "db"
+    mnist2db.convert(images_path, labels_path, db, backend, shuffle=True, seed=1)
+    assert METADATA_NAME in os.listdir(db)
+    mnist2db.convert(images_path, labels_path, db, backend, overwrite=True)
+    assert METADATA_NAME not in os.listdir(db)
+    (db / "notes.txt").write_text("mine")
+    with pytest.raises(OutputExistsError, match="notes.txt"):
+        mnist2db.convert(images_path, labels_path, db, backend, overwrite=True, shuffle=True)
+    assert (db / "notes.txt").read_text() == "mine"
+
+
+def test_metadata_file_is_not_a_record_for_either_backend(tmp_path: Path, mnist_pair: Pair) -> None:
+    images_path, labels_path, _, _ = mnist_pair(3)
+    for backend in ("lmdb", "leveldb"):
+        db = tmp_path / backend
+        mnist2db.convert(images_path, labels_path, db, backend, shuffle=True, seed=9)
+        assert [k for k, _ in records(db)] == [b"00000000", b"00000001", b"00000002"]
+        with mnist2db.open_db(db) as dataset:
+            assert len(dataset) == 3
