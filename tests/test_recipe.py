@@ -7,6 +7,7 @@ import lzma
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -262,3 +263,153 @@ def test_metadata_file_is_not_a_record_for_either_backend(tmp_path: Path, mnist_
         assert [k for k, _ in records(db)] == [b"00000000", b"00000001", b"00000002"]
         with mnist2db.open_db(db) as dataset:
             assert len(dataset) == 3
+
+
+# -- verify and export map records back to source items -----------------------------------
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_shuffled_transposed_subset_round_trips_through_verify_and_export(
+    tmp_path: Path, mnist_pair: Pair, backend: str
+) -> None:
+    from mnist2db.export import export_db
+    from mnist2db.verify import verify_db
+
+    images_path, labels_path, images, labels = mnist_pair(1300, rows=4, cols=6)
+    db = tmp_path / "db"
+    mnist2db.convert(
+        images_path, labels_path, db, backend,
+        transpose=True, shuffle=True, seed=11, offset=100, count=1150,
+    )  # fmt: skip
+    assert verify_db(db, images_path, labels_path).count == 1150
+    result = export_db(db, tmp_path / "out", prefix="sub")
+    assert (result.rows, result.cols, result.count) == (4, 6, 1150)
+    assert result.notes == (
+        f"items 100 … 1249 of {images_path}",
+        "put back in source order (shuffle seed 11)",
+        "images transposed back as the source stores them",
+    )
+    assert (tmp_path / "out/sub-images-idx3-ubyte").read_bytes() == idx_bytes(images[100:1250])
+    assert (tmp_path / "out/sub-labels-idx1-ubyte").read_bytes() == idx_bytes(labels[100:1250])
+
+
+def test_full_shuffle_exports_the_source_byte_for_byte(tmp_path: Path, mnist_pair: Pair) -> None:
+    from mnist2db.export import export_db
+
+    images_path, labels_path, _, _ = mnist_pair(37)
+    mnist2db.convert(images_path, labels_path, tmp_path / "db", shuffle=True, seed=2)
+    export_db(tmp_path / "db", tmp_path / "out", prefix="x")
+    assert (tmp_path / "out/x-images-idx3-ubyte").read_bytes() == images_path.read_bytes()
+    assert (tmp_path / "out/x-labels-idx1-ubyte").read_bytes() == labels_path.read_bytes()
+
+
+def test_verify_names_the_source_item_of_a_shuffled_record(
+    tmp_path: Path, mnist_pair: Pair
+) -> None:
+    import json
+
+    from mnist2db.verify import VerifyError, verify_db
+
+    images_path, labels_path, _, _ = mnist_pair(20, rows=3, cols=3)
+    db = tmp_path / "db"
+    mnist2db.convert(images_path, labels_path, db, shuffle=True, seed=7)
+    meta = json.loads((db / METADATA_NAME).read_text())
+    meta["shuffle"]["seed"] = 8  # the records no longer follow the recorded order
+    (db / METADATA_NAME).write_text(json.dumps(meta))
+    with pytest.raises(VerifyError) as info:
+        verify_db(db, images_path, labels_path)
+    message = str(info.value)
+    assert message.startswith(f"{db}: key 0000000")
+    item = int(permutation(8, 20)[int(message.split("key ")[1][:8])])
+    assert message.endswith(f"({images_path} item {item})")
+    other_images, other_labels, _, _ = mnist_pair(21, stem="other")
+    with pytest.raises(VerifyError, match="made from a source of 20 items"):
+        verify_db(db, other_images, other_labels)
+
+
+def test_qmnist_labels_export_as_the_datum_labels_and_say_so(tmp_path: Path) -> None:
+    from mnist2db.export import export_db
+    from mnist2db.verify import verify_db
+
+    images = make_images(9, 28, 28)
+    rows = qmnist_labels(9)
+    write_idx(tmp_path / "i", images)
+    (tmp_path / "l.xz").write_bytes(lzma.compress(idx_bytes(rows)))
+    mnist2db.convert(tmp_path / "i", tmp_path / "l.xz", tmp_path / "db")
+    assert verify_db(tmp_path / "db", tmp_path / "i", tmp_path / "l.xz").count == 9
+    result = export_db(tmp_path / "db", tmp_path / "out", prefix="q")
+    assert result.notes[-1] == (
+        "labels: column 0 of the idx2-int source, as uint8 idx1 (the database holds no other column)"
+    )
+    assert (tmp_path / "out/q-images-idx3-ubyte").read_bytes() == idx_bytes(images)
+    exported = mnist2db.read_idx(tmp_path / "out/q-labels-idx1-ubyte")
+    assert exported.tolist() == rows[:, 0].tolist()
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+def run(*args: str) -> object:
+    from click.testing import CliRunner
+
+    from mnist2db.cli import cli
+
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_cli_convert_options(tmp_path: Path, mnist_pair: Pair) -> None:
+    images_path, labels_path, _, _ = mnist_pair(12, rows=2, cols=5)
+    i, lb = str(images_path), str(labels_path)
+    result: Any = run("convert", i, lb, str(tmp_path / "a"), "--shuffle", "--transpose")
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    assert lines[1] == "Rows: 5 Cols: 2"
+    seed = int(lines[3].removeprefix("Shuffled with seed ").rstrip("."))
+    assert lines[4] == "Images transposed (height and width swapped)."
+    result = run(
+        "convert", i, lb, str(tmp_path / "b"), "--shuffle", "--transpose", "--seed", str(seed)
+    )
+    assert result.exit_code == 0
+    assert records(tmp_path / "a") == records(tmp_path / "b")
+    result = run("convert", i, lb, str(tmp_path / "c"), "--seed", "1")
+    assert (
+        result.exit_code == 2 and "Error: --seed orders a shuffle: add --shuffle" in result.stderr
+    )
+    result = run("convert", i, lb, str(tmp_path / "c"), "--offset", "10", "--count", "3")
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {i}: items 10 … 12 do not fit: it holds 12 items (0 … 11)\n"
+    result = run("convert", i, lb, str(tmp_path / "c"), "--label-column", "1")
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1
+    assert not (tmp_path / "c").exists()
+    info: Any = run("info", str(tmp_path / "a"))
+    assert info.exit_code == 0
+    assert f"order       shuffled, seed {seed} " in info.stdout
+    assert "orientation transposed (height and width swapped)\n" in info.stdout
+    verify: Any = run("verify", str(tmp_path / "a"), i, lb)
+    assert verify.exit_code == 0, verify.output
+
+
+def test_fast_path_hands_new_options_to_click() -> None:
+    from mnist2db.__main__ import parse_convert
+
+    assert parse_convert(["convert", "a", "b", "c"]) is not None
+    for option in ("--shuffle", "--transpose", "--offset=1", "--label-column=2"):
+        assert parse_convert(["convert", option, "a", "b", "c"]) is None
+
+
+def test_show_transposes_and_reads_idx2_int_and_xz(tmp_path: Path) -> None:
+    images = np.zeros((2, 2, 4), dtype=np.uint8)
+    images[0, 0, :] = 255  # the top row lit: after transposing, the left column
+    rows = qmnist_labels(2)
+    write_idx(tmp_path / "qmnist-test-images-idx3-ubyte", images)
+    (tmp_path / "qmnist-test-labels-idx2-int.xz").write_bytes(lzma.compress(idx_bytes(rows)))
+    source = str(tmp_path / "qmnist-test-images-idx3-ubyte")
+    result: Any = run("show", source, "--count", "1", "--threshold", "0", "--label-column", "2")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[:3] == [f"#0  label {rows[0, 2]}", "1 1 1 1", "0 0 0 0"]
+    result = run("show", source, "--count", "1", "--threshold", "0", "--transpose")
+    assert result.stdout.splitlines()[1:5] == ["1 0", "1 0", "1 0", "1 0"]
+    info: Any = run("info", str(tmp_path / "qmnist-test-labels-idx2-int.xz"))
+    assert info.exit_code == 0, info.output
+    assert "magic       0x00000c02 (QMNIST label rows, idx2-int)" in info.stdout
+    assert info.stdout.splitlines()[1].startswith("storage     xz, ")

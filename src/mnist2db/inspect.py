@@ -1,6 +1,7 @@
-"""Look inside IDX files and Datum databases: select records to show, describe files
-(``info``), compare a database with its sources (``verify``), and write IDX files back
-(``export``). Everything streams a batch at a time; memory does not grow with the data.
+"""Look inside IDX files and Datum databases: select records to show and describe files
+(``info``); :mod:`mnist2db.verify` compares a database with its sources and
+:mod:`mnist2db.export` writes IDX files back. Everything streams a batch at a time; memory
+does not grow with the data.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import TYPE_CHECKING
 from .backends import detect_backend
 from .conversion import check_pair
 from .dataset import RecordIndexError, open_db, record_key, shared_reader
-from .datum import DatumError, datum_to_array, decode_datum, encode_batch
-from .errors import IdxFormatError, Mnist2dbError
+from .datum import DatumError, datum_to_array, decode_datum
+from .errors import IdxFormatError
 from .idx import IdxHeader, corrupt_stream, open_data, open_idx, open_raw, parse_header, size_error
+from .recipe import QMNIST_LABELS_MAGIC, check_label_column, check_range, describe_db
 
 if TYPE_CHECKING:
     import numpy as np
@@ -27,22 +29,16 @@ __all__ = [
     "DbInfo",
     "IdxInfo",
     "Record",
-    "VerifyError",
     "db_info",
     "find_labels",
     "idx_info",
     "select_records",
-    "verify_db",
 ]
 
 ProgressCallback = Callable[[int, int], None]
 
 _BATCH = 1000
 _CHUNK = 1 << 20
-
-
-class VerifyError(Mnist2dbError):
-    """A database differs from the IDX files it is compared with."""
 
 
 @dataclass(frozen=True)
@@ -64,16 +60,17 @@ def _key_text(key: bytes) -> str:
 
 def find_labels(images: str | os.PathLike[str]) -> str | None:
     """The label file beside an image file, found by name (``*-images-idx3-ubyte[.gz]`` ->
-    ``*-labels-idx1-ubyte[.gz]``, gzip or not), or None."""
+    ``*-labels-idx1-ubyte`` or QMNIST's ``*-labels-idx2-int``, plain, ``.gz`` or ``.xz``),
+    or None."""
     directory, name = os.path.split(os.fspath(images))
     if "images" not in name:
         return None
-    stem = name.removesuffix(".gz")
-    stem = stem.replace("images", "labels").replace("idx3", "idx1")
-    for candidate in (stem, stem + ".gz"):
-        path = os.path.join(directory, candidate)
-        if os.path.isfile(path):
-            return path
+    stem = name.removesuffix(".gz").removesuffix(".xz").replace("images", "labels")
+    for labels in (stem.replace("idx3", "idx1"), stem.replace("idx3-ubyte", "idx2-int")):
+        for candidate in (labels, labels + ".gz", labels + ".xz"):
+            path = os.path.join(directory, candidate)
+            if os.path.isfile(path):
+                return path
     return None
 
 
@@ -83,6 +80,8 @@ def select_records(
     *,
     offset: int = 0,
     count: int = 10,
+    transpose: bool = False,
+    label_column: int = 0,
 ) -> tuple[int, Iterator[Record]]:
     """The records ``offset`` to ``offset + count`` of an IDX image file or a database.
 
@@ -94,6 +93,8 @@ def select_records(
             (see :func:`find_labels`) and shows no labels when there is none.
         offset: the first record, from 0.
         count: at most this many records; fewer when the source ends first.
+        transpose: swap each image's height and width.
+        label_column: the label column of a QMNIST idx2-int label file.
 
     Returns:
         ``(total, records)``: the number of records in the source, and the selected ones.
@@ -109,13 +110,17 @@ def select_records(
     if os.path.isdir(path):
         db = open_db(path)
         total = len(db)
-        if offset >= total:
+        try:
+            _check_start(path, total, offset, count, "records")
+        except BaseException:
             db.close()
-            raise RecordIndexError(f"{path}: offset {offset} is past the end ({total} records)")
+            raise
 
         def db_records() -> Iterator[Record]:
             with db:
                 for index, key, image, label in db.records(offset, offset + count):
+                    if transpose:
+                        image = image.transpose(0, 2, 1)
                     yield Record(index, key, label, image)
 
         return total, db_records()
@@ -137,8 +142,8 @@ def select_records(
     try:
         if labels_reader is not None:
             check_pair(header, labels_reader.header)
-        if offset >= total:
-            raise RecordIndexError(f"{path}: offset {offset} is past the end ({total} images)")
+            check_label_column(labels_reader.header, label_column)
+        _check_start(path, total, offset, count, "images")
     except BaseException:
         images_reader.close()
         if labels_reader is not None:
@@ -156,8 +161,12 @@ def select_records(
                 label_batch = next(label_batches) if label_batches is not None else None
                 end = start + len(batch)
                 for i in range(max(start, offset), min(end, stop)):
-                    label = int(label_batch[i - start]) if label_batch is not None else None
-                    yield Record(i, None, label, batch[i - start][None].copy())
+                    label = None
+                    if label_batch is not None:
+                        row = label_batch[i - start]
+                        label = int(row[label_column] if row.ndim else row)
+                    image = batch[i - start]
+                    yield Record(i, None, label, (image.T if transpose else image)[None].copy())
                 start = end
                 if start >= stop:
                     break
@@ -167,6 +176,15 @@ def select_records(
                 labels_reader.close()
 
     return total, idx_records()
+
+
+def _check_start(path: str, total: int, offset: int, count: int, unit: str) -> None:
+    """The range check ``convert`` makes (:func:`mnist2db.recipe.check_range`), where the
+    range may stop early; raised as RecordIndexError (an IndexError too)."""
+    try:
+        check_range(path, total, offset, count, clip=True, unit=unit)
+    except IdxFormatError as exc:
+        raise RecordIndexError(str(exc)) from None
 
 
 # -- info --------------------------------------------------------------------------------------
@@ -206,6 +224,8 @@ class IdxInfo:
             return "MNIST images"
         if self.header.magic == 0x00000801:
             return "MNIST labels"
+        if self.header.magic == QMNIST_LABELS_MAGIC:
+            return "QMNIST label rows, idx2-int"
         return "IDX array"
 
 
@@ -275,6 +295,8 @@ class DbInfo:
     label_counts: dict[int, int] = field(default_factory=dict)
     disk_size: int = 0
     problem: str | None = None
+    #: What the database holds of its source (orientation, order, range, label column).
+    recipe: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _datum_encoding(datum: object) -> str:
@@ -341,137 +363,7 @@ def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = No
         if os.path.isfile(os.path.join(path, name))
     )
     info.label_counts = dict(sorted(counts.items()))
+    info.recipe = describe_db(path)
     if progress is not None:
         progress(count, total)
     return info
-
-
-# -- verify ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class VerifyResult:
-    count: int
-    rows: int
-    cols: int
-
-
-def _describe_mismatch(key: bytes, value: bytes, image: np.ndarray, label: int) -> str:
-    """Name the first field in which ``value`` differs from the Datum Caffe writes."""
-    try:
-        datum = decode_datum(value)
-    except DatumError as exc:
-        return f"key {_key_text(key)}: {exc}"
-    rows, cols = image.shape
-    for name, got, want in (
-        ("channels", datum.channels, 1),
-        ("height", datum.height, rows),
-        ("width", datum.width, cols),
-    ):
-        if got != want:
-            return f"key {_key_text(key)}: field {name} is {got}, the source has {want}"
-    expected = image.tobytes()
-    data = bytes(datum.data)
-    if len(data) != len(expected):
-        return (
-            f"key {_key_text(key)}: field data holds {len(data)} bytes, "
-            f"the source image has {len(expected)}"
-        )
-    if data != expected:
-        diffs = [i for i in range(len(data)) if data[i] != expected[i]]
-        row, col = divmod(diffs[0], cols)
-        more = f" ({len(diffs)} bytes differ)" if len(diffs) > 1 else ""
-        return (
-            f"key {_key_text(key)}: field data differs at byte {diffs[0]} (row {row}, "
-            f"column {col}): database {data[diffs[0]]}, source {expected[diffs[0]]}{more}"
-        )
-    if datum.label != label:
-        return f"key {_key_text(key)}: field label is {datum.label}, the source has {label}"
-    return (
-        f"key {_key_text(key)}: value of {len(value)} bytes is not Caffe's encoding of "
-        f"the source's fields (extra or reordered fields)"
-    )
-
-
-def verify_db(
-    db: str | os.PathLike[str],
-    images: str | os.PathLike[str],
-    labels: str | os.PathLike[str],
-    *,
-    progress: ProgressCallback | None = None,
-) -> VerifyResult:
-    """Check that database ``db`` holds exactly what ``convert(images, labels)`` writes.
-
-    The record counts are compared first; then every record is compared with the source,
-    key and value, in one pass over the three inputs, a batch at a time. A value equal byte for byte to Caffe's encoding passes;
-    otherwise the first differing field is named.
-
-    Raises:
-        VerifyError: a record differs (naming its key and field), records are missing, or
-            the database holds records the source does not.
-        IdxFormatError, BackendError: an input cannot be read.
-    """
-    db_path = os.fspath(db)
-    with open_idx(images) as images_reader, open_idx(labels) as labels_reader:
-        check_pair(images_reader.header, labels_reader.header)
-        total = images_reader.header.count
-        rows, cols = images_reader.header.dims[1:]
-        with shared_reader(db_path) as reader:
-            held = len(reader)
-            if held != total:
-                # Say so first: a database of the other split differs at key 0 already.
-                differ = f"{total - held} missing" if held < total else f"{held - total} extra"
-                raise VerifyError(
-                    f"{db_path}: holds {held} records, the source has {total} "
-                    f"({os.fspath(images)}): {differ}; is it the database of another split?"
-                )
-            records = iter(reader)
-            index = 0
-            for image_batch, label_batch in zip(
-                images_reader.iter_batches(_BATCH), labels_reader.iter_batches(_BATCH), strict=True
-            ):
-                expected_values = encode_batch(image_batch, label_batch)
-                for j, expected in enumerate(expected_values):
-                    want_key = record_key(index)
-                    record = next(records, None)
-                    if record is None:
-                        missing = total - index
-                        raise VerifyError(
-                            f"{db_path}: {missing} record{'s' if missing > 1 else ''} missing: "
-                            f"the database ends after {index} records, the source has {total} "
-                            f"(first missing key {want_key.decode()})"
-                        )
-                    key, value = bytes(record[0]), bytes(record[1])
-                    if key != want_key:
-                        if key > want_key:
-                            raise VerifyError(
-                                f"{db_path}: key {want_key.decode()} missing "
-                                f"(the next key is {_key_text(key)})"
-                            )
-                        raise VerifyError(
-                            f"{db_path}: key {_key_text(key)} is not in the source "
-                            f"(expected key {want_key.decode()})"
-                        )
-                    if value != expected:
-                        raise VerifyError(
-                            f"{db_path}: "
-                            + _describe_mismatch(key, value, image_batch[j], int(label_batch[j]))
-                            + f" ({os.fspath(images)} item {index})"
-                        )
-                    index += 1
-                if progress is not None:
-                    progress(index, total)
-            extra_first = next(records, None)
-            if extra_first is not None:
-                extra = 1
-                last = bytes(extra_first[0])
-                for last_key, _ in records:
-                    extra += 1
-                    last = bytes(last_key)
-                first = _key_text(bytes(extra_first[0]))
-                keys = first if extra == 1 else f"{first} to {_key_text(last)}"
-                raise VerifyError(
-                    f"{db_path}: {extra} extra record{'s' if extra > 1 else ''} not in the "
-                    f"source ({total} items): key{'s' if extra > 1 else ''} {keys}"
-                )
-    return VerifyResult(total, rows, cols)

@@ -86,7 +86,13 @@ class Recipe(_RecipeFields):
 
 
 def check_range(
-    path: str, total: int, offset: int, count: int | None, *, clip: bool = False
+    path: str,
+    total: int,
+    offset: int,
+    count: int | None,
+    *,
+    clip: bool = False,
+    unit: str = "items",
 ) -> int:
     """The end of the range ``offset … offset+count-1`` of a source of ``total`` items.
 
@@ -101,7 +107,7 @@ def check_range(
     stop = total if count is None else offset + count
     if clip:
         if offset >= total:
-            raise IdxFormatError(f"{path}: offset {offset} is past the end ({total} items)")
+            raise IdxFormatError(f"{path}: offset {offset} is past the end ({total} {unit})")
         return min(stop, total)
     if offset > total or stop > total:
         wanted = f"items {offset} … {stop - 1}" if stop > offset else f"offset {offset}"
@@ -298,8 +304,16 @@ def read_metadata(db: str | os.PathLike[str]) -> tuple[Recipe, dict[str, Any]] |
     return recipe, metadata
 
 
-def describe(recipe: Recipe, metadata: dict[str, Any]) -> list[tuple[str, str]]:
-    """``info``'s lines for a database's recipe: ``(name, value)`` pairs."""
+def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
+    """``info``'s lines on what a database holds of its source: ``(name, value)`` pairs.
+
+    Raises:
+        Mnist2dbError: its metadata file is not mnist2db's.
+    """
+    found = read_metadata(db)
+    if found is None:
+        return [("orientation", f"{orientation(False)} (no {METADATA_NAME}: no options used)")]
+    recipe, metadata = found
     source = metadata["source"]
     items = int(source["items"])
     lines = [("source", f"{source['images']} + {source['labels']} ({items} items)")]
@@ -307,7 +321,8 @@ def describe(recipe: Recipe, metadata: dict[str, Any]) -> list[tuple[str, str]]:
         last = recipe.offset + (recipe.count or 0) - 1
         lines.append(("items", f"{recipe.offset} … {last} of the source ({recipe.count})"))
     lines.append(("orientation", orientation(recipe.transpose)))
-    lines.append(("label", f"column {recipe.label_column} of {source['label_magic']}"))
+    if source["label_magic"] == f"0x{QMNIST_LABELS_MAGIC:08x}":
+        lines.append(("label", f"column {recipe.label_column} of the idx2-int label rows"))
     lines.append(
         (
             "order",
