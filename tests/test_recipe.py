@@ -413,3 +413,33 @@ def test_show_transposes_and_reads_idx2_int_and_xz(tmp_path: Path) -> None:
     assert info.exit_code == 0, info.output
     assert "magic       0x00000c02 (QMNIST label rows, idx2-int)" in info.stdout
     assert info.stdout.splitlines()[1].startswith("storage     xz, ")
+
+
+def test_backends_leave_the_metadata_file_alone_when_writing(
+    tmp_path: Path, mnist_pair: Pair
+) -> None:
+    """LevelDB's ParseFileName (db/filename.cc) owns CURRENT, LOCK, LOG, LOG.old,
+    MANIFEST-<n> and <n>.(log|sst|ldb|dbtmp) only, and deletes only owned files."""
+    import lmdb
+    import plyvel
+
+    images_path, labels_path, _, _ = mnist_pair(30)
+    for backend in ("lmdb", "leveldb"):
+        db = tmp_path / backend
+        mnist2db.convert(images_path, labels_path, db, backend, shuffle=True, seed=4)
+        before = (db / METADATA_NAME).read_bytes()
+        if backend == "leveldb":
+            handle = plyvel.DB(str(db))
+            handle.put(b"zzz", b"x")
+            handle.compact_range()
+            handle.delete(b"zzz")
+            handle.compact_range()
+            handle.close()
+        else:
+            env = lmdb.open(str(db), map_size=1 << 24)
+            with env.begin(write=True) as txn:
+                txn.put(b"zzz", b"x")
+                txn.delete(b"zzz")
+            env.close()
+        assert (db / METADATA_NAME).read_bytes() == before
+        assert len(records(db)) == 30

@@ -312,7 +312,9 @@ def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
     """
     found = read_metadata(db)
     if found is None:
-        return [("orientation", f"{orientation(False)} (no {METADATA_NAME}: no options used)")]
+        return [
+            ("orientation", f"{orientation(False)} (no {METADATA_NAME}: written without options)")
+        ]
     recipe, metadata = found
     source = metadata["source"]
     items = int(source["items"])
@@ -336,4 +338,4 @@ def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
 
 def orientation(transpose: bool) -> str:
     """How ``info`` and ``create`` name an orientation."""
-    return "transposed (height and width swapped)" if transpose else "as stored in the source"
+    return "transposed (height and width swapped)" if transpose else "as the source stores it"
