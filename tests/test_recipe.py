@@ -443,3 +443,46 @@ def test_backends_leave_the_metadata_file_alone_when_writing(
             env.close()
         assert (db / METADATA_NAME).read_bytes() == before
         assert len(records(db)) == 30
+
+
+def test_show_transpose_swaps_every_element_of_idx_and_database_records(
+    tmp_path: Path, mnist_pair: Pair
+) -> None:
+    from mnist2db.inspect import select_records
+
+    images_path, labels_path, images, _ = mnist_pair(4, rows=3, cols=5)
+    mnist2db.convert(images_path, labels_path, tmp_path / "db")
+    for source in (images_path, tmp_path / "db"):
+        total, shown = select_records(source, offset=1, count=2, transpose=True)
+        got = list(shown)
+        assert total == 4 and [r.index for r in got] == [1, 2]
+        for record in got:
+            assert record.image.shape == (1, 5, 3)
+            for r in range(3):
+                for c in range(5):
+                    assert record.image[0, c, r] == images[record.index, r, c]
+
+
+def test_xz_through_a_pipe_is_read_as_a_stream(tmp_path: Path, mnist_pair: Pair) -> None:
+    import subprocess
+    import sys
+
+    images_path, labels_path, _, _ = mnist_pair(9, rows=4, cols=4)
+    mnist2db.convert(images_path, labels_path, tmp_path / "plain")
+    packed = lzma.compress(images_path.read_bytes())
+    code = "from mnist2db.cli import main; main()"
+    args = ["convert", "-q", "/dev/stdin", str(labels_path), str(tmp_path / "piped")]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], input=packed, capture_output=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert records(tmp_path / "piped") == records(tmp_path / "plain")
+    cut = subprocess.run(
+        [sys.executable, "-c", code, *args[:-1], str(tmp_path / "cut")],
+        input=lzma.compress(images_path.read_bytes()[:-3]),
+        capture_output=True,
+        check=False,
+    )
+    assert cut.returncode == 1
+    assert cut.stderr.decode().startswith("Error: /dev/stdin: truncated: header declares 144")
+    assert not (tmp_path / "cut").exists()
