@@ -486,3 +486,66 @@ def test_xz_through_a_pipe_is_read_as_a_stream(tmp_path: Path, mnist_pair: Pair)
     assert cut.returncode == 1
     assert cut.stderr.decode().startswith("Error: /dev/stdin: truncated: header declares 144")
     assert not (tmp_path / "cut").exists()
+
+
+def test_any_path_bytes_are_recorded_and_shown(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    odd = os.fsencode(tmp_path) + b"/caf\xe9-images"
+    with open(odd, "wb") as f:
+        f.write(idx_bytes(make_images(3, 2, 2)))
+    write_idx(tmp_path / "labels", np.array([1, 2, 3], dtype=np.uint8))
+    db = tmp_path / "db"
+    mnist2db.convert(os.fsdecode(odd), tmp_path / "labels", db, shuffle=True, seed=1)
+    meta = read_metadata(db)
+    assert meta is not None and os.fsencode(meta[1]["source"]["images"]) == odd
+    code = "from mnist2db.cli import main; main()"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "info", str(db)], capture_output=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert b"caf\\xe9-images + " in done.stdout
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", code, "verify", str(db), odd, str(tmp_path / "labels")],
+            capture_output=True,
+            check=False,
+        ).returncode
+        == 0
+    )
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_shuffle_on_a_full_disk_is_one_line_and_leaves_nothing(
+    tmp_path: Path, mnist_pair: Pair, backend: str
+) -> None:
+    import subprocess
+
+    images_path, labels_path, _, _ = mnist_pair(6000)  # 4.7 MB of pixels to spill
+    mount = tmp_path / "small"
+    mount.mkdir()
+    try:
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
+            check=True,
+            capture_output=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        result: Any = run(
+            "convert", "-q", "--shuffle", f"--backend={backend}",
+            str(images_path), str(labels_path), str(mount / "db"),
+        )  # fmt: skip
+        assert result.exit_code == 1
+        assert result.stderr.startswith(f"Error: {mount / 'db'}: ")
+        assert result.stderr.count("\n") == 1, result.stderr
+        # The spill file, unlinked, frees its space as it fails: strerror says why.
+        assert result.stderr == (
+            f"Error: {mount / 'db'}: cannot hold a temporary copy of the images: "
+            "No space left on device\n"
+        )
+        assert os.listdir(mount) == []
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)

@@ -83,8 +83,11 @@ class ConvertResult(_ConvertResultFields):
         )
 
 
-def check_pair(images: IdxHeader, labels: IdxHeader) -> None:
+def check_pair(images: IdxHeader, labels: IdxHeader, *, label_rows: bool = False) -> None:
     """Check that two IDX headers are an MNIST image file and its label file.
+
+    ``label_rows``: QMNIST's int32 label rows (``idx2-int``, magic 0x0C02) are accepted too
+    (by the readers that pick a column: :mod:`mnist2db.recipe`).
 
     Raises:
         IdxFormatError: wrong magic (with a hint when the two were swapped), or the item
@@ -100,7 +103,7 @@ def check_pair(images: IdxHeader, labels: IdxHeader) -> None:
             f"{images.path}: magic 0x{images.magic:08x}, expected 0x{IMAGES_MAGIC:08x} "
             f"(uint8 images, 3 dimensions){hint}"
         )
-    if labels.magic == QMNIST_LABELS_MAGIC:
+    if label_rows and labels.magic == QMNIST_LABELS_MAGIC:
         if labels.dims[1] < 1:
             raise IdxFormatError(f"{labels.path}: idx2-int label rows of 0 columns hold no label")
     elif labels.magic != LABELS_MAGIC:
@@ -200,7 +203,7 @@ def convert(
         seed = int.from_bytes(os.urandom(8), "little")
     recipe = Recipe(transpose, label_column, offset, count, seed if shuffle else None)
     with open_idx(images) as image_reader, open_idx(labels) as label_reader:
-        check_pair(image_reader.header, label_reader.header)
+        check_pair(image_reader.header, label_reader.header, label_rows=True)
         if not recipe.plain or label_reader.header.magic != LABELS_MAGIC:
             return _convert_recipe(
                 image_reader, label_reader, out, backend, recipe, batch_size, overwrite, progress
@@ -290,7 +293,7 @@ def _convert_recipe(
             writer.abort()
             raise
         writer.close()
-        write_metadata(staging, metadata_for(recipe, header, label_reader.header))
+        write_metadata(staging, metadata_for(recipe, header, label_reader.header), out)
     return ConvertResult(
         path=out,
         backend=backend,

@@ -26,7 +26,7 @@ from .errors import Mnist2dbError, OutputExistsError
 from .fsutil import AtomicFile, make_parents, remove_made
 from .inspect import _datum_encoding, _key_text
 from .pairs import check_file_target, place_together, recover_together
-from .recipe import Recipe, permutation, read_metadata
+from .recipe import Recipe, permutation, read_metadata, shown
 
 __all__ = ["ExportResult", "default_prefix", "export_db"]
 
@@ -151,9 +151,8 @@ def _notes(recipe: Recipe, found: tuple[Recipe, dict[str, Any]] | None) -> tuple
     if found is None:
         return ()
     source = found[1]["source"]
-    notes = [
-        f"items {recipe.offset} … {recipe.offset + (recipe.count or 0) - 1} of {source['images']}"
-    ]
+    last = recipe.offset + (recipe.count or 0) - 1
+    notes = [f"items {recipe.offset} … {last} of {shown(source['images'])}"]
     if recipe.seed is not None:
         notes.append(f"put back in source order (shuffle seed {recipe.seed})")
     if recipe.transpose:

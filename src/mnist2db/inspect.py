@@ -141,7 +141,7 @@ def select_records(
     total = header.count
     try:
         if labels_reader is not None:
-            check_pair(header, labels_reader.header)
+            check_pair(header, labels_reader.header, label_rows=True)
             check_label_column(labels_reader.header, label_column)
         _check_start(path, total, offset, count, "images")
     except BaseException:

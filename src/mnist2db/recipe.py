@@ -259,14 +259,23 @@ def metadata_for(recipe: Recipe, images: IdxHeader, labels: IdxHeader) -> dict[s
     }
 
 
-def write_metadata(directory: str, metadata: dict[str, Any]) -> None:
-    """Write :data:`METADATA_NAME` into a staging ``directory`` (placed with the database)."""
+def write_metadata(directory: str, metadata: dict[str, Any], out: str) -> None:
+    """Write :data:`METADATA_NAME` into the staging ``directory`` of the database ``out``
+    (placed with it, flushed with it).
+
+    Raises:
+        BackendError: it cannot be written, naming ``out``.
+    """
     import json
 
-    path = os.path.join(directory, METADATA_NAME)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(metadata, f, indent=1)
-        f.write("\n")
+    from .errors import BackendError
+
+    text = json.dumps(metadata, indent=1) + "\n"
+    try:
+        with open(os.path.join(directory, METADATA_NAME), "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise BackendError(f"{out}: cannot write {METADATA_NAME}: {exc.strerror or exc}") from None
 
 
 def read_metadata(db: str | os.PathLike[str]) -> tuple[Recipe, dict[str, Any]] | None:
@@ -318,7 +327,8 @@ def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
     recipe, metadata = found
     source = metadata["source"]
     items = int(source["items"])
-    lines = [("source", f"{source['images']} + {source['labels']} ({items} items)")]
+    names = f"{shown(source['images'])} + {shown(source['labels'])}"
+    lines = [("source", f"{names} ({items} items)")]
     if recipe.offset or recipe.count != items:
         last = recipe.offset + (recipe.count or 0) - 1
         lines.append(("items", f"{recipe.offset} … {last} of the source ({recipe.count})"))
@@ -334,6 +344,11 @@ def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
         )
     )
     return lines
+
+
+def shown(path: str) -> str:
+    """A recorded path as it can be printed: bytes that are not UTF-8 as ``\\xNN``."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def orientation(transpose: bool) -> str:

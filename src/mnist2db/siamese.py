@@ -120,11 +120,6 @@ def _load(images: str, labels: str, spill_dir: str) -> tuple[Any, Any, int, int]
 
     with open_idx(images) as image_reader, open_idx(labels) as label_reader:
         check_pair(image_reader.header, label_reader.header)
-        if label_reader.header.magic != 0x00000801:
-            raise IdxFormatError(
-                f"{labels}: magic 0x{label_reader.header.magic:08x}: siamese pairs need "
-                "uint8 labels (magic 0x00000801)"
-            )
         count = image_reader.header.count
         rows, cols = image_reader.header.dims[1], image_reader.header.dims[2]
         label_bytes = bytearray()

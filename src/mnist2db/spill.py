@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from .errors import BackendError
+
 TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
     from typing import Any
@@ -25,15 +27,24 @@ def spill_to_map(
     unlinked file in ``directory``; return a read-only ``(count, item_size)`` uint8 map of it.
 
     The file is unlinked at once: the map keeps the space until it is dropped.
+
+    Raises:
+        BackendError: the file cannot be written (a full disk), naming ``directory``.
     """
     import tempfile
 
     import numpy as np
 
-    with tempfile.TemporaryFile(dir=directory) as spill:
-        for batch in batches:
-            spill.write(batch)
-        spill.flush()
-        if count and item_size:
-            return np.memmap(spill, dtype=np.uint8, mode="r", shape=(count, item_size))
+    try:
+        with tempfile.TemporaryFile(dir=directory) as spill:
+            for batch in batches:
+                spill.write(batch)
+            spill.flush()
+            if count and item_size:
+                return np.memmap(spill, dtype=np.uint8, mode="r", shape=(count, item_size))
+    except OSError as exc:
+        raise BackendError(
+            f"{os.fspath(directory)}: cannot hold a temporary copy of the images: "
+            f"{exc.strerror or exc}"
+        ) from None
     return np.zeros((count, item_size), dtype=np.uint8)

@@ -103,7 +103,7 @@ def verify_db(
     found = read_metadata(db_path)
     recipe = Recipe() if found is None else found[0]
     with open_idx(images) as images_reader, open_idx(labels) as labels_reader:
-        check_pair(images_reader.header, labels_reader.header)
+        check_pair(images_reader.header, labels_reader.header, label_rows=True)
         items = images_reader.header.count
         if found is not None and int(found[1]["source"]["items"]) != items:
             raise VerifyError(
