@@ -93,7 +93,7 @@ def cli() -> None:
 @transpose_option
 @label_column_option
 @shuffle_options
-@range_options("source items", None)
+@range_options("source item", None)
 @quiet_option
 def convert(
     images: str,
@@ -179,7 +179,7 @@ def _check_drawable(source: str, record: Any) -> None:
     type=Path(dir_okay=False, path_type=str),
     help="IDX label file for an IDX SOURCE (default: the *-labels-idx1-ubyte file beside it).",
 )
-@range_options("records to show", 10)
+@range_options("record", 10)
 @transpose_option
 @label_column_option
 @click.option(

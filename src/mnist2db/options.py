@@ -63,11 +63,10 @@ def data_dir_option(help_text: str) -> Decorator:
     )
 
 
-def range_options(what: str, count_default: int | None) -> Decorator:
-    """``--offset N --count M``: ``what`` (records, items) ``N … N+M-1``, from 0.
-
-    ``count_default`` None means to the end of the source.
-    """
+def range_options(noun: str, count_default: int | None) -> Decorator:
+    """``--offset N --count M``: the ``noun`` items (records, source items) ``N … N+M-1``,
+    from 0; ``count_default`` None means to the end of the source. The range is checked by
+    :func:`mnist2db.recipe.check_range`."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         func = click.option(
@@ -75,7 +74,7 @@ def range_options(what: str, count_default: int | None) -> Decorator:
             type=click.IntRange(min=1 if count_default is not None else 0),
             default=count_default,
             show_default=count_default is not None,
-            help=f"Number of {what}."
+            help=f"Number of {noun}s."
             + ("" if count_default is not None else "  [default: to the end]"),
         )(func)
         return click.option(
@@ -83,7 +82,7 @@ def range_options(what: str, count_default: int | None) -> Decorator:
             type=click.IntRange(min=0),
             default=0,
             show_default=True,
-            help=f"First {what.rstrip('s')} (from 0).",
+            help=f"First {noun} (from 0).",
         )(func)
 
     return decorate
