@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import idx_bytes, make_images, write_idx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import mnist2db
 from mnist2db.backends import open_reader
@@ -549,3 +551,41 @@ def test_shuffle_on_a_full_disk_is_one_line_and_leaves_nothing(
         assert os.listdir(mount) == []
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    count=st.integers(0, 40),
+    rows=st.integers(1, 5),
+    cols=st.integers(1, 5),
+    data=st.data(),
+)
+def test_any_recipe_round_trips_through_convert_and_export(
+    tmp_path_factory: pytest.TempPathFactory, count: int, rows: int, cols: int, data: Any
+) -> None:
+    from mnist2db.export import export_db
+    from mnist2db.verify import verify_db
+
+    offset = data.draw(st.integers(0, count))
+    selected = data.draw(st.integers(0, count - offset))
+    transpose = data.draw(st.booleans())
+    seed = data.draw(st.none() | st.integers(0, 2**64 - 1))
+    backend = data.draw(st.sampled_from(["lmdb", "leveldb"]))
+    work = tmp_path_factory.mktemp("roundtrip")
+    images = make_images(count, rows, cols, seed=count)
+    labels = np.arange(count, dtype=np.uint8) % 10
+    write_idx(work / "i", images)
+    write_idx(work / "l", labels)
+    mnist2db.convert(
+        work / "i", work / "l", work / "db", backend, transpose=transpose,
+        shuffle=seed is not None, seed=seed, offset=offset, count=selected, batch_size=7,
+    )  # fmt: skip
+    assert verify_db(work / "db", work / "i", work / "l").count == selected
+    result = export_db(work / "db", work / "out", prefix="x")
+    assert result.count == selected
+    stop = offset + selected
+    if selected:
+        assert (work / "out/x-images-idx3-ubyte").read_bytes() == idx_bytes(images[offset:stop])
+    assert (work / "out/x-labels-idx1-ubyte").read_bytes() == idx_bytes(labels[offset:stop])
