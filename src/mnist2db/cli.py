@@ -156,12 +156,6 @@ def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
 # -- Looking at the data: show, info, verify, export ---------------------------------------
 
 
-def _format_counts(counts: dict[int, int]) -> list[str]:
-    """A label histogram as lines of at most five ``label: count`` entries."""
-    entries = [f"{label}: {n}" for label, n in counts.items()]
-    return ["  ".join(entries[i : i + 5]) for i in range(0, len(entries), 5)] or ["(none)"]
-
-
 def _check_drawable(source: str, record: Any) -> None:
     """Name the source and the record when an image cannot be drawn (float or 2-channel data)."""
     from .render import RenderError, image_to_gray
@@ -289,8 +283,8 @@ def info(path: str) -> None:
     For an IDX file: magic, type, dimensions, item count, expected and actual size, gzip,
     xz or plain (and the label histogram of a label file). For a database: backend, record
     count, key range, Datum shape and encoding, label histogram, the options it was
-    written with (source, items, orientation, label column, order), size on disk. Reading an LMDB
-    database does not wait for, or block, other processes using it.
+    written with (source, items, orientation, label column, order), size on disk. Reading
+    an LMDB database does not wait for, or block, other processes using it.
 
     Example: mnist2db info examples/mnist/mnist_train_lmdb
     """
@@ -298,53 +292,12 @@ def info(path: str) -> None:
 
     from .inspect import db_info, idx_info
 
-    def row(name: str, value: object) -> None:
-        click.echo(f"{name:<12}{value}")
-
     with library_errors():
-        if os.path.isdir(path):
-            db = db_info(path)
-            row("database", db.path)
-            row("backend", db.backend)
-            row("records", db.count)
-            if db.first_key is not None and db.last_key is not None:
-                first = db.first_key.decode("ascii", errors="backslashreplace")
-                last = db.last_key.decode("ascii", errors="backslashreplace")
-                order = (
-                    "Caffe's %08d sequence" if db.sequential_keys else "not Caffe's %08d sequence"
-                )
-                row("keys", f"{first} … {last} ({order})")
-            if db.shape is not None:
-                row(
-                    "datum",
-                    f"{' × '.join(map(str, db.shape))} (channels × height × width), {db.encoding}",
-                )
-            for i, line in enumerate(_format_counts(db.label_counts)):
-                row("labels" if i == 0 else "", line)
-            for name, value in db.recipe:
-                row(name, value)
-            row("size", f"{db.disk_size} bytes on disk")
-            problem = db.problem
-        else:
-            idx = idx_info(path)
-            header = idx.header
-            row("file", header.path)
-            row("storage", idx.storage)
-            row("magic", f"0x{header.magic:08x} ({idx.kind})")
-            row("type", header.type_name)
-            row("dimensions", " × ".join(map(str, header.dims)))
-            row("items", header.count)
-            row(
-                "size",
-                f"{idx.expected_size} bytes expected, "
-                f"{'at least ' if idx.at_least else ''}{idx.actual_size} found "
-                f"(header {header.header_size} + data)",
-            )
-            if idx.label_counts is not None:
-                for i, line in enumerate(_format_counts(idx.label_counts)):
-                    row("labels" if i == 0 else "", line)
-            problem = idx.problem
-        row("valid", "yes" if problem is None else "no")
+        described = db_info(path) if os.path.isdir(path) else idx_info(path)
+        for name, value in described.rows():
+            click.echo(f"{name:<12}{value}")
+        problem = described.problem
+        click.echo(f"{'valid':<12}{'yes' if problem is None else 'no'}")
     if problem is not None:
         raise click.ClickException(f"{path}: {problem}")
 

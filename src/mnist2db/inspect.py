@@ -218,6 +218,27 @@ class IdxInfo:
             return f"{packing}, read from a pipe"
         return f"{packing}, {self.file_size} bytes{'' if packing == 'plain' else ' compressed'}"
 
+    def rows(self) -> list[tuple[str, object]]:
+        """``info``'s lines: ``(name, value)`` pairs, ``valid`` left to the caller."""
+        header = self.header
+        rows: list[tuple[str, object]] = [
+            ("file", header.path),
+            ("storage", self.storage),
+            ("magic", f"0x{header.magic:08x} ({self.kind})"),
+            ("type", header.type_name),
+            ("dimensions", " × ".join(map(str, header.dims))),
+            ("items", header.count),
+            (
+                "size",
+                f"{self.expected_size} bytes expected, "
+                f"{'at least ' if self.at_least else ''}{self.actual_size} found "
+                f"(header {header.header_size} + data)",
+            ),
+        ]
+        if self.label_counts is not None:
+            rows += _count_rows(self.label_counts)
+        return rows
+
     @property
     def kind(self) -> str:
         if self.header.magic == 0x00000803:
@@ -297,6 +318,35 @@ class DbInfo:
     problem: str | None = None
     #: What the database holds of its source (orientation, order, range, label column).
     recipe: list[tuple[str, str]] = field(default_factory=list)
+
+    def rows(self) -> list[tuple[str, object]]:
+        """``info``'s lines: ``(name, value)`` pairs, ``valid`` left to the caller."""
+        rows: list[tuple[str, object]] = [
+            ("database", self.path),
+            ("backend", self.backend),
+            ("records", self.count),
+        ]
+        if self.first_key is not None and self.last_key is not None:
+            order = "Caffe's %08d sequence" if self.sequential_keys else "not Caffe's %08d sequence"
+            rows.append(
+                ("keys", f"{_key_text(self.first_key)} … {_key_text(self.last_key)} ({order})")
+            )
+        if self.shape is not None:
+            shape = " × ".join(map(str, self.shape))
+            rows.append(("datum", f"{shape} (channels × height × width), {self.encoding}"))
+        return [
+            *rows,
+            *_count_rows(self.label_counts),
+            *self.recipe,
+            ("size", f"{self.disk_size} bytes on disk"),
+        ]
+
+
+def _count_rows(counts: dict[int, int]) -> list[tuple[str, object]]:
+    """A label histogram as ``info`` rows of at most five ``label: count`` entries."""
+    entries = [f"{label}: {n}" for label, n in counts.items()]
+    lines = ["  ".join(entries[i : i + 5]) for i in range(0, len(entries), 5)] or ["(none)"]
+    return [("labels" if i == 0 else "", line) for i, line in enumerate(lines)]
 
 
 def _datum_encoding(datum: object) -> str:
