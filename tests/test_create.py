@@ -237,3 +237,90 @@ def test_scripts_fail_with_set_e(tmp_path: Path) -> None:
         "Error: data/mnist/train-images-idx3-ubyte: not found "
         "(run: mnist2db fetch --dataset mnist --data data/mnist)\n"
     )
+
+
+# -- issue 12: EMNIST's orientation, QMNIST's labels ------------------------------------------
+
+
+def write_emnist(directory: Path) -> dict:
+    """An EMNIST split as fetch stores it: MNIST's names, images transposed, 5 × 3 here."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(8)
+    arrays = {}
+    for stem, count in (("train", 6), ("t10k", 4)):
+        upright = rng.integers(0, 256, size=(count, 5, 3), dtype=np.uint8)
+        labels = rng.integers(1, 27, size=count, dtype=np.uint8)
+        write_idx(directory / f"{stem}-images-idx3-ubyte", upright.transpose(0, 2, 1).copy())
+        write_idx(directory / f"{stem}-labels-idx1-ubyte", labels)
+        arrays[stem] = (upright, labels)
+    return arrays
+
+
+def test_create_emnist_writes_upright_images_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    arrays = write_emnist(tmp_path / "data" / "emnist-letters")
+    result = CliRunner().invoke(cli, ["create", "--dataset", "emnist-letters"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == (
+        "emnist-letters: images are stored transposed; writing them upright "
+        "(--as-stored keeps them as stored)."
+    )
+    keys, images, labels = read_back(tmp_path / "examples/emnist-letters/mnist_train_lmdb")
+    np.testing.assert_array_equal(images, arrays["train"][0])  # (6, 5, 3): upright
+    np.testing.assert_array_equal(labels, arrays["train"][1])
+    info = CliRunner().invoke(cli, ["info", "examples/emnist-letters/mnist_test_lmdb"])
+    assert "orientation transposed (height and width swapped)" in info.stdout
+    result = CliRunner().invoke(
+        cli, ["create", "--dataset", "emnist-letters", "--as-stored", "--overwrite"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == (
+        "emnist-letters: images kept as stored (transposed: height and width swapped)."
+    )
+    _, images, _ = read_back(tmp_path / "examples/emnist-letters/mnist_train_lmdb")
+    np.testing.assert_array_equal(images, arrays["train"][0].transpose(0, 2, 1))
+    assert "mnist2db.json" not in os.listdir(tmp_path / "examples/emnist-letters/mnist_train_lmdb")
+
+
+def test_create_qmnist_writes_train_and_test_with_the_chosen_label_column(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "data" / "qmnist"
+    data.mkdir(parents=True)
+    rng = np.random.default_rng(4)
+    rows = {}
+    for stem, count in (("train", 5), ("test", 9)):
+        write_idx(
+            data / f"qmnist-{stem}-images-idx3-ubyte",
+            rng.integers(0, 256, (count, 28, 28), dtype=np.uint8),
+        )
+        rows[stem] = rng.integers(0, 1000, (count, 8), dtype=np.int32)
+        write_idx(data / f"qmnist-{stem}-labels-idx2-int", rows[stem])
+    result = CliRunner().invoke(cli, ["create", "--dataset", "qmnist", "--label-column", "2"])
+    assert result.exit_code == 0, result.output
+    for stem in ("train", "test"):
+        with open_reader(tmp_path / f"examples/qmnist/mnist_{stem}_lmdb") as reader:
+            got = [decode_datum(bytes(v)).label for _, v in reader]
+        assert got == rows[stem][:, 2].tolist()
+    result = CliRunner().invoke(
+        cli, ["create", "--dataset", "qmnist", "--label-column", "8", "--overwrite"]
+    )
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "Error: data/qmnist/qmnist-train-labels-idx2-int: label column 8 does not exist: "
+        "the file has 8 columns (0 … 7)\n"
+    )
+
+
+def test_create_shuffles_every_split_with_one_reported_seed(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "data")
+    results = create_databases("mnist", tmp_path / "data", tmp_path / "out", shuffle=True)
+    assert results[0].seed is not None and results[0].seed == results[1].seed
+    again = create_databases(
+        "mnist", tmp_path / "data", tmp_path / "again", shuffle=True, seed=results[0].seed
+    )
+    for a, b in zip(results, again, strict=True):
+        assert record_digest(Path(a.path)) == record_digest(Path(b.path))

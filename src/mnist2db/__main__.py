@@ -5,7 +5,8 @@ command line that is exactly ``mnist2db convert [options] IMAGES LABELS OUT_DB``
 options spelled plainly (``--backend``, ``--batch-size``, ``--overwrite``, ``-q/--quiet``)
 and no progress bar to draw is run here, with the same output, messages and exit codes as
 the click command in :mod:`mnist2db.cli`. Everything else (help, version, other commands,
-anything unusual or wrong) goes to click unchanged, so click stays the one definition of the
+the conversion options ``--transpose``, ``--label-column``, ``--shuffle``/``--seed``,
+``--offset``/``--count``, anything unusual or wrong) goes to click unchanged, so click stays the one definition of the
 interface; ``tests/test_perf_paths.py`` checks that both paths behave the same.
 """
 

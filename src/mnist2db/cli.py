@@ -14,8 +14,18 @@ from typing import Any
 import click
 
 from . import __version__
-from .datasets import DATASET_NAMES, DEFAULT_DATASET
 from .interrupt import Interrupted, exit_code, signals_raise_interrupted
+from .options import (
+    Path,
+    backend_option,
+    data_dir_option,
+    dataset_option,
+    label_column_option,
+    quiet_option,
+    range_options,
+    shuffle_options,
+    transpose_option,
+)
 
 __all__ = ["cli", "main"]
 
@@ -55,44 +65,6 @@ def progress_reporter(label: str, quiet: bool) -> Iterator[Callable[[int, int], 
             bar.__exit__(None, None, None)
 
 
-# -- options several commands share ---------------------------------------------------------
-
-
-class Path(click.Path):
-    """click.Path that refuses an empty string up front (a usage error, exit 2)."""
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        if value == "":
-            self.fail("an empty path names nothing", param, ctx)
-        return super().convert(value, param, ctx)
-
-
-backend_option = click.option(
-    "--backend",
-    type=click.Choice(["lmdb", "leveldb"], case_sensitive=False),
-    default="lmdb",
-    show_default=True,
-    help="Database to write.",
-)
-quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
-
-
-def dataset_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    return click.option(
-        "--dataset",
-        type=click.Choice(DATASET_NAMES),
-        default=DEFAULT_DATASET,
-        show_default=True,
-        help=help_text,
-    )
-
-
-def data_dir_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    return click.option(
-        "--data", "data_dir", type=click.Path(file_okay=False, path_type=str), help=help_text
-    )
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="mnist2db")
 def cli() -> None:
@@ -118,6 +90,10 @@ def cli() -> None:
     help="Records per transaction (Caffe: 1000).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUT_DB if it is an existing database.")
+@transpose_option
+@label_column_option
+@shuffle_options
+@range_options("source item", None)
 @quiet_option
 def convert(
     images: str,
@@ -127,18 +103,23 @@ def convert(
     batch_size: int,
     overwrite: bool,
     quiet: bool,
+    **options: Any,
 ) -> None:
     """Convert an IDX image file and its label file into a Caffe Datum database.
 
     Each image becomes a Datum (channels=1, height=rows, width=cols, data=pixels, label)
     under the key 00000000, 00000001, ... exactly as Caffe's convert_mnist_data writes it.
-    Plain and gzip-compressed IDX files are both read. OUT_DB must not exist (see
-    --overwrite); it appears only when complete.
+    Plain, gzip and xz IDX files are read; LABELS may be QMNIST's idx2-int rows
+    (--label-column picks the label). --transpose, --shuffle/--seed and --offset/--count
+    change which items are written, in which order and orientation; they are recorded in
+    OUT_DB/mnist2db.json (never a record). OUT_DB must not exist (see --overwrite); it
+    appears only when complete.
 
     Example: mnist2db convert --backend=lmdb data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte examples/mnist/mnist_train_lmdb
     """
     from .conversion import convert as run_convert
 
+    check_seed(options)
     with library_errors(), progress_reporter("Converting", quiet) as progress:
         result = run_convert(
             images,
@@ -148,9 +129,16 @@ def convert(
             batch_size=batch_size,
             overwrite=overwrite,
             progress=progress,
+            **options,
         )
     if not quiet:
         click.echo(result.summary(), err=True)
+
+
+def check_seed(options: dict[str, Any]) -> None:
+    """``--seed`` without ``--shuffle`` is a usage error (exit 2)."""
+    if options["seed"] is not None and not options["shuffle"]:
+        raise click.UsageError("--seed orders a shuffle: add --shuffle")
 
 
 def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
@@ -166,12 +154,6 @@ def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
 
 
 # -- Looking at the data: show, info, verify, export ---------------------------------------
-
-
-def _format_counts(counts: dict[int, int]) -> list[str]:
-    """A label histogram as lines of at most five ``label: count`` entries."""
-    entries = [f"{label}: {n}" for label, n in counts.items()]
-    return ["  ".join(entries[i : i + 5]) for i in range(0, len(entries), 5)] or ["(none)"]
 
 
 def _check_drawable(source: str, record: Any) -> None:
@@ -191,20 +173,9 @@ def _check_drawable(source: str, record: Any) -> None:
     type=Path(dir_okay=False, path_type=str),
     help="IDX label file for an IDX SOURCE (default: the *-labels-idx1-ubyte file beside it).",
 )
-@click.option(
-    "--offset",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="First record to show (from 0).",
-)
-@click.option(
-    "--count",
-    type=click.IntRange(min=1),
-    default=10,
-    show_default=True,
-    help="Number of records to show.",
-)
+@range_options("record", 10)
+@transpose_option
+@label_column_option
 @click.option(
     "--threshold",
     type=click.IntRange(0, 255),
@@ -229,13 +200,16 @@ def show(
     ascii_: bool,
     png: str | None,
     overwrite: bool,
+    transpose: bool,
+    label_column: int,
 ) -> None:
     """Show records of an IDX image file or a Datum database: index, key, label, image.
 
-    SOURCE is an IDX image file (plain or gzip; its labels are read from --labels or the
-    matching *-labels-idx1-ubyte file beside it) or an LMDB/LevelDB database directory.
-    Images are drawn in the terminal with Unicode shading (--ascii for plain terminals,
-    --threshold for a 0/1 view), or written as a PNG grid with --png.
+    SOURCE is an IDX image file (plain, gzip or xz; its labels are read from --labels or
+    the matching *-labels-idx1-ubyte or *-labels-idx2-int file beside it) or an
+    LMDB/LevelDB database directory. Images are drawn in the terminal with Unicode shading
+    (--ascii for plain terminals, --threshold for a 0/1 view), or written as a PNG grid
+    with --png; --transpose swaps height and width (EMNIST's stored images).
 
     Example: mnist2db show examples/mnist/mnist_train_lmdb --offset 40000 --count 10 --png digits.png
     """
@@ -257,7 +231,14 @@ def show(
         if png is not None:
             inputs = [source] if labels is None else [source, labels]
             check_file_target(png, overwrite, inputs)  # before reading anything
-        total, records = select_records(source, labels, offset=offset, count=count)
+        total, records = select_records(
+            source,
+            labels,
+            offset=offset,
+            count=count,
+            transpose=transpose,
+            label_column=label_column,
+        )
         # A generator holding the files open: closed even when a check below stops early.
         with contextlib.closing(records):  # type: ignore[type-var]
             shown = 0
@@ -299,10 +280,11 @@ def show(
 def info(path: str) -> None:
     """Describe an IDX file or a Datum database; exit 1 if it is not valid.
 
-    For an IDX file: magic, type, dimensions, item count, expected and actual size, gzip or
-    not (and the label histogram of a label file). For a database: backend, record count,
-    key range, Datum shape and encoding, label histogram, size on disk. Reading an LMDB
-    database does not wait for, or block, other processes using it.
+    For an IDX file: magic, type, dimensions, item count, expected and actual size, gzip,
+    xz or plain (and the label histogram of a label file). For a database: backend, record
+    count, key range, Datum shape and encoding, label histogram, the options it was
+    written with (source, items, orientation, label column, order), size on disk. Reading
+    an LMDB database does not wait for, or block, other processes using it.
 
     Example: mnist2db info examples/mnist/mnist_train_lmdb
     """
@@ -310,51 +292,12 @@ def info(path: str) -> None:
 
     from .inspect import db_info, idx_info
 
-    def row(name: str, value: object) -> None:
-        click.echo(f"{name:<12}{value}")
-
     with library_errors():
-        if os.path.isdir(path):
-            db = db_info(path)
-            row("database", db.path)
-            row("backend", db.backend)
-            row("records", db.count)
-            if db.first_key is not None and db.last_key is not None:
-                first = db.first_key.decode("ascii", errors="backslashreplace")
-                last = db.last_key.decode("ascii", errors="backslashreplace")
-                order = (
-                    "Caffe's %08d sequence" if db.sequential_keys else "not Caffe's %08d sequence"
-                )
-                row("keys", f"{first} … {last} ({order})")
-            if db.shape is not None:
-                row(
-                    "datum",
-                    f"{' × '.join(map(str, db.shape))} (channels × height × width), {db.encoding}",
-                )
-            for i, line in enumerate(_format_counts(db.label_counts)):
-                row("labels" if i == 0 else "", line)
-            row("size", f"{db.disk_size} bytes on disk")
-            problem = db.problem
-        else:
-            idx = idx_info(path)
-            header = idx.header
-            row("file", header.path)
-            row("storage", idx.storage)
-            row("magic", f"0x{header.magic:08x} ({idx.kind})")
-            row("type", header.type_name)
-            row("dimensions", " × ".join(map(str, header.dims)))
-            row("items", header.count)
-            row(
-                "size",
-                f"{idx.expected_size} bytes expected, "
-                f"{'at least ' if idx.at_least else ''}{idx.actual_size} found "
-                f"(header {header.header_size} + data)",
-            )
-            if idx.label_counts is not None:
-                for i, line in enumerate(_format_counts(idx.label_counts)):
-                    row("labels" if i == 0 else "", line)
-            problem = idx.problem
-        row("valid", "yes" if problem is None else "no")
+        described = db_info(path) if os.path.isdir(path) else idx_info(path)
+        for name, value in described.rows():
+            click.echo(f"{name:<12}{value}")
+        problem = described.problem
+        click.echo(f"{'valid':<12}{'yes' if problem is None else 'no'}")
     if problem is not None:
         raise click.ClickException(f"{path}: {problem}")
 
@@ -368,11 +311,13 @@ def verify(db: str, images: str, labels: str, quiet: bool) -> None:
     """Check that database DB holds exactly the records converted from IMAGES and LABELS.
 
     Every record is compared (key, channels, height, width, data, label); the first
-    difference exits 1 naming the key and the field, as do missing or extra records.
+    difference exits 1 naming the key and the field, as do missing or extra records. A
+    database written with --transpose, --shuffle, --offset/--count or --label-column is
+    compared with what those options (recorded in DB/mnist2db.json) make of the source.
 
     Example: mnist2db verify examples/mnist/mnist_train_lmdb data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte
     """
-    from .inspect import verify_db
+    from .verify import verify_db
 
     with library_errors(), progress_reporter("Verifying", quiet) as progress:
         result = verify_db(db, images, labels, progress=progress)
@@ -394,8 +339,10 @@ def verify(db: str, images: str, labels: str, quiet: bool) -> None:
 def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bool) -> None:
     """Write the IDX image and label files back from database DB into OUT_DIR.
 
-    For a database made by convert, the files equal the originals byte for byte. The files
-    appear only when both are complete.
+    For a database made by convert, the files equal the originals byte for byte; one made
+    with options (DB/mnist2db.json) is mapped back to its source items: a shuffle and a
+    transposition are undone, and the labels are the Datum labels as uint8 (idx1). The
+    files appear only when both are complete.
 
     Example: mnist2db export examples/mnist/mnist_train_lmdb out/
     """
@@ -409,6 +356,8 @@ def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bo
             f"{result.rows} × {result.cols}).",
             err=True,
         )
+        for note in result.notes:
+            click.echo(f"  {note}", err=True)
 
 
 # -- Caffe's other data tools: the mean file and siamese pairs -----------------------------
@@ -679,6 +628,14 @@ def fetch(
 )
 @backend_option
 @click.option("--overwrite", is_flag=True, help="Replace existing databases.")
+@click.option(
+    "--as-stored",
+    is_flag=True,
+    help="Keep the images as the dataset stores them (EMNIST's are transposed; by default "
+    "they are written upright).",
+)
+@label_column_option
+@shuffle_options
 @quiet_option
 def create(
     dataset: str,
@@ -686,17 +643,26 @@ def create(
     out_dir: str | None,
     backend: str,
     overwrite: bool,
+    as_stored: bool,
     quiet: bool,
+    **options: Any,
 ) -> None:
     """Write mnist_train_BACKEND and mnist_test_BACKEND from a fetched dataset.
 
     What Caffe's create_mnist.sh does: train-images/labels become mnist_train_BACKEND and
     t10k-images/labels become mnist_test_BACKEND, by the same conversion as
-    `mnist2db convert`. Each database appears only when complete.
+    `mnist2db convert`. Each database appears only when complete. EMNIST's images, stored
+    transposed, are written upright (--as-stored keeps them as stored); QMNIST's labels are
+    column --label-column of its idx2-int rows.
 
     Example: mnist2db fetch && mnist2db create --backend=lmdb --overwrite
     """
-    from .create import create_databases
+    from .create import create_databases, orientation_note
+
+    check_seed(options)
+    note = orientation_note(dataset, as_stored)
+    if note and not quiet:
+        click.echo(note, err=True)
 
     bar = _BarPerName(quiet, in_bytes=False)
 
@@ -705,7 +671,8 @@ def create(
         if not quiet:
             click.echo(
                 f"Wrote {result.path} ({result.backend}): {result.count} records of "
-                f"{result.rows}x{result.cols} in {result.seconds:.2f} s.",
+                f"{result.rows}x{result.cols} in {result.seconds:.2f} s."
+                + ("" if result.seed is None else f" Shuffled with seed {result.seed}."),
                 err=True,
             )
 
@@ -719,6 +686,8 @@ def create(
                 overwrite=overwrite,
                 progress=bar,
                 on_database=done,
+                transpose=False if as_stored else None,
+                **options,
             )
         finally:
             bar.close()

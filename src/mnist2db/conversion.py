@@ -18,7 +18,8 @@ from .backends import BACKENDS, open_writer
 from .datum import datum_prefix, encode_raw_batch, splitter
 from .errors import BackendError, IdxFormatError, Mnist2dbError
 from .fsutil import TEMP_MARK
-from .idx import IdxHeader, open_idx
+from .idx import IdxHeader, IdxReader, open_idx
+from .recipe import QMNIST_LABELS_MAGIC, Recipe, iter_records, metadata_for, write_metadata
 from .staging import remove_stale_staging, staged_database
 
 __all__ = ["ConvertResult", "convert", "check_pair", "remove_stale_staging"]
@@ -47,34 +48,46 @@ if TYPE_CHECKING:
         rows: int
         cols: int
         seconds: float
+        seed: int | None = None
+        transposed: bool = False
 
 else:
     # A named tuple rather than a dataclass: importing dataclasses costs ~15 ms of start-up.
     _ConvertResultFields = namedtuple(
-        "_ConvertResultFields", "path backend count rows cols seconds"
+        "_ConvertResultFields",
+        "path backend count rows cols seconds seed transposed",
+        defaults=(None, False),
     )
 
 
 class ConvertResult(_ConvertResultFields):
     """What :func:`convert` wrote (immutable).
 
-    Fields: ``path``, ``backend``, ``count``, ``rows``, ``cols``, ``seconds``.
+    Fields: ``path``, ``backend``, ``count``, ``rows``, ``cols`` (of the records written:
+    swapped when ``transposed``), ``seconds``, ``seed`` (of a shuffle, else None),
+    ``transposed``.
     """
 
     __slots__ = ()
 
     def summary(self) -> str:
         """What Caffe's convert_mnist_data logs, then where the database went and how fast."""
+        extra = "" if self.seed is None else f"Shuffled with seed {self.seed}.\n"
+        if self.transposed:
+            extra += "Images transposed (height and width swapped).\n"
         return (
             f"A total of {self.count} items.\n"
             f"Rows: {self.rows} Cols: {self.cols}\n"
-            f"Processed {self.count} files.\n"
+            f"Processed {self.count} files.\n{extra}"
             f"Wrote {self.path} ({self.backend}) in {self.seconds:.2f} s."
         )
 
 
-def check_pair(images: IdxHeader, labels: IdxHeader) -> None:
+def check_pair(images: IdxHeader, labels: IdxHeader, *, label_rows: bool = False) -> None:
     """Check that two IDX headers are an MNIST image file and its label file.
+
+    ``label_rows``: QMNIST's int32 label rows (``idx2-int``, magic 0x0C02) are accepted too
+    (by the readers that pick a column: :mod:`mnist2db.recipe`).
 
     Raises:
         IdxFormatError: wrong magic (with a hint when the two were swapped), or the item
@@ -90,7 +103,10 @@ def check_pair(images: IdxHeader, labels: IdxHeader) -> None:
             f"{images.path}: magic 0x{images.magic:08x}, expected 0x{IMAGES_MAGIC:08x} "
             f"(uint8 images, 3 dimensions){hint}"
         )
-    if labels.magic != LABELS_MAGIC:
+    if label_rows and labels.magic == QMNIST_LABELS_MAGIC:
+        if labels.dims[1] < 1:
+            raise IdxFormatError(f"{labels.path}: idx2-int label rows of 0 columns hold no label")
+    elif labels.magic != LABELS_MAGIC:
         hint = (
             " (is it the image file? the label file comes second)"
             if labels.magic == IMAGES_MAGIC
@@ -130,16 +146,26 @@ def convert(
     batch_size: int = DEFAULT_BATCH_SIZE,
     overwrite: bool = False,
     progress: ProgressCallback | None = None,
+    transpose: bool = False,
+    label_column: int = 0,
+    shuffle: bool = False,
+    seed: int | None = None,
+    offset: int = 0,
+    count: int | None = None,
 ) -> ConvertResult:
     """Convert an MNIST image file and label file into a Caffe Datum database.
 
     Writes, for item ``i``, key ``b"%08d" % i`` and a serialized ``caffe.Datum`` with
     ``channels=1, height=rows, width=cols``, the item's pixels as ``data`` and its label:
-    the same keys and values as Caffe's ``convert_mnist_data``.
+    the same keys and values as Caffe's ``convert_mnist_data``. The options below change
+    which items, in which order and orientation, with which label (:mod:`mnist2db.recipe`);
+    a database written with any of them also holds the file ``mnist2db.json`` recording
+    them (never a record).
 
     Args:
-        images: IDX image file (magic 2051), plain or gzip.
-        labels: IDX label file (magic 2049), plain or gzip.
+        images: IDX image file (magic 2051), plain, gzip or xz.
+        labels: IDX label file: uint8 labels (magic 2049) or QMNIST's int32 label rows
+            (magic 0x0C02, ``idx2-int``); plain, gzip or xz.
         out: database directory to create; must not exist unless ``overwrite``.
         backend: ``"lmdb"`` (default) or ``"leveldb"``.
         batch_size: records per transaction (Caffe: 1000).
@@ -147,12 +173,19 @@ def convert(
             :func:`mnist2db.staging.check_replaceable`: never a directory holding anything
             else, nor one holding an input).
         progress: called as ``progress(done, total)`` after each batch.
+        transpose: swap each image's height and width (EMNIST's stored images).
+        label_column: the column of an idx2-int label file that becomes the label.
+        shuffle: write the records in a random order seeded by ``seed`` (a fresh seed,
+            reported in the result, when None); keys still run ``00000000…``.
+        seed: 0 … 2**64-1; the same seed gives the same database byte for byte.
+        offset, count: only source items ``offset … offset+count-1`` (count None: to the end).
 
     Returns:
         A :class:`ConvertResult`.
 
     Raises:
-        IdxFormatError: either input is missing, malformed, or they do not match.
+        IdxFormatError: either input is missing, malformed, or they do not match; a label
+            column the file lacks; a range that does not fit.
         OutputExistsError: ``out`` exists (and ``overwrite`` is false), or cannot be replaced.
         BackendError: unknown backend, or the database could not be written.
     """
@@ -164,8 +197,17 @@ def convert(
         raise Mnist2dbError(f"batch size must be at least 1, got {batch_size}")
     if not out:
         raise Mnist2dbError("the destination path is empty: name a directory to create")
+    if seed is not None and not shuffle:
+        raise Mnist2dbError("a seed orders a shuffle: ask for shuffle too")
+    if shuffle and seed is None:
+        seed = int.from_bytes(os.urandom(8), "little")
+    recipe = Recipe(transpose, label_column, offset, count, seed if shuffle else None)
     with open_idx(images) as image_reader, open_idx(labels) as label_reader:
-        check_pair(image_reader.header, label_reader.header)
+        check_pair(image_reader.header, label_reader.header, label_rows=True)
+        if not recipe.plain or label_reader.header.magic != LABELS_MAGIC:
+            return _convert_recipe(
+                image_reader, label_reader, out, backend, recipe, batch_size, overwrite, progress
+            )._replace(seconds=time.perf_counter() - start)
         count = image_reader.header.count
         rows, cols = image_reader.header.dims[1], image_reader.header.dims[2]
         value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 3
@@ -205,6 +247,62 @@ def convert(
         rows=rows,
         cols=cols,
         seconds=time.perf_counter() - start,
+    )
+
+
+def _convert_recipe(
+    image_reader: IdxReader,
+    label_reader: IdxReader,
+    out: str,
+    backend: str,
+    recipe: Recipe,
+    batch_size: int,
+    overwrite: bool,
+    progress: ProgressCallback | None,
+) -> ConvertResult:
+    """The pipeline with options: numpy batches from :func:`mnist2db.recipe.iter_records`."""
+    from .datum import encode_batch
+    from .recipe import check_label_column, check_range
+
+    header = image_reader.header
+    check_label_column(label_reader.header, recipe.label_column)
+    stop = check_range(image_reader.path, header.count, recipe.offset, recipe.count)
+    total = stop - recipe.offset
+    rows, cols = header.dims[1], header.dims[2]
+    if recipe.transpose:
+        rows, cols = cols, rows
+    value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 11
+    size_hint = 2 * total * (_round_page(value_size + 8 + 16)) + (16 << 20)
+    if image_reader.streaming:
+        size_hint = min(size_hint, 1 << 30)
+    inputs = (image_reader.path, label_reader.path)
+    with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
+        writer = open_writer(backend, staging, size_hint=size_hint, append=total <= _APPEND_LIMIT)
+        try:
+            done = 0
+            for images, labels in iter_records(
+                image_reader, label_reader, recipe, batch_size, spill_dir=staging
+            ):
+                n = len(labels)
+                values = encode_batch(images, labels)
+                writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))
+                done += n
+                if progress is not None:
+                    progress(done, total)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close()
+        write_metadata(staging, metadata_for(recipe, header, label_reader.header), out)
+    return ConvertResult(
+        path=out,
+        backend=backend,
+        count=total,
+        rows=rows,
+        cols=cols,
+        seconds=0.0,
+        seed=recipe.seed,
+        transposed=recipe.transpose,
     )
 
 

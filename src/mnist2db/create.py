@@ -12,7 +12,21 @@ from .errors import IdxFormatError
 if TYPE_CHECKING:
     from .conversion import ConvertResult
 
-__all__ = ["create_databases"]
+__all__ = ["create_databases", "orientation_note"]
+
+
+def orientation_note(dataset: str | Dataset, as_stored: bool) -> str | None:
+    """What ``create`` says about the orientation it writes, for a dataset stored
+    transposed (EMNIST); None for the others."""
+    spec = get_dataset(dataset)
+    if not spec.stored_transposed:
+        return None
+    if as_stored:
+        return f"{spec.name}: images kept as stored (transposed: height and width swapped)."
+    return (
+        f"{spec.name}: images are stored transposed; writing them upright "
+        "(--as-stored keeps them as stored)."
+    )
 
 
 def create_databases(
@@ -25,13 +39,17 @@ def create_databases(
     batch_size: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     on_database: Callable[[ConvertResult], None] | None = None,
+    transpose: bool | None = None,
+    label_column: int = 0,
+    shuffle: bool = False,
+    seed: int | None = None,
 ) -> list[ConvertResult]:
     """Convert a fetched dataset into ``mnist_train_<backend>`` and ``mnist_test_<backend>``.
 
     The same conversion as ``mnist2db convert`` (:func:`mnist2db.conversion.convert`), run
     for each of the dataset's splits (:attr:`Dataset.splits <mnist2db.datasets.Dataset>`:
     training and test), as Caffe's ``create_mnist.sh`` does. Each input is the unpacked
-    file, or its ``.gz`` when only that is present.
+    file, or its ``.gz`` (or ``.xz``) when only that is present.
 
     Args:
         dataset: its name gives the default directories.
@@ -42,9 +60,14 @@ def create_databases(
         batch_size: records per transaction (default: the converter's, 1000).
         progress: called as ``progress(database_path, done, total)``.
         on_database: called with each ``ConvertResult`` once that database is complete.
+        transpose: swap height and width; None (default) writes upright images, that is
+            transposes the datasets stored transposed (EMNIST,
+            :attr:`Dataset.stored_transposed <mnist2db.datasets.Dataset>`) and no other.
+        label_column, shuffle, seed: as :func:`mnist2db.conversion.convert` (one seed for
+            every split: a fresh one is drawn once when None).
 
     Returns:
-        The two ``ConvertResult`` objects, train then test.
+        The ``ConvertResult`` of each split, train then test.
 
     Raises:
         IdxFormatError: an input is missing (with a hint to run ``mnist2db fetch``) or bad.
@@ -53,6 +76,10 @@ def create_databases(
     from .conversion import DEFAULT_BATCH_SIZE, convert
 
     spec = get_dataset(dataset)
+    if transpose is None:
+        transpose = spec.stored_transposed
+    if shuffle and seed is None:
+        seed = int.from_bytes(os.urandom(8), "little")
     data = os.fspath(data_dir) if data_dir is not None else default_data_dir(spec)
     out = os.fspath(out_dir) if out_dir is not None else default_out_dir(spec)
     inputs = []
@@ -60,8 +87,9 @@ def create_databases(
         paths = []
         for name in (images, labels):
             path = os.path.join(data, name)
-            if not os.path.exists(path) and os.path.exists(path + ".gz"):
-                path += ".gz"
+            for packed in (path + ".gz", path + ".xz"):
+                if not os.path.exists(path) and os.path.exists(packed):
+                    path = packed
             if not os.path.exists(path):
                 raise IdxFormatError(
                     f"{path}: not found (run: mnist2db fetch --dataset {spec.name}"
@@ -80,6 +108,10 @@ def create_databases(
             batch_size=batch_size or DEFAULT_BATCH_SIZE,
             overwrite=overwrite,
             progress=None if progress is None else _labelled(progress, db),
+            transpose=transpose,
+            label_column=label_column,
+            shuffle=shuffle,
+            seed=seed,
         )
         if on_database is not None:
             on_database(result)

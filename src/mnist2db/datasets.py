@@ -99,6 +99,8 @@ class Dataset:
 
     ``archive``: when set, the mirrors serve that one archive and the resources are members
     of it. ``splits``: (database stem, images file, labels file) for ``create``.
+    ``stored_transposed``: the images are stored with height and width swapped (EMNIST),
+    so ``create`` transposes them back by default.
     """
 
     name: str
@@ -106,6 +108,7 @@ class Dataset:
     resources: tuple[Resource, ...]
     archive: Archive | None = None
     splits: tuple[tuple[str, str, str], ...] = MNIST_SPLITS
+    stored_transposed: bool = False
 
 
 DATASETS: dict[str, Dataset] = {
@@ -284,7 +287,13 @@ def _emnist(split: str) -> Dataset:
     # manifest records what was extracted. Stored under MNIST's names, so create works.
     resources = tuple(Resource(name, source=member + remote) for name, remote in files)
     mapping = Resource(f"emnist-{split}-mapping.txt", source=f"{member}mapping.txt", packing="none")
-    return Dataset(f"emnist-{split}", EMNIST_MIRRORS, (*resources, mapping), EMNIST_ARCHIVE)
+    return Dataset(
+        f"emnist-{split}",
+        EMNIST_MIRRORS,
+        (*resources, mapping),
+        EMNIST_ARCHIVE,
+        stored_transposed=True,  # the EMNIST paper's README; torchvision#8783, TFDS#812
+    )
 
 
 DATASETS.update({f"emnist-{split}": _emnist(split) for split in EMNIST_SPLITS})

@@ -1,5 +1,12 @@
 """Write IDX files back from a database: ``PREFIX-images-idx3-ubyte`` and ``PREFIX-labels-idx1-ubyte``.
 
+A database written with options (``mnist2db.json``, :mod:`mnist2db.recipe`) is mapped back
+to its source items: a shuffle is undone (each record goes to the position of the item it
+came from), a transposition too, so the files hold the source's items ``offset …
+offset+count-1`` as the source stores them. The label file holds the Datum labels, as
+uint8 (idx1): for a QMNIST source, the column the database was written with, not the
+source's idx2-int rows (the other seven columns are not in the database).
+
 The two files appear together or not at all (:mod:`mnist2db.pairs`): both targets are
 checked before any work, both are written under temporary names, and both are placed, the
 first put back if the second cannot be.
@@ -9,7 +16,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +26,7 @@ from .errors import Mnist2dbError, OutputExistsError
 from .fsutil import AtomicFile, make_parents, remove_made
 from .inspect import _datum_encoding, _key_text
 from .pairs import check_file_target, place_together, recover_together
+from .recipe import Recipe, permutation, read_metadata, shown
 
 __all__ = ["ExportResult", "default_prefix", "export_db"]
 
@@ -38,6 +46,8 @@ class ExportResult:
     count: int
     rows: int
     cols: int
+    #: How the records were mapped back to source items (none for a plain database).
+    notes: tuple[str, ...] = ()
 
 
 def _decode_record(db_path: str, key: bytes, value: bytes) -> Any:
@@ -101,6 +111,8 @@ def export_db(
         recover_together([images_out, labels_out])
     for target in (images_out, labels_out):
         check_file_target(target, overwrite)
+    found = read_metadata(db_path)
+    recipe = Recipe() if found is None else found[0]
     with shared_reader(db_path) as reader:
         total = len(reader)
         rows, cols = EMPTY_SHAPE
@@ -108,13 +120,18 @@ def export_db(
             first_key = reader.first_key() or b""
             first = _decode_record(db_path, first_key, reader.get(first_key) or b"")
             rows, cols = int(first.height), int(first.width)
+        if found is not None and recipe.count != total:
+            raise DatumError(
+                f"{db_path}: holds {total} records, its {found[1]['source']['images']} "
+                f"conversion wrote {recipe.count}; was it changed?"
+            )
         try:
             made = make_parents(out)
         except OSError as exc:
             raise OutputExistsError(f"{out}: cannot create directory: {exc.strerror}") from None
         try:
             count = _write_pair(reader, db_path, (images_out, labels_out), total, rows, cols,
-                                progress)  # fmt: skip
+                                progress, recipe)  # fmt: skip
         except OSError as exc:
             remove_made(made)
             raise Mnist2dbError(
@@ -125,7 +142,27 @@ def export_db(
             raise
     if progress is not None:
         progress(count, total)
-    return ExportResult(images_out, labels_out, count, rows, cols)
+    if recipe.transpose:
+        rows, cols = cols, rows
+    return ExportResult(images_out, labels_out, count, rows, cols, _notes(recipe, found))
+
+
+def _notes(recipe: Recipe, found: tuple[Recipe, dict[str, Any]] | None) -> tuple[str, ...]:
+    if found is None:
+        return ()
+    source = found[1]["source"]
+    last = recipe.offset + (recipe.count or 0) - 1
+    notes = [f"items {recipe.offset} … {last} of {shown(source['images'])}"]
+    if recipe.seed is not None:
+        notes.append(f"put back in source order (shuffle seed {recipe.seed})")
+    if recipe.transpose:
+        notes.append("images transposed back as the source stores them")
+    if source["label_magic"] != "0x00000801":
+        notes.append(
+            f"labels: column {recipe.label_column} of the idx2-int source, as uint8 idx1 "
+            "(the database holds no other column)"
+        )
+    return tuple(notes)
 
 
 def _write_pair(
@@ -136,36 +173,26 @@ def _write_pair(
     rows: int,
     cols: int,
     progress: ProgressCallback | None,
+    recipe: Recipe,
 ) -> int:
     import struct
 
     import numpy as np
 
+    if recipe.seed is not None:
+        return _write_unshuffled(reader, db_path, targets, total, rows, cols, progress, recipe)
     with AtomicFile(targets[0]) as image_target, AtomicFile(targets[1]) as label_target:
-        image_target.write(struct.pack(">4I", 0x00000803, total, rows, cols))
+        stored = (cols, rows) if recipe.transpose else (rows, cols)
+        image_target.write(struct.pack(">4I", 0x00000803, total, *stored))
         label_target.write(struct.pack(">2I", 0x00000801, total))
         labels = np.empty(_BATCH, dtype=np.uint8)
         pending: list[bytes] = []
         count = 0
-        for key, value in reader:
-            datum = _decode_record(db_path, bytes(key), bytes(value))
-            where = f"{db_path}: key {_key_text(bytes(key))}"
-            if (datum.channels, datum.height, datum.width) != (1, rows, cols):
-                raise DatumError(
-                    f"{where}: Datum {datum.channels}×{datum.height}×{datum.width}, "
-                    f"an IDX image file needs every record 1×{rows}×{cols}"
-                )
-            if datum.encoded or len(datum.data) != rows * cols:
-                raise DatumError(
-                    f"{where}: not raw uint8 pixels ({_datum_encoding(datum)}, "
-                    f"{len(datum.data)} data bytes)"
-                )
-            if not 0 <= datum.label <= 255:
-                raise DatumError(
-                    f"{where}: label {datum.label} does not fit a uint8 IDX label file"
-                )
+        for datum in _records(reader, db_path, rows, cols):
             labels[len(pending)] = datum.label
-            pending.append(datum.data)
+            pending.append(
+                _untransposed(datum.data, rows, cols) if recipe.transpose else datum.data
+            )
             count += 1
             if len(pending) == _BATCH:
                 image_target.write(b"".join(pending))
@@ -181,5 +208,85 @@ def _write_pair(
                 "(was it changed while exporting?)"
             )
         # Both complete: only now do they reach their names, together.
+        place_together([image_target, label_target])
+    return count
+
+
+def _records(reader: Any, db_path: str, rows: int, cols: int) -> Iterator[Any]:
+    """The Datums of ``reader`` in key order, each checked to fit an IDX image and label."""
+    for key, value in reader:
+        datum = _decode_record(db_path, bytes(key), bytes(value))
+        where = f"{db_path}: key {_key_text(bytes(key))}"
+        if (datum.channels, datum.height, datum.width) != (1, rows, cols):
+            raise DatumError(
+                f"{where}: Datum {datum.channels}×{datum.height}×{datum.width}, "
+                f"an IDX image file needs every record 1×{rows}×{cols}"
+            )
+        if datum.encoded or len(datum.data) != rows * cols:
+            raise DatumError(
+                f"{where}: not raw uint8 pixels ({_datum_encoding(datum)}, "
+                f"{len(datum.data)} data bytes)"
+            )
+        if not 0 <= datum.label <= 255:
+            raise DatumError(f"{where}: label {datum.label} does not fit a uint8 IDX label file")
+        yield datum
+
+
+def _untransposed(data: bytes, rows: int, cols: int) -> bytes:
+    import numpy as np
+
+    return np.frombuffer(data, dtype=np.uint8).reshape(rows, cols).T.tobytes()
+
+
+def _write_unshuffled(
+    reader: Any,
+    db_path: str,
+    targets: tuple[str, str],
+    total: int,
+    rows: int,
+    cols: int,
+    progress: ProgressCallback | None,
+    recipe: Recipe,
+) -> int:
+    """Write each record at the position of the source item it holds (the permutation drawn
+    again from the recorded seed): random writes into the image file, labels in memory."""
+    import struct
+
+    import numpy as np
+
+    order = permutation(recipe.seed or 0, total)
+    size = rows * cols
+    with AtomicFile(targets[0]) as image_target, AtomicFile(targets[1]) as label_target:
+        stored = (cols, rows) if recipe.transpose else (rows, cols)
+        head = struct.pack(">4I", 0x00000803, total, *stored)
+        image_target.write(head)
+        labels = np.zeros(total, dtype=np.uint8)
+        count = 0
+        try:
+            image_target.stream.flush()
+            fd = image_target.stream.fileno()
+            for datum in _records(reader, db_path, rows, cols):
+                if count >= total:
+                    count += 1
+                    break
+                data = _untransposed(datum.data, rows, cols) if recipe.transpose else datum.data
+                position = int(order[count])
+                os.pwrite(fd, data, len(head) + position * size)
+                labels[position] = datum.label
+                count += 1
+                if progress is not None and count % _BATCH == 0:
+                    progress(count, total)
+            # The file's length is set once: a database of no records leaves no hole to fill.
+            os.ftruncate(fd, len(head) + total * size)
+            os.lseek(fd, 0, os.SEEK_END)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, targets[0]) from None
+        label_target.write(struct.pack(">2I", 0x00000801, total))
+        label_target.write(labels.tobytes())
+        if count != total:
+            raise DatumError(
+                f"{db_path}: read {count} records, the database reported {total} "
+                "(was it changed while exporting?)"
+            )
         place_together([image_target, label_target])
     return count

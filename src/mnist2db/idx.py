@@ -1,9 +1,10 @@
-"""Read and validate IDX files (plain or gzip-compressed), in whole or in bounded batches.
+"""Read and validate IDX files (plain, gzip or xz), in whole or in bounded batches.
 
 The IDX format: a big-endian header of two zero bytes, a type code, a dimension count, one
 uint32 per dimension, then the data in C order. Every size is checked against the header
 before memory is allocated for the data, and a file must hold exactly what the header
-declares: neither less (truncated) nor more (trailing bytes).
+declares: neither less (truncated) nor more (trailing bytes). Compression is told by
+content, not by name: gzip (``1f 8b``) and xz (``fd 37 7a 58 5a 00``, QMNIST's NIST files).
 
 Pipes, FIFOs, ``/dev/stdin`` and process substitution (``<(zcat f.gz)``) are read as
 streams, without seeking: their size is checked as the data arrives (a batch is held only
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import lzma
 import os
 import struct
 import zlib
@@ -33,10 +35,13 @@ if TYPE_CHECKING:
         type_code: int
         dims: tuple[int, ...]
         gzipped: bool
+        xz: bool = False
 
 else:
     # A named tuple rather than a dataclass: importing dataclasses costs ~15 ms of start-up.
-    _IdxHeaderFields = namedtuple("_IdxHeaderFields", "path type_code dims gzipped")
+    _IdxHeaderFields = namedtuple(
+        "_IdxHeaderFields", "path type_code dims gzipped xz", defaults=(False,)
+    )
 
 __all__ = [
     "IDX_TYPES",
@@ -61,6 +66,9 @@ IDX_TYPES: dict[int, tuple[str, str]] = {
 }
 
 GZIP_MAGIC = b"\x1f\x8b"
+XZ_MAGIC = b"\xfd7zXZ\x00"
+#: Errors a decompressor raises on a corrupt stream.
+_CORRUPT = (gzip.BadGzipFile, zlib.error, lzma.LZMAError, EOFError)
 _READ_CHUNK = 1 << 20
 #: Deflate's largest expansion (258 bytes from 2 bits), bounding what a gzip file can hold.
 _MAX_DEFLATE_RATIO = 1032
@@ -69,10 +77,15 @@ _MAX_DEFLATE_RATIO = 1032
 class IdxHeader(_IdxHeaderFields):
     """What an IDX header declares, and how the file holding it is stored (immutable).
 
-    Fields: ``path``, ``type_code``, ``dims`` (a tuple), ``gzipped``.
+    Fields: ``path``, ``type_code``, ``dims`` (a tuple), ``gzipped``, ``xz``.
     """
 
     __slots__ = ()
+
+    @property
+    def packing(self) -> str:
+        """``"gzip"``, ``"xz"`` or ``"plain"``."""
+        return "gzip" if self.gzipped else "xz" if self.xz else "plain"
 
     @property
     def magic(self) -> int:
@@ -146,20 +159,27 @@ def is_stream(raw: io.BufferedReader) -> bool:
     return not stat.S_ISREG(os.fstat(raw.fileno()).st_mode)
 
 
-def open_data(raw: io.BufferedReader, path: str) -> tuple[io.BufferedIOBase, bool, bool]:
-    """``(stream, gzipped, streaming)`` for an opened file: its (decompressed) bytes from the
-    start, whether it is gzip (by content), and whether it is a stream that cannot seek."""
+def open_data(raw: io.BufferedReader, path: str) -> tuple[io.BufferedIOBase, str, bool]:
+    """``(stream, packing, streaming)`` for an opened file: its (decompressed) bytes from the
+    start, ``"gzip"``, ``"xz"`` or ``"plain"`` (by content), and whether it is a stream that
+    cannot seek."""
     streaming = is_stream(raw)
-    first = _guarded_read(raw, 2, path)
+    first = _guarded_read(raw, len(XZ_MAGIC), path)
     if streaming:
         stream: io.BufferedIOBase = io.BufferedReader(_Prefixed(first, raw), _READ_CHUNK)
     else:
         raw.seek(0)
         stream = raw
-    gzipped = first == GZIP_MAGIC
-    if gzipped:
-        stream = gzip.GzipFile(fileobj=stream, mode="rb")
-    return stream, gzipped, streaming
+    if first[:2] == GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=stream, mode="rb"), "gzip", streaming
+    if first == XZ_MAGIC:
+        return _open_xz(stream), "xz", streaming
+    return stream, "plain", streaming
+
+
+def _open_xz(stream: io.BufferedIOBase) -> io.BufferedIOBase:
+    # LZMAFile reads its input a buffer at a time: memory stays bounded at any size.
+    return lzma.LZMAFile(stream, mode="rb")  # type: ignore[arg-type]
 
 
 def open_raw(path: str) -> io.BufferedReader:
@@ -189,13 +209,18 @@ def _guarded_read(stream: io.BufferedIOBase, n: int, path: str) -> bytes:
     """Read up to ``n`` bytes, turning decompression faults into IdxFormatError."""
     try:
         return stream.read(n)
-    except (gzip.BadGzipFile, zlib.error, EOFError) as exc:
-        raise IdxFormatError(f"{path}: corrupt gzip stream: {exc}") from None
+    except _CORRUPT as exc:
+        raise IdxFormatError(f"{path}: {corrupt_stream(stream)}: {exc}") from None
     except OSError as exc:
         raise IdxFormatError(f"{path}: read error: {exc.strerror or exc}") from None
 
 
-def parse_header(stream: io.BufferedIOBase, path: str, gzipped: bool) -> IdxHeader:
+def corrupt_stream(stream: object) -> str:
+    """How a decompression fault is named: ``corrupt gzip stream`` or ``corrupt xz stream``."""
+    return f"corrupt {'xz' if isinstance(stream, lzma.LZMAFile) else 'gzip'} stream"
+
+
+def parse_header(stream: io.BufferedIOBase, path: str, packing: str) -> IdxHeader:
     """Read and check the magic and dimensions at the start of ``stream`` (sizes unchecked).
 
     Raises:
@@ -216,7 +241,9 @@ def parse_header(stream: io.BufferedIOBase, path: str, gzipped: bool) -> IdxHead
         raise IdxFormatError(f"{path}: magic 0x{magic.hex()} declares 0 dimensions")
     raw_dims = _read_exactly(stream, 4 * ndim, path, f"{ndim} dimension sizes")
     dims = struct.unpack(f">{ndim}I", raw_dims)
-    return IdxHeader(path=path, type_code=type_code, dims=dims, gzipped=gzipped)
+    return IdxHeader(
+        path=path, type_code=type_code, dims=dims, gzipped=packing == "gzip", xz=packing == "xz"
+    )
 
 
 def size_error(header: IdxHeader, actual: int, at_least: bool = False) -> IdxFormatError:
@@ -265,12 +292,14 @@ class IdxReader:
 
     def _open(self) -> None:
         path = self.path
-        self._stream, gzipped, self.streaming = open_data(self._raw, path)
-        self.header = parse_header(self._stream, path, gzipped)
+        self._stream, packing, self.streaming = open_data(self._raw, path)
+        self.header = parse_header(self._stream, path, packing)
         if self.streaming:
             return  # sizes are checked as the data arrives
-        if gzipped:
+        if packing == "gzip":
             self._check_gzip_size()
+        elif packing == "xz":
+            self._count_data()
         else:
             actual = os.fstat(self._raw.fileno()).st_size - self.header.header_size
             if actual != self.header.payload_size:
@@ -294,9 +323,15 @@ class IdxReader:
             # Likely right; iter_batches still verifies the exact length as it streams.
             self._reopen_after_header()
             return
-        # The trailer disagrees (or the file is multi-member): count the real length,
-        # reading at most the declared size plus one chunk, holding one chunk at a time.
+        # The trailer disagrees (or the file is multi-member): count the real length.
         self._reopen_after_header()
+        self._count_data()
+
+    def _count_data(self) -> None:
+        """Count the data after the header, reading at most the declared size plus one chunk
+        and holding one chunk at a time (a decompression bomb stops there), then start over
+        just after the header."""
+        header = self.header
         actual = 0
         limit = header.payload_size + _READ_CHUNK
         while actual < limit:
@@ -310,7 +345,10 @@ class IdxReader:
 
     def _reopen_after_header(self) -> None:
         self._raw.seek(0)
-        self._stream = gzip.GzipFile(fileobj=self._raw, mode="rb")
+        if self.header.xz:
+            self._stream = _open_xz(self._raw)
+        else:
+            self._stream = gzip.GzipFile(fileobj=self._raw, mode="rb")
         _guarded_read(self._stream, self.header.header_size, self.path)
 
     # -- reading -------------------------------------------------------------------
@@ -328,8 +366,10 @@ class IdxReader:
         while filled < total:
             try:
                 n = self._stream.readinto(buffer[filled:])
-            except (gzip.BadGzipFile, zlib.error, EOFError) as exc:
-                raise IdxFormatError(f"{self.path}: corrupt gzip stream: {exc}") from None
+            except _CORRUPT as exc:
+                raise IdxFormatError(
+                    f"{self.path}: {corrupt_stream(self._stream)}: {exc}"
+                ) from None
             except OSError as exc:
                 raise IdxFormatError(f"{self.path}: read error: {exc.strerror or exc}") from None
             if not n:
@@ -474,7 +514,7 @@ def read_header(path: str | os.PathLike[str]) -> IdxHeader:
 
 
 def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
-    """Read a whole IDX file (plain or gzip, detected by content) into a numpy array.
+    """Read a whole IDX file (plain, gzip or xz, detected by content) into a numpy array.
 
     Returns:
         An array of shape ``dims`` in native byte order (``uint8`` for MNIST).

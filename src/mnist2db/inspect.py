@@ -1,11 +1,13 @@
-"""Look inside IDX files and Datum databases: select records to show, describe files
-(``info``), compare a database with its sources (``verify``), and write IDX files back
-(``export``). Everything streams a batch at a time; memory does not grow with the data.
+"""Look inside IDX files and Datum databases: select records to show and describe files
+(``info``); :mod:`mnist2db.verify` compares a database with its sources and
+:mod:`mnist2db.export` writes IDX files back. Everything streams a batch at a time; memory
+does not grow with the data.
 """
 
 from __future__ import annotations
 
 import gzip
+import lzma
 import os
 import zlib
 from collections.abc import Callable, Iterator
@@ -15,9 +17,10 @@ from typing import TYPE_CHECKING
 from .backends import detect_backend
 from .conversion import check_pair
 from .dataset import RecordIndexError, open_db, record_key, shared_reader
-from .datum import DatumError, datum_to_array, decode_datum, encode_batch
-from .errors import IdxFormatError, Mnist2dbError
-from .idx import IdxHeader, open_data, open_idx, open_raw, parse_header, size_error
+from .datum import DatumError, datum_to_array, decode_datum
+from .errors import IdxFormatError
+from .idx import IdxHeader, corrupt_stream, open_data, open_idx, open_raw, parse_header, size_error
+from .recipe import QMNIST_LABELS_MAGIC, check_label_column, check_range, describe_db
 
 if TYPE_CHECKING:
     import numpy as np
@@ -26,22 +29,16 @@ __all__ = [
     "DbInfo",
     "IdxInfo",
     "Record",
-    "VerifyError",
     "db_info",
     "find_labels",
     "idx_info",
     "select_records",
-    "verify_db",
 ]
 
 ProgressCallback = Callable[[int, int], None]
 
 _BATCH = 1000
 _CHUNK = 1 << 20
-
-
-class VerifyError(Mnist2dbError):
-    """A database differs from the IDX files it is compared with."""
 
 
 @dataclass(frozen=True)
@@ -63,16 +60,17 @@ def _key_text(key: bytes) -> str:
 
 def find_labels(images: str | os.PathLike[str]) -> str | None:
     """The label file beside an image file, found by name (``*-images-idx3-ubyte[.gz]`` ->
-    ``*-labels-idx1-ubyte[.gz]``, gzip or not), or None."""
+    ``*-labels-idx1-ubyte`` or QMNIST's ``*-labels-idx2-int``, plain, ``.gz`` or ``.xz``),
+    or None."""
     directory, name = os.path.split(os.fspath(images))
     if "images" not in name:
         return None
-    stem = name.removesuffix(".gz")
-    stem = stem.replace("images", "labels").replace("idx3", "idx1")
-    for candidate in (stem, stem + ".gz"):
-        path = os.path.join(directory, candidate)
-        if os.path.isfile(path):
-            return path
+    stem = name.removesuffix(".gz").removesuffix(".xz").replace("images", "labels")
+    for labels in (stem.replace("idx3", "idx1"), stem.replace("idx3-ubyte", "idx2-int")):
+        for candidate in (labels, labels + ".gz", labels + ".xz"):
+            path = os.path.join(directory, candidate)
+            if os.path.isfile(path):
+                return path
     return None
 
 
@@ -82,6 +80,8 @@ def select_records(
     *,
     offset: int = 0,
     count: int = 10,
+    transpose: bool = False,
+    label_column: int = 0,
 ) -> tuple[int, Iterator[Record]]:
     """The records ``offset`` to ``offset + count`` of an IDX image file or a database.
 
@@ -93,6 +93,8 @@ def select_records(
             (see :func:`find_labels`) and shows no labels when there is none.
         offset: the first record, from 0.
         count: at most this many records; fewer when the source ends first.
+        transpose: swap each image's height and width.
+        label_column: the label column of a QMNIST idx2-int label file.
 
     Returns:
         ``(total, records)``: the number of records in the source, and the selected ones.
@@ -108,13 +110,17 @@ def select_records(
     if os.path.isdir(path):
         db = open_db(path)
         total = len(db)
-        if offset >= total:
+        try:
+            _check_start(path, total, offset, count, "records")
+        except BaseException:
             db.close()
-            raise RecordIndexError(f"{path}: offset {offset} is past the end ({total} records)")
+            raise
 
         def db_records() -> Iterator[Record]:
             with db:
                 for index, key, image, label in db.records(offset, offset + count):
+                    if transpose:
+                        image = image.transpose(0, 2, 1)
                     yield Record(index, key, label, image)
 
         return total, db_records()
@@ -135,9 +141,9 @@ def select_records(
     total = header.count
     try:
         if labels_reader is not None:
-            check_pair(header, labels_reader.header)
-        if offset >= total:
-            raise RecordIndexError(f"{path}: offset {offset} is past the end ({total} images)")
+            check_pair(header, labels_reader.header, label_rows=True)
+            check_label_column(labels_reader.header, label_column)
+        _check_start(path, total, offset, count, "images")
     except BaseException:
         images_reader.close()
         if labels_reader is not None:
@@ -155,8 +161,12 @@ def select_records(
                 label_batch = next(label_batches) if label_batches is not None else None
                 end = start + len(batch)
                 for i in range(max(start, offset), min(end, stop)):
-                    label = int(label_batch[i - start]) if label_batch is not None else None
-                    yield Record(i, None, label, batch[i - start][None].copy())
+                    label = None
+                    if label_batch is not None:
+                        row = label_batch[i - start]
+                        label = int(row[label_column] if row.ndim else row)
+                    image = batch[i - start]
+                    yield Record(i, None, label, (image.T if transpose else image)[None].copy())
                 start = end
                 if start >= stop:
                     break
@@ -166,6 +176,15 @@ def select_records(
                 labels_reader.close()
 
     return total, idx_records()
+
+
+def _check_start(path: str, total: int, offset: int, count: int, unit: str) -> None:
+    """The range check ``convert`` makes (:func:`mnist2db.recipe.check_range`), where the
+    range may stop early; raised as RecordIndexError (an IndexError too)."""
+    try:
+        check_range(path, total, offset, count, clip=True, unit=unit)
+    except IdxFormatError as exc:
+        raise RecordIndexError(str(exc)) from None
 
 
 # -- info --------------------------------------------------------------------------------------
@@ -194,10 +213,31 @@ class IdxInfo:
     @property
     def storage(self) -> str:
         """How the file is stored, as ``info`` shows it."""
-        packing = "gzip" if self.header.gzipped else "plain"
+        packing = self.header.packing
         if self.streaming:
             return f"{packing}, read from a pipe"
-        return f"{packing}, {self.file_size} bytes{' compressed' if self.header.gzipped else ''}"
+        return f"{packing}, {self.file_size} bytes{'' if packing == 'plain' else ' compressed'}"
+
+    def rows(self) -> list[tuple[str, object]]:
+        """``info``'s lines: ``(name, value)`` pairs, ``valid`` left to the caller."""
+        header = self.header
+        rows: list[tuple[str, object]] = [
+            ("file", header.path),
+            ("storage", self.storage),
+            ("magic", f"0x{header.magic:08x} ({self.kind})"),
+            ("type", header.type_name),
+            ("dimensions", " × ".join(map(str, header.dims))),
+            ("items", header.count),
+            (
+                "size",
+                f"{self.expected_size} bytes expected, "
+                f"{'at least ' if self.at_least else ''}{self.actual_size} found "
+                f"(header {header.header_size} + data)",
+            ),
+        ]
+        if self.label_counts is not None:
+            rows += _count_rows(self.label_counts)
+        return rows
 
     @property
     def kind(self) -> str:
@@ -205,6 +245,8 @@ class IdxInfo:
             return "MNIST images"
         if self.header.magic == 0x00000801:
             return "MNIST labels"
+        if self.header.magic == QMNIST_LABELS_MAGIC:
+            return "QMNIST label rows, idx2-int"
         return "IDX array"
 
 
@@ -224,8 +266,9 @@ def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
     path = os.fspath(path)
     with open_raw(path) as raw:
         file_size = os.fstat(raw.fileno()).st_size
-        stream, gzipped, streaming = open_data(raw, path)
-        header = parse_header(stream, path, gzipped)
+        stream, packing, streaming = open_data(raw, path)
+        header = parse_header(stream, path, packing)
+        gzipped = packing != "plain"
         count_labels = header.magic == 0x00000801
         problem = None
         at_least = False
@@ -246,8 +289,8 @@ def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
                     if data_size >= limit:
                         at_least = True
                         break
-            except (gzip.BadGzipFile, zlib.error, EOFError, OSError) as exc:
-                problem = f"corrupt gzip stream after {data_size} bytes of data: {exc}"
+            except (gzip.BadGzipFile, zlib.error, lzma.LZMAError, EOFError, OSError) as exc:
+                problem = f"{corrupt_stream(stream)} after {data_size} bytes of data: {exc}"
         if streaming and not gzipped:
             file_size = header.header_size + data_size
     if problem is None and data_size != header.payload_size:
@@ -273,6 +316,37 @@ class DbInfo:
     label_counts: dict[int, int] = field(default_factory=dict)
     disk_size: int = 0
     problem: str | None = None
+    #: What the database holds of its source (orientation, order, range, label column).
+    recipe: list[tuple[str, str]] = field(default_factory=list)
+
+    def rows(self) -> list[tuple[str, object]]:
+        """``info``'s lines: ``(name, value)`` pairs, ``valid`` left to the caller."""
+        rows: list[tuple[str, object]] = [
+            ("database", self.path),
+            ("backend", self.backend),
+            ("records", self.count),
+        ]
+        if self.first_key is not None and self.last_key is not None:
+            order = "Caffe's %08d sequence" if self.sequential_keys else "not Caffe's %08d sequence"
+            rows.append(
+                ("keys", f"{_key_text(self.first_key)} … {_key_text(self.last_key)} ({order})")
+            )
+        if self.shape is not None:
+            shape = " × ".join(map(str, self.shape))
+            rows.append(("datum", f"{shape} (channels × height × width), {self.encoding}"))
+        return [
+            *rows,
+            *_count_rows(self.label_counts),
+            *self.recipe,
+            ("size", f"{self.disk_size} bytes on disk"),
+        ]
+
+
+def _count_rows(counts: dict[int, int]) -> list[tuple[str, object]]:
+    """A label histogram as ``info`` rows of at most five ``label: count`` entries."""
+    entries = [f"{label}: {n}" for label, n in counts.items()]
+    lines = ["  ".join(entries[i : i + 5]) for i in range(0, len(entries), 5)] or ["(none)"]
+    return [("labels" if i == 0 else "", line) for i, line in enumerate(lines)]
 
 
 def _datum_encoding(datum: object) -> str:
@@ -339,137 +413,7 @@ def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = No
         if os.path.isfile(os.path.join(path, name))
     )
     info.label_counts = dict(sorted(counts.items()))
+    info.recipe = describe_db(path)
     if progress is not None:
         progress(count, total)
     return info
-
-
-# -- verify ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class VerifyResult:
-    count: int
-    rows: int
-    cols: int
-
-
-def _describe_mismatch(key: bytes, value: bytes, image: np.ndarray, label: int) -> str:
-    """Name the first field in which ``value`` differs from the Datum Caffe writes."""
-    try:
-        datum = decode_datum(value)
-    except DatumError as exc:
-        return f"key {_key_text(key)}: {exc}"
-    rows, cols = image.shape
-    for name, got, want in (
-        ("channels", datum.channels, 1),
-        ("height", datum.height, rows),
-        ("width", datum.width, cols),
-    ):
-        if got != want:
-            return f"key {_key_text(key)}: field {name} is {got}, the source has {want}"
-    expected = image.tobytes()
-    data = bytes(datum.data)
-    if len(data) != len(expected):
-        return (
-            f"key {_key_text(key)}: field data holds {len(data)} bytes, "
-            f"the source image has {len(expected)}"
-        )
-    if data != expected:
-        diffs = [i for i in range(len(data)) if data[i] != expected[i]]
-        row, col = divmod(diffs[0], cols)
-        more = f" ({len(diffs)} bytes differ)" if len(diffs) > 1 else ""
-        return (
-            f"key {_key_text(key)}: field data differs at byte {diffs[0]} (row {row}, "
-            f"column {col}): database {data[diffs[0]]}, source {expected[diffs[0]]}{more}"
-        )
-    if datum.label != label:
-        return f"key {_key_text(key)}: field label is {datum.label}, the source has {label}"
-    return (
-        f"key {_key_text(key)}: value of {len(value)} bytes is not Caffe's encoding of "
-        f"the source's fields (extra or reordered fields)"
-    )
-
-
-def verify_db(
-    db: str | os.PathLike[str],
-    images: str | os.PathLike[str],
-    labels: str | os.PathLike[str],
-    *,
-    progress: ProgressCallback | None = None,
-) -> VerifyResult:
-    """Check that database ``db`` holds exactly what ``convert(images, labels)`` writes.
-
-    The record counts are compared first; then every record is compared with the source,
-    key and value, in one pass over the three inputs, a batch at a time. A value equal byte for byte to Caffe's encoding passes;
-    otherwise the first differing field is named.
-
-    Raises:
-        VerifyError: a record differs (naming its key and field), records are missing, or
-            the database holds records the source does not.
-        IdxFormatError, BackendError: an input cannot be read.
-    """
-    db_path = os.fspath(db)
-    with open_idx(images) as images_reader, open_idx(labels) as labels_reader:
-        check_pair(images_reader.header, labels_reader.header)
-        total = images_reader.header.count
-        rows, cols = images_reader.header.dims[1:]
-        with shared_reader(db_path) as reader:
-            held = len(reader)
-            if held != total:
-                # Say so first: a database of the other split differs at key 0 already.
-                differ = f"{total - held} missing" if held < total else f"{held - total} extra"
-                raise VerifyError(
-                    f"{db_path}: holds {held} records, the source has {total} "
-                    f"({os.fspath(images)}): {differ}; is it the database of another split?"
-                )
-            records = iter(reader)
-            index = 0
-            for image_batch, label_batch in zip(
-                images_reader.iter_batches(_BATCH), labels_reader.iter_batches(_BATCH), strict=True
-            ):
-                expected_values = encode_batch(image_batch, label_batch)
-                for j, expected in enumerate(expected_values):
-                    want_key = record_key(index)
-                    record = next(records, None)
-                    if record is None:
-                        missing = total - index
-                        raise VerifyError(
-                            f"{db_path}: {missing} record{'s' if missing > 1 else ''} missing: "
-                            f"the database ends after {index} records, the source has {total} "
-                            f"(first missing key {want_key.decode()})"
-                        )
-                    key, value = bytes(record[0]), bytes(record[1])
-                    if key != want_key:
-                        if key > want_key:
-                            raise VerifyError(
-                                f"{db_path}: key {want_key.decode()} missing "
-                                f"(the next key is {_key_text(key)})"
-                            )
-                        raise VerifyError(
-                            f"{db_path}: key {_key_text(key)} is not in the source "
-                            f"(expected key {want_key.decode()})"
-                        )
-                    if value != expected:
-                        raise VerifyError(
-                            f"{db_path}: "
-                            + _describe_mismatch(key, value, image_batch[j], int(label_batch[j]))
-                            + f" ({os.fspath(images)} item {index})"
-                        )
-                    index += 1
-                if progress is not None:
-                    progress(index, total)
-            extra_first = next(records, None)
-            if extra_first is not None:
-                extra = 1
-                last = bytes(extra_first[0])
-                for last_key, _ in records:
-                    extra += 1
-                    last = bytes(last_key)
-                first = _key_text(bytes(extra_first[0]))
-                keys = first if extra == 1 else f"{first} to {_key_text(last)}"
-                raise VerifyError(
-                    f"{db_path}: {extra} extra record{'s' if extra > 1 else ''} not in the "
-                    f"source ({total} items): key{'s' if extra > 1 else ''} {keys}"
-                )
-    return VerifyResult(total, rows, cols)

@@ -112,12 +112,11 @@ def _staged_database(
 
 def _load(images: str, labels: str, spill_dir: str) -> tuple[Any, Any, int, int]:
     """Validate both files; return (images as a read-only memory map, labels, rows, cols)."""
-    import tempfile
-
     import numpy as np
 
     from .conversion import check_pair
     from .idx import open_idx
+    from .spill import spill_to_map
 
     with open_idx(images) as image_reader, open_idx(labels) as label_reader:
         check_pair(image_reader.header, label_reader.header)
@@ -127,16 +126,8 @@ def _load(images: str, labels: str, spill_dir: str) -> tuple[Any, Any, int, int]
         for batch in label_reader.iter_raw_batches(1 << 16):
             label_bytes += batch
         size = rows * cols
-        # Unlinked at once: nothing to clean up, even after a kill.
-        with tempfile.TemporaryFile(dir=spill_dir) as spill:
-            for batch in image_reader.iter_raw_batches(max(1, (4 << 20) // max(size, 1))):
-                spill.write(batch)
-            spill.flush()
-            pixels: Any
-            if count and size:
-                pixels = np.memmap(spill, dtype=np.uint8, mode="r", shape=(count, size))
-            else:
-                pixels = np.zeros((count, size), dtype=np.uint8)
+        batches = image_reader.iter_raw_batches(max(1, (4 << 20) // max(size, 1)))
+        pixels = spill_to_map(batches, count, size, spill_dir)
     return pixels, np.frombuffer(bytes(label_bytes), dtype=np.uint8), rows, cols
 
 

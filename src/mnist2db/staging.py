@@ -6,7 +6,8 @@ and flushed, so a failed or killed run never leaves a partial database there. Wh
 existing destination may be replaced with ``overwrite`` is decided here, once:
 
 * only a directory that *is* a database of the backend being written: it opens as one,
-  and every entry in it is a file that backend creates (:data:`backends.DATABASE_FILES`);
+  and every entry in it is a file that backend creates (:data:`backends.DATABASE_FILES`)
+  or mnist2db's own metadata file (:data:`recipe.METADATA_NAME`);
   anything else is refused in one line naming the first foreign entry (an empty directory
   holds nothing to lose and is replaced too);
 * never a symlink, a file, or a directory holding (or being) one of the inputs;
@@ -38,6 +39,7 @@ from .fsutil import (
     temp_prefix,
     umask,
 )
+from .recipe import METADATA_NAME
 
 __all__ = [
     "check_inputs_outside",
@@ -50,6 +52,13 @@ __all__ = [
 _LOW_SPACE = 1 << 20
 
 _RENAME_NOREPLACE = 1
+
+
+def is_owned_file(backend: str, name: str) -> bool:
+    """True for a file a ``backend`` database directory may hold: the backend's, or ours."""
+    return name == METADATA_NAME or is_database_file(backend, name)
+
+
 _RENAME_EXCHANGE = 2
 
 
@@ -150,7 +159,7 @@ def check_replaceable(out: str, backend: str) -> None:
     if not entries:
         return  # an empty directory: nothing in it to lose
     for entry in entries:
-        if not entry.is_file(follow_symlinks=False) or not is_database_file(backend, entry.name):
+        if not entry.is_file(follow_symlinks=False) or not is_owned_file(backend, entry.name):
             if entry.is_symlink():
                 kind = "a symbolic link"
             elif entry.is_dir(follow_symlinks=False):
@@ -297,7 +306,7 @@ def _discard_replaced(old: str, backend: str, out: str) -> None:
     """
     with contextlib.suppress(OSError):
         for entry in os.scandir(old):
-            if entry.is_file(follow_symlinks=False) and is_database_file(backend, entry.name):
+            if entry.is_file(follow_symlinks=False) and is_owned_file(backend, entry.name):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
     try:

@@ -1,0 +1,356 @@
+"""What a conversion's options do to the source items, and the file that records them.
+
+The options (all off by default, when ``convert`` writes exactly Caffe's records):
+
+* ``transpose``: each image with its height and width swapped (EMNIST stores its images
+  transposed; writing them transposed back makes them upright);
+* ``label_column``: for a QMNIST ``idx2-int`` label file (int32 rows of 8 columns), the
+  column that becomes the Datum label (0, the class, by default);
+* ``offset``/``count``: source items ``offset … offset+count-1`` only;
+* ``seed`` (shuffle): the selected items in a seeded random order, still under the keys
+  ``00000000…``: the permutation is ``argsort`` of ``count`` raw 64-bit words of numpy's
+  PCG64 seeded with ``seed`` (a stream numpy keeps stable across versions).
+
+A database written with any option holds one more file, :data:`METADATA_NAME`, beside the
+backend's own files and never among its records (Caffe's DataLayer reads every key of the
+main database; LMDB and LevelDB both ignore a foreign file in their directory). It records
+the options and the source, so ``verify`` and ``export`` map records back to source items
+and ``info`` can say what the database holds. The permutation is not stored: the seed and
+the method give it back.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import namedtuple
+from collections.abc import Iterator
+
+from .errors import IdxFormatError, Mnist2dbError
+
+TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple
+
+    import numpy as np
+
+    from .idx import IdxHeader, IdxReader
+
+    class _RecipeFields(NamedTuple):
+        transpose: bool = False
+        label_column: int = 0
+        offset: int = 0
+        count: int | None = None  # type: ignore[assignment]  # the field hides tuple.count
+        seed: int | None = None
+
+else:
+    _RecipeFields = namedtuple(
+        "_RecipeFields",
+        "transpose label_column offset count seed",
+        defaults=(False, 0, 0, None, None),
+    )
+
+__all__ = [
+    "METADATA_NAME",
+    "QMNIST_LABELS_MAGIC",
+    "Recipe",
+    "check_range",
+    "iter_records",
+    "permutation",
+    "read_metadata",
+    "write_metadata",
+]
+
+#: The one file mnist2db adds to a database directory (see the module docstring).
+METADATA_NAME = "mnist2db.json"
+#: How the shuffled order is drawn from the seed (recorded, so that it can be checked).
+SHUFFLE_METHOD = "argsort(PCG64(seed).random_raw(count))"
+#: QMNIST's label files: int32, two dimensions (items × 8 columns).
+QMNIST_LABELS_MAGIC = 0x00000C02
+_FORMAT = "mnist2db database metadata"
+_VERSION = 1
+
+
+class Recipe(_RecipeFields):
+    """The options of a conversion (immutable); all off gives Caffe's records.
+
+    Fields: ``transpose``, ``label_column``, ``offset``, ``count`` (None: to the end),
+    ``seed`` (None: source order).
+    """
+
+    __slots__ = ()
+
+    @property
+    def plain(self) -> bool:
+        """True when no option changes what Caffe's convert_mnist_data would write."""
+        return self == Recipe()
+
+
+def check_range(
+    path: str,
+    total: int,
+    offset: int,
+    count: int | None,
+    *,
+    clip: bool = False,
+    unit: str = "items",
+) -> int:
+    """The end of the range ``offset … offset+count-1`` of a source of ``total`` items.
+
+    ``count`` None means to the end. With ``clip`` (``show``) the range may stop early, but
+    must start inside the source; without it (``convert``) it must fit whole.
+
+    Raises:
+        IdxFormatError: naming ``path`` and the range that does not fit.
+    """
+    if offset < 0 or (count is not None and count < 0):
+        raise Mnist2dbError(f"offset and count must not be negative, got {offset} and {count}")
+    stop = total if count is None else offset + count
+    if clip:
+        if offset >= total:
+            raise IdxFormatError(f"{path}: offset {offset} is past the end ({total} {unit})")
+        return min(stop, total)
+    if offset > total or stop > total:
+        wanted = f"items {offset} … {stop - 1}" if stop > offset else f"offset {offset}"
+        raise IdxFormatError(
+            f"{path}: {wanted} do not fit: it holds {total} items (0 … {total - 1})"
+            if total
+            else f"{path}: {wanted} do not fit: it holds no items"
+        )
+    return stop
+
+
+def check_label_column(header: IdxHeader, column: int) -> None:
+    """Check that ``column`` names a column of the label file ``header`` describes.
+
+    Raises:
+        IdxFormatError: one line naming the file and the columns it has.
+    """
+    if header.magic == QMNIST_LABELS_MAGIC:
+        columns = header.dims[1]
+        if not 0 <= column < columns:
+            raise IdxFormatError(
+                f"{header.path}: label column {column} does not exist: the file has "
+                f"{columns} columns (0 … {columns - 1})"
+            )
+    elif column != 0:
+        raise IdxFormatError(
+            f"{header.path}: label column {column} needs an idx2-int label file "
+            f"(magic 0x{QMNIST_LABELS_MAGIC:08x}); this one has one label per item "
+            f"(magic 0x{header.magic:08x})"
+        )
+
+
+def permutation(seed: int, count: int) -> np.ndarray:
+    """The shuffled order: record ``k`` holds selected item ``permutation(seed, count)[k]``."""
+    import numpy as np
+
+    if not 0 <= seed < 1 << 64:
+        raise Mnist2dbError(f"seed must be between 0 and 2**64-1, got {seed}")
+    words = np.asarray(np.random.PCG64(seed).random_raw(count), dtype=np.uint64)
+    order: np.ndarray = np.argsort(words, kind="stable")
+    return order
+
+
+def _label_values(batch: np.ndarray, column: int) -> np.ndarray:
+    import numpy as np
+
+    values = batch[:, column] if batch.ndim == 2 else batch
+    return values.astype(np.int64)
+
+
+def iter_records(
+    image_reader: IdxReader,
+    label_reader: IdxReader,
+    recipe: Recipe,
+    batch_size: int,
+    spill_dir: str | os.PathLike[str] | None = None,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The records ``recipe`` makes of a checked image/label pair, in key order.
+
+    Yields ``(images, labels)``: uint8 ``(n, height, width)`` (transposed if asked) and the
+    int64 Datum labels. A shuffle holds the selected images in an unlinked file in
+    ``spill_dir`` (default: the system's temporary directory), memory-mapped.
+    """
+    import numpy as np
+
+    header = image_reader.header
+    start = recipe.offset
+    stop = check_range(image_reader.path, header.count, start, recipe.count)
+    check_label_column(label_reader.header, recipe.label_column)
+    selected = _select(image_reader, label_reader, start, stop, batch_size)
+    if recipe.seed is None:
+        for images, labels in selected:
+            yield _transform(images, recipe), _label_values(labels, recipe.label_column)
+        return
+    from .spill import spill_to_map
+
+    count = stop - start
+    rows, cols = header.dims[1], header.dims[2]
+    label_parts: list[np.ndarray] = []
+
+    def image_bytes() -> Iterator[bytes]:
+        for images, labels in selected:
+            label_parts.append(_label_values(labels, recipe.label_column))
+            yield images.tobytes()
+
+    pixels = spill_to_map(image_bytes(), count, rows * cols, spill_dir or _temp_dir())
+    all_labels = np.concatenate(label_parts) if label_parts else np.zeros(0, dtype=np.int64)
+    order = permutation(recipe.seed, count)
+    for done in range(0, count, batch_size):
+        chosen = order[done : done + batch_size]
+        images = pixels[chosen].reshape(len(chosen), rows, cols)
+        yield _transform(images, recipe), all_labels[chosen]
+
+
+def _temp_dir() -> str:
+    import tempfile
+
+    return tempfile.gettempdir()
+
+
+def _transform(images: np.ndarray, recipe: Recipe) -> np.ndarray:
+    import numpy as np
+
+    if recipe.transpose:
+        return np.ascontiguousarray(images.transpose(0, 2, 1))
+    return images
+
+
+def _select(
+    image_reader: IdxReader, label_reader: IdxReader, start: int, stop: int, batch_size: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Items ``start … stop-1`` of both files, a batch at a time; reading stops at ``stop``."""
+    done = 0
+    if start == stop:
+        return
+    pairs = zip(
+        image_reader.iter_batches(batch_size), label_reader.iter_batches(batch_size), strict=True
+    )
+    for images, labels in pairs:
+        end = done + len(images)
+        if end > start:
+            lo, hi = max(start, done) - done, min(stop, end) - done
+            yield images[lo:hi], labels[lo:hi]
+        done = end
+        if done >= stop:
+            break
+
+
+# -- the metadata file -------------------------------------------------------------------------
+
+
+def metadata_for(recipe: Recipe, images: IdxHeader, labels: IdxHeader) -> dict[str, Any]:
+    """What :func:`write_metadata` records for a conversion of ``images`` and ``labels``."""
+    stop = images.count if recipe.count is None else recipe.offset + recipe.count
+    return {
+        "format": _FORMAT,
+        "version": _VERSION,
+        "source": {
+            "images": os.fsdecode(images.path),
+            "labels": os.fsdecode(labels.path),
+            "items": images.count,
+            "label_magic": f"0x{labels.magic:08x}",
+        },
+        "offset": recipe.offset,
+        "count": stop - recipe.offset,
+        "transpose": recipe.transpose,
+        "label_column": recipe.label_column,
+        "shuffle": None if recipe.seed is None else {"seed": recipe.seed, "method": SHUFFLE_METHOD},
+    }
+
+
+def write_metadata(directory: str, metadata: dict[str, Any], out: str) -> None:
+    """Write :data:`METADATA_NAME` into the staging ``directory`` of the database ``out``
+    (placed with it, flushed with it).
+
+    Raises:
+        BackendError: it cannot be written, naming ``out``.
+    """
+    import json
+
+    from .errors import BackendError
+
+    text = json.dumps(metadata, indent=1) + "\n"
+    try:
+        with open(os.path.join(directory, METADATA_NAME), "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise BackendError(f"{out}: cannot write {METADATA_NAME}: {exc.strerror or exc}") from None
+
+
+def read_metadata(db: str | os.PathLike[str]) -> tuple[Recipe, dict[str, Any]] | None:
+    """The recipe and metadata recorded in database ``db``, or None for a plain database.
+
+    Raises:
+        Mnist2dbError: the file is there but is not mnist2db's metadata.
+    """
+    import json
+
+    path = os.path.join(os.fspath(db), METADATA_NAME)
+    try:
+        with open(path, encoding="utf-8") as f:
+            metadata = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise Mnist2dbError(f"{path}: cannot read mnist2db's metadata: {exc}") from None
+    try:
+        if metadata["format"] != _FORMAT or metadata["version"] != _VERSION:
+            raise ValueError("unknown format or version")
+        shuffle = metadata["shuffle"]
+        if shuffle is not None and shuffle["method"] != SHUFFLE_METHOD:
+            raise ValueError(f"unknown shuffle method {shuffle['method']!r}")
+        recipe = Recipe(
+            transpose=bool(metadata["transpose"]),
+            label_column=int(metadata["label_column"]),
+            offset=int(metadata["offset"]),
+            count=int(metadata["count"]),
+            seed=None if shuffle is None else int(shuffle["seed"]),
+        )
+        int(metadata["source"]["items"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise Mnist2dbError(f"{path}: not mnist2db's metadata ({exc})") from None
+    return recipe, metadata
+
+
+def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
+    """``info``'s lines on what a database holds of its source: ``(name, value)`` pairs.
+
+    Raises:
+        Mnist2dbError: its metadata file is not mnist2db's.
+    """
+    found = read_metadata(db)
+    if found is None:
+        return [
+            ("orientation", f"{orientation(False)} (no {METADATA_NAME}: written without options)")
+        ]
+    recipe, metadata = found
+    source = metadata["source"]
+    items = int(source["items"])
+    names = f"{shown(source['images'])} + {shown(source['labels'])}"
+    lines = [("source", f"{names} ({items} items)")]
+    if recipe.offset or recipe.count != items:
+        last = recipe.offset + (recipe.count or 0) - 1
+        lines.append(("items", f"{recipe.offset} … {last} of the source ({recipe.count})"))
+    lines.append(("orientation", orientation(recipe.transpose)))
+    if source["label_magic"] == f"0x{QMNIST_LABELS_MAGIC:08x}":
+        lines.append(("label", f"column {recipe.label_column} of the idx2-int label rows"))
+    lines.append(
+        (
+            "order",
+            "source order"
+            if recipe.seed is None
+            else f"shuffled, seed {recipe.seed} ({SHUFFLE_METHOD})",
+        )
+    )
+    return lines
+
+
+def shown(path: str) -> str:
+    """A recorded path as it can be printed: bytes that are not UTF-8 as ``\\xNN``."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def orientation(transpose: bool) -> str:
+    """How ``info`` and ``create`` name an orientation."""
+    return "transposed (height and width swapped)" if transpose else "as the source stores it"

@@ -1,0 +1,180 @@
+"""``verify``: check that a database holds exactly the records its sources give.
+
+A database written with options (:mod:`mnist2db.recipe`) is compared with what those
+options make of the source, as recorded in its ``mnist2db.json``: the range, the order
+(the permutation is drawn again from the recorded seed), the orientation and the label
+column. Everything streams a batch at a time (a shuffle spills the selected images to an
+unlinked temporary file, memory-mapped).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .conversion import check_pair
+from .dataset import record_key, shared_reader
+from .datum import DatumError, decode_datum, encode_batch
+from .errors import Mnist2dbError
+from .idx import open_idx
+from .inspect import _key_text
+from .recipe import Recipe, iter_records, permutation, read_metadata
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["VerifyError", "VerifyResult", "verify_db"]
+
+ProgressCallback = Callable[[int, int], None]
+
+_BATCH = 1000
+
+
+class VerifyError(Mnist2dbError):
+    """A database differs from the IDX files it is compared with."""
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    count: int
+    rows: int
+    cols: int
+
+
+def _describe_mismatch(key: bytes, value: bytes, image: np.ndarray, label: int) -> str:
+    """Name the first field in which ``value`` differs from the Datum Caffe writes."""
+    try:
+        datum = decode_datum(value)
+    except DatumError as exc:
+        return f"key {_key_text(key)}: {exc}"
+    rows, cols = image.shape
+    for name, got, want in (
+        ("channels", datum.channels, 1),
+        ("height", datum.height, rows),
+        ("width", datum.width, cols),
+    ):
+        if got != want:
+            return f"key {_key_text(key)}: field {name} is {got}, the source has {want}"
+    expected = image.tobytes()
+    data = bytes(datum.data)
+    if len(data) != len(expected):
+        return (
+            f"key {_key_text(key)}: field data holds {len(data)} bytes, "
+            f"the source image has {len(expected)}"
+        )
+    if data != expected:
+        diffs = [i for i in range(len(data)) if data[i] != expected[i]]
+        row, col = divmod(diffs[0], cols)
+        more = f" ({len(diffs)} bytes differ)" if len(diffs) > 1 else ""
+        return (
+            f"key {_key_text(key)}: field data differs at byte {diffs[0]} (row {row}, "
+            f"column {col}): database {data[diffs[0]]}, source {expected[diffs[0]]}{more}"
+        )
+    if datum.label != label:
+        return f"key {_key_text(key)}: field label is {datum.label}, the source has {label}"
+    return (
+        f"key {_key_text(key)}: value of {len(value)} bytes is not Caffe's encoding of "
+        f"the source's fields (extra or reordered fields)"
+    )
+
+
+def verify_db(
+    db: str | os.PathLike[str],
+    images: str | os.PathLike[str],
+    labels: str | os.PathLike[str],
+    *,
+    progress: ProgressCallback | None = None,
+) -> VerifyResult:
+    """Check that database ``db`` holds exactly what ``convert(images, labels)`` writes
+    (with the options recorded in the database's ``mnist2db.json``, if any).
+
+    The record counts are compared first; then every record is compared with the source,
+    key and value, in one pass over the three inputs, a batch at a time. A value equal byte for byte to Caffe's encoding passes;
+    otherwise the first differing field is named.
+
+    Raises:
+        VerifyError: a record differs (naming its key and field), records are missing, or
+            the database holds records the source does not.
+        IdxFormatError, BackendError: an input cannot be read.
+    """
+    db_path = os.fspath(db)
+    found = read_metadata(db_path)
+    recipe = Recipe() if found is None else found[0]
+    with open_idx(images) as images_reader, open_idx(labels) as labels_reader:
+        check_pair(images_reader.header, labels_reader.header, label_rows=True)
+        items = images_reader.header.count
+        if found is not None and int(found[1]["source"]["items"]) != items:
+            raise VerifyError(
+                f"{db_path}: made from a source of {found[1]['source']['items']} items, "
+                f"{os.fspath(images)} holds {items}; is it the other split?"
+            )
+        total = items if recipe.count is None else recipe.count
+        rows, cols = images_reader.header.dims[1:]
+        if recipe.transpose:
+            rows, cols = cols, rows
+        order = None if recipe.seed is None else permutation(recipe.seed, total)
+
+        def source_item(index: int) -> int:
+            return recipe.offset + (index if order is None else int(order[index]))
+
+        with shared_reader(db_path) as reader:
+            held = len(reader)
+            if held != total:
+                # Say so first: a database of the other split differs at key 0 already.
+                differ = f"{total - held} missing" if held < total else f"{held - total} extra"
+                raise VerifyError(
+                    f"{db_path}: holds {held} records, the source has {total} "
+                    f"({os.fspath(images)}): {differ}; is it the database of another split?"
+                )
+            records = iter(reader)
+            index = 0
+            for image_batch, label_batch in iter_records(
+                images_reader, labels_reader, recipe, _BATCH
+            ):
+                expected_values = encode_batch(image_batch, label_batch)
+                for j, expected in enumerate(expected_values):
+                    want_key = record_key(index)
+                    record = next(records, None)
+                    if record is None:
+                        missing = total - index
+                        raise VerifyError(
+                            f"{db_path}: {missing} record{'s' if missing > 1 else ''} missing: "
+                            f"the database ends after {index} records, the source has {total} "
+                            f"(first missing key {want_key.decode()})"
+                        )
+                    key, value = bytes(record[0]), bytes(record[1])
+                    if key != want_key:
+                        if key > want_key:
+                            raise VerifyError(
+                                f"{db_path}: key {want_key.decode()} missing "
+                                f"(the next key is {_key_text(key)})"
+                            )
+                        raise VerifyError(
+                            f"{db_path}: key {_key_text(key)} is not in the source "
+                            f"(expected key {want_key.decode()})"
+                        )
+                    if value != expected:
+                        raise VerifyError(
+                            f"{db_path}: "
+                            + _describe_mismatch(key, value, image_batch[j], int(label_batch[j]))
+                            + f" ({os.fspath(images)} item {source_item(index)})"
+                        )
+                    index += 1
+                if progress is not None:
+                    progress(index, total)
+            extra_first = next(records, None)
+            if extra_first is not None:
+                extra = 1
+                last = bytes(extra_first[0])
+                for last_key, _ in records:
+                    extra += 1
+                    last = bytes(last_key)
+                first = _key_text(bytes(extra_first[0]))
+                keys = first if extra == 1 else f"{first} to {_key_text(last)}"
+                raise VerifyError(
+                    f"{db_path}: {extra} extra record{'s' if extra > 1 else ''} not in the "
+                    f"source ({total} items): key{'s' if extra > 1 else ''} {keys}"
+                )
+    return VerifyResult(total, rows, cols)
