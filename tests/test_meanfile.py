@@ -56,7 +56,10 @@ def blobproto_class():
         )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("caffe_blob_test.BlobProto"))
+    descriptor = pool.FindMessageTypeByName("caffe_blob_test.BlobProto")
+    if hasattr(message_factory, "GetMessageClass"):  # protobuf >= 4.21
+        return message_factory.GetMessageClass(descriptor)
+    return message_factory.MessageFactory(pool).GetPrototype(descriptor)  # protobuf 3.20
 
 
 def sequential_mean(images: np.ndarray) -> np.ndarray:
