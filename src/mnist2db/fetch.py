@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from . import interrupt
 from .datasets import (
     DATASETS,
     DEFAULT_DATASET,
@@ -217,13 +218,19 @@ def _fetch_one(
     failures: list[tuple[str, SourceFailed]] = []
     for where, url, packing in candidates:
         beside = where == packed_final
+        sink: DownloadSink | None = None
         try:
-            sink = DownloadSink(
-                final, resource, packing=packing, keep_packed=keep_gz and not beside
-            )
-        except OSError as exc:
-            raise DownloadError(f"{final}: cannot write in {directory}: {exc.strerror}") from None
-        try:
+            # Deferred: a signal between creating the temporaries and this try would leave
+            # them behind (its finally removes them).
+            with interrupt.deferred():
+                try:
+                    sink = DownloadSink(
+                        final, resource, packing=packing, keep_packed=keep_gz and not beside
+                    )
+                except OSError as exc:
+                    raise DownloadError(
+                        f"{final}: cannot write in {directory}: {exc.strerror}"
+                    ) from None
             if url:
                 download(where, sink, opts, resource.name, resource.size or 0)
             else:
@@ -247,7 +254,8 @@ def _fetch_one(
         except OSError as exc:  # writing the temporary or placing it (disk full, ...)
             raise DownloadError(f"{final}: cannot write: {exc.strerror or exc}") from None
         finally:
-            sink.discard()
+            if sink is not None:
+                sink.discard()
     raise fetch_failure(resource.name, failures)
 
 

@@ -15,7 +15,7 @@ TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["Interrupted", "exit_code", "signals_raise_interrupted"]
+__all__ = ["Interrupted", "deferred", "exit_code", "signals_raise_interrupted"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 EXIT_SIGINT = 128 + signal.SIGINT  # 130
@@ -35,11 +35,36 @@ def _ignore_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+# Depth of nested deferred() blocks, and the signal that arrived inside one.
+_deferring = [0]
+_pending: list[int] = []
+
+
 def _raise_interrupted(signum: int, frame: object) -> None:
     # One signal is enough: ignore more while the clean-up runs, so that a second Ctrl-C
     # can neither cut the removal of temporaries short nor print a traceback.
     _ignore_signals()
+    if _deferring[0]:
+        _pending.append(signum)
+        return
     raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """A signal arriving inside the block raises :class:`Interrupted` only when it ends.
+
+    For the few steps that create something and hand it to its clean-up (a temporary file
+    and the ``try`` that removes it): an interruption between the two would leave it behind.
+    Python runs signal handlers in the main thread, so this holds whatever thread is used.
+    """
+    _deferring[0] += 1
+    try:
+        yield
+    finally:
+        _deferring[0] -= 1
+        if not _deferring[0] and _pending:
+            raise Interrupted(_pending.pop())
 
 
 @contextlib.contextmanager
