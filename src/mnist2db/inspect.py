@@ -20,6 +20,7 @@ from .dataset import RecordIndexError, open_db, record_key, shared_reader
 from .datum import DatumError, datum_to_array, decode_datum
 from .errors import IdxFormatError
 from .idx import IdxHeader, corrupt_stream, open_data, open_idx, open_raw, parse_header, size_error
+from .pngdatum import is_png
 from .recipe import QMNIST_LABELS_MAGIC, check_label_column, check_range, describe_db
 
 if TYPE_CHECKING:
@@ -351,7 +352,9 @@ def _count_rows(counts: dict[int, int]) -> list[tuple[str, object]]:
 
 def _datum_encoding(datum: object) -> str:
     if getattr(datum, "encoded", False):
-        return "encoded image (Datum.encoded)"
+        return (
+            f"{'PNG-' if is_png(getattr(datum, 'data', b'')) else ''}encoded image (Datum.encoded)"
+        )
     if len(getattr(datum, "data", b"")):
         return "uint8 data"
     if len(getattr(datum, "float_data", ())):
