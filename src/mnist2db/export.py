@@ -24,9 +24,9 @@ from .dataset import shared_reader
 from .datum import DatumError, decode_datum
 from .errors import Mnist2dbError, OutputExistsError
 from .fsutil import AtomicFile, make_parents, remove_made
-from .inspect import _datum_encoding, _key_text
+from .inspect import _key_text
 from .pairs import check_file_target, place_together, recover_together
-from .pngdatum import decoded_datum
+from .pngdatum import datum_encoding, decoded_datum
 from .recipe import Recipe, permutation, read_metadata, shown
 
 __all__ = ["ExportResult", "default_prefix", "export_db"]
@@ -228,7 +228,7 @@ def _records(reader: Any, db_path: str, rows: int, cols: int) -> Iterator[Any]:
             )
         if len(datum.data) != rows * cols:
             raise DatumError(
-                f"{where}: not raw uint8 pixels ({_datum_encoding(datum)}, "
+                f"{where}: not raw uint8 pixels ({datum_encoding(datum)}, "
                 f"{len(datum.data)} data bytes)"
             )
         if not 0 <= datum.label <= 255:

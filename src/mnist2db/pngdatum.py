@@ -30,6 +30,7 @@ __all__ = [
     "ENCODINGS",
     "PNG_LEVEL",
     "check_encoding",
+    "datum_encoding",
     "decode_image",
     "encode_png",
     "encode_png_batch",
@@ -128,6 +129,18 @@ _TAILS = [b"\x28" + encode_varint(label) + b"\x38\x01" for label in range(256)]
 def is_png(data: bytes) -> bool:
     """True when ``data`` begins with the PNG signature."""
     return bytes(data[:8]) == _SIGNATURE
+
+
+def datum_encoding(datum: object) -> str:
+    """How a Datum holds its image, as ``info`` names it."""
+    if getattr(datum, "encoded", False):
+        kind = "PNG-encoded" if is_png(getattr(datum, "data", b"")) else "encoded"
+        return f"{kind} image (Datum.encoded)"
+    if len(getattr(datum, "data", b"")):
+        return "uint8 data"
+    if len(getattr(datum, "float_data", ())):
+        return "float_data"
+    return "empty"
 
 
 def decode_image(data: bytes, where: str) -> np.ndarray:
