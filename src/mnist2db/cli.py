@@ -23,7 +23,7 @@ from .options import (
     label_column_option,
     quiet_option,
     range_options,
-    shuffle_options,
+    record_options,
     transpose_option,
 )
 
@@ -92,7 +92,7 @@ def cli() -> None:
 @click.option("--overwrite", is_flag=True, help="Replace OUT_DB if it is an existing database.")
 @transpose_option
 @label_column_option
-@shuffle_options
+@record_options
 @range_options("source item", None)
 @quiet_option
 def convert(
@@ -110,8 +110,8 @@ def convert(
     Each image becomes a Datum (channels=1, height=rows, width=cols, data=pixels, label)
     under the key 00000000, 00000001, ... exactly as Caffe's convert_mnist_data writes it.
     Plain, gzip and xz IDX files are read; LABELS may be QMNIST's idx2-int rows
-    (--label-column picks the label). --transpose, --shuffle/--seed and --offset/--count
-    change which items are written, in which order and orientation; they are recorded in
+    (--label-column picks the label). --transpose, --shuffle/--seed, --offset/--count and
+    --encoded change which items are written, in which order, orientation and form; all in
     OUT_DB/mnist2db.json (never a record). OUT_DB must not exist (see --overwrite); it
     appears only when complete.
 
@@ -635,7 +635,7 @@ def fetch(
     "they are written upright).",
 )
 @label_column_option
-@shuffle_options
+@record_options
 @quiet_option
 def create(
     dataset: str,

@@ -19,6 +19,7 @@ from .datum import datum_prefix, encode_raw_batch, splitter
 from .errors import BackendError, IdxFormatError, Mnist2dbError
 from .fsutil import TEMP_MARK
 from .idx import IdxHeader, IdxReader, open_idx
+from .pngdatum import check_encoding
 from .recipe import QMNIST_LABELS_MAGIC, Recipe, iter_records, metadata_for, write_metadata
 from .staging import remove_stale_staging, staged_database
 
@@ -152,6 +153,7 @@ def convert(
     seed: int | None = None,
     offset: int = 0,
     count: int | None = None,
+    encoded: str | None = None,
 ) -> ConvertResult:
     """Convert an MNIST image file and label file into a Caffe Datum database.
 
@@ -179,6 +181,8 @@ def convert(
             reported in the result, when None); keys still run ``00000000…``.
         seed: 0 … 2**64-1; the same seed gives the same database byte for byte.
         offset, count: only source items ``offset … offset+count-1`` (count None: to the end).
+        encoded: ``"png"``: each record's ``data`` a grayscale PNG of the image,
+            ``encoded: true``, the shape fields filled in (:mod:`mnist2db.pngdatum`).
 
     Returns:
         A :class:`ConvertResult`.
@@ -201,7 +205,9 @@ def convert(
         raise Mnist2dbError("a seed orders a shuffle: ask for shuffle too")
     if shuffle and seed is None:
         seed = int.from_bytes(os.urandom(8), "little")
-    recipe = Recipe(transpose, label_column, offset, count, seed if shuffle else None)
+    if encoded is not None:
+        check_encoding(encoded)
+    recipe = Recipe(transpose, label_column, offset, count, seed if shuffle else None, encoded)
     with open_idx(images) as image_reader, open_idx(labels) as label_reader:
         check_pair(image_reader.header, label_reader.header, label_rows=True)
         if not recipe.plain or label_reader.header.magic != LABELS_MAGIC:
@@ -262,6 +268,7 @@ def _convert_recipe(
 ) -> ConvertResult:
     """The pipeline with options: numpy batches from :func:`mnist2db.recipe.iter_records`."""
     from .datum import encode_batch
+    from .pngdatum import encode_png_batch
     from .recipe import check_label_column, check_range
 
     header = image_reader.header
@@ -284,7 +291,7 @@ def _convert_recipe(
                 image_reader, label_reader, recipe, batch_size, spill_dir=staging
             ):
                 n = len(labels)
-                values = encode_batch(images, labels)
+                values = (encode_png_batch if recipe.encoded else encode_batch)(images, labels)
                 writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))
                 done += n
                 if progress is not None:

@@ -43,6 +43,7 @@ def create_databases(
     label_column: int = 0,
     shuffle: bool = False,
     seed: int | None = None,
+    encoded: str | None = None,
 ) -> list[ConvertResult]:
     """Convert a fetched dataset into ``mnist_train_<backend>`` and ``mnist_test_<backend>``.
 
@@ -63,7 +64,7 @@ def create_databases(
         transpose: swap height and width; None (default) writes upright images, that is
             transposes the datasets stored transposed (EMNIST,
             :attr:`Dataset.stored_transposed <mnist2db.datasets.Dataset>`) and no other.
-        label_column, shuffle, seed: as :func:`mnist2db.conversion.convert` (one seed for
+        label_column, shuffle, seed, encoded: as :func:`mnist2db.conversion.convert` (one seed for
             every split: a fresh one is drawn once when None).
 
     Returns:
@@ -112,6 +113,7 @@ def create_databases(
             label_column=label_column,
             shuffle=shuffle,
             seed=seed,
+            encoded=encoded,
         )
         if on_database is not None:
             on_database(result)

@@ -95,25 +95,10 @@ def _layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | None
 
 
 def _decode_image(data: bytes, where: str) -> np.ndarray:
-    """An encoded Datum's image as Caffe's data layer decodes it: ``(c, h, w)``, BGR."""
-    import io
+    """An encoded Datum's image as Caffe's data layer decodes it (see :mod:`mnist2db.pngdatum`)."""
+    from .pngdatum import decode_image
 
-    import numpy as np
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as opened:
-            picture = (
-                opened
-                if opened.mode in ("L", "RGB")
-                else opened.convert("L" if opened.mode in ("1", "I", "I;16", "F") else "RGB")
-            )
-            pixels = np.asarray(picture)
-    except (OSError, UnidentifiedImageError, ValueError) as exc:
-        raise DatumError(f"{where}: encoded image cannot be decoded: {exc}") from None
-    if pixels.ndim == 2:
-        return pixels[np.newaxis].copy()
-    return np.ascontiguousarray(pixels[:, :, ::-1].transpose(2, 0, 1))
+    return decode_image(data, where)
 
 
 class DatumDataset:

@@ -315,10 +315,20 @@ def datum_to_array(datum: Any) -> np.ndarray:
     """The Datum's pixels as a fresh, writable ``(channels, height, width)`` array: uint8
     ``data``, or ``float_data`` as float64 (as pycaffe's ``caffe.io.datum_to_array``).
 
+    Unlike pycaffe's, which reshapes an encoded Datum's PNG/JPEG bytes as if they were
+    pixels, an encoded Datum (``encoded: true``) is decoded as Caffe's data layer decodes
+    it: grey to 1 channel, colour to 3 in BGR order, the shape taken from the image.
+
     Raises:
-        DatumError: the data length does not match ``channels × height × width``.
+        DatumError: the data length does not match ``channels × height × width``, or an
+            encoded image cannot be decoded.
     """
     import numpy as np
+
+    if datum.encoded:
+        from .pngdatum import decode_image
+
+        return decode_image(datum.data, "encoded Datum")
 
     shape = (datum.channels, datum.height, datum.width)
     expected = shape[0] * shape[1] * shape[2]

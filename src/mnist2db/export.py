@@ -24,8 +24,9 @@ from .dataset import shared_reader
 from .datum import DatumError, decode_datum
 from .errors import Mnist2dbError, OutputExistsError
 from .fsutil import AtomicFile, make_parents, remove_made
-from .inspect import _datum_encoding, _key_text
+from .inspect import _key_text
 from .pairs import check_file_target, place_together, recover_together
+from .pngdatum import datum_encoding, decoded_datum
 from .recipe import Recipe, permutation, read_metadata, shown
 
 __all__ = ["ExportResult", "default_prefix", "export_db"]
@@ -118,7 +119,10 @@ def export_db(
         rows, cols = EMPTY_SHAPE
         if total:
             first_key = reader.first_key() or b""
-            first = _decode_record(db_path, first_key, reader.get(first_key) or b"")
+            first = decoded_datum(
+                _decode_record(db_path, first_key, reader.get(first_key) or b""),
+                f"{db_path}: key {_key_text(first_key)}",
+            )
             rows, cols = int(first.height), int(first.width)
         if found is not None and recipe.count != total:
             raise DatumError(
@@ -215,16 +219,16 @@ def _write_pair(
 def _records(reader: Any, db_path: str, rows: int, cols: int) -> Iterator[Any]:
     """The Datums of ``reader`` in key order, each checked to fit an IDX image and label."""
     for key, value in reader:
-        datum = _decode_record(db_path, bytes(key), bytes(value))
         where = f"{db_path}: key {_key_text(bytes(key))}"
+        datum = decoded_datum(_decode_record(db_path, bytes(key), bytes(value)), where)
         if (datum.channels, datum.height, datum.width) != (1, rows, cols):
             raise DatumError(
                 f"{where}: Datum {datum.channels}×{datum.height}×{datum.width}, "
                 f"an IDX image file needs every record 1×{rows}×{cols}"
             )
-        if datum.encoded or len(datum.data) != rows * cols:
+        if len(datum.data) != rows * cols:
             raise DatumError(
-                f"{where}: not raw uint8 pixels ({_datum_encoding(datum)}, "
+                f"{where}: not raw uint8 pixels ({datum_encoding(datum)}, "
                 f"{len(datum.data)} data bytes)"
             )
         if not 0 <= datum.label <= 255:

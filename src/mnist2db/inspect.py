@@ -20,6 +20,7 @@ from .dataset import RecordIndexError, open_db, record_key, shared_reader
 from .datum import DatumError, datum_to_array, decode_datum
 from .errors import IdxFormatError
 from .idx import IdxHeader, corrupt_stream, open_data, open_idx, open_raw, parse_header, size_error
+from .pngdatum import datum_encoding as _datum_encoding
 from .recipe import QMNIST_LABELS_MAGIC, check_label_column, check_range, describe_db
 
 if TYPE_CHECKING:
@@ -347,16 +348,6 @@ def _count_rows(counts: dict[int, int]) -> list[tuple[str, object]]:
     entries = [f"{label}: {n}" for label, n in counts.items()]
     lines = ["  ".join(entries[i : i + 5]) for i in range(0, len(entries), 5)] or ["(none)"]
     return [("labels" if i == 0 else "", line) for i, line in enumerate(lines)]
-
-
-def _datum_encoding(datum: object) -> str:
-    if getattr(datum, "encoded", False):
-        return "encoded image (Datum.encoded)"
-    if len(getattr(datum, "data", b"")):
-        return "uint8 data"
-    if len(getattr(datum, "float_data", ())):
-        return "float_data"
-    return "empty"
 
 
 def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = None) -> DbInfo:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 
 from .datum import encode_varint
 from .errors import Mnist2dbError, OutputExistsError
+from .pngdatum import decoded_datum
 
 TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
@@ -84,12 +85,10 @@ def _pixels(key: bytes, datum: Any, path: str) -> tuple[tuple[int, int, int], An
     """A record's shape and its values as a flat numpy array (uint8 data or float32)."""
     import numpy as np
 
-    shape = (int(datum.channels), int(datum.height), int(datum.width))
     name = key.decode("ascii", errors="backslashreplace")
-    if datum.encoded:
-        raise Mnist2dbError(
-            f"{path}: key {name}: encoded Datums (PNG/JPEG data) are not supported by mean yet"
-        )
+    # An encoded image is decoded first, as Caffe's DecodeDatumNative does.
+    datum = decoded_datum(datum, f"{path}: key {name}")
+    shape = (int(datum.channels), int(datum.height), int(datum.width))
     size = shape[0] * shape[1] * shape[2]
     if len(datum.data):
         values = np.frombuffer(datum.data, dtype=np.uint8)

@@ -17,10 +17,12 @@ __all__ = [
     "Path",
     "backend_option",
     "data_dir_option",
+    "encoded_option",
     "dataset_option",
     "label_column_option",
     "quiet_option",
     "range_options",
+    "record_options",
     "shuffle_options",
     "transpose_option",
 ]
@@ -116,3 +118,18 @@ def shuffle_options(func: Callable[..., Any]) -> Callable[..., Any]:
         is_flag=True,
         help="Write the records in a random order (keys still 00000000, ...).",
     )(func)
+
+
+encoded_option = click.option(
+    "--encoded",
+    type=click.Choice(["png"]),  # mnist2db.pngdatum.ENCODINGS (not imported: keeps --help fast)
+    default=None,
+    help="Store each image as a PNG in Datum.data (encoded: true; Caffe's data layer decodes "
+    "it).  [default: raw pixels]",
+)
+
+
+def record_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``convert``'s and ``create``'s options on how records are written: ``--shuffle``,
+    ``--seed`` and ``--encoded``."""
+    return shuffle_options(encoded_option(func))

@@ -7,6 +7,8 @@ The options (all off by default, when ``convert`` writes exactly Caffe's records
 * ``label_column``: for a QMNIST ``idx2-int`` label file (int32 rows of 8 columns), the
   column that becomes the Datum label (0, the class, by default);
 * ``offset``/``count``: source items ``offset … offset+count-1`` only;
+* ``encoded`` (``"png"``): each record's ``data`` a PNG of the image, ``encoded: true``
+  (:mod:`mnist2db.pngdatum`); the order and the items are unchanged;
 * ``seed`` (shuffle): the selected items in a seeded random order, still under the keys
   ``00000000…``: the permutation is ``argsort`` of ``count`` raw 64-bit words of numpy's
   PCG64 seeded with ``seed`` (a stream numpy keeps stable across versions).
@@ -41,12 +43,13 @@ if TYPE_CHECKING:
         offset: int = 0
         count: int | None = None  # type: ignore[assignment]  # the field hides tuple.count
         seed: int | None = None
+        encoded: str | None = None
 
 else:
     _RecipeFields = namedtuple(
         "_RecipeFields",
-        "transpose label_column offset count seed",
-        defaults=(False, 0, 0, None, None),
+        "transpose label_column offset count seed encoded",
+        defaults=(False, 0, 0, None, None, None),
     )
 
 __all__ = [
@@ -74,7 +77,7 @@ class Recipe(_RecipeFields):
     """The options of a conversion (immutable); all off gives Caffe's records.
 
     Fields: ``transpose``, ``label_column``, ``offset``, ``count`` (None: to the end),
-    ``seed`` (None: source order).
+    ``seed`` (None: source order), ``encoded`` (None: raw pixels, or ``"png"``).
     """
 
     __slots__ = ()
@@ -256,6 +259,7 @@ def metadata_for(recipe: Recipe, images: IdxHeader, labels: IdxHeader) -> dict[s
         "transpose": recipe.transpose,
         "label_column": recipe.label_column,
         "shuffle": None if recipe.seed is None else {"seed": recipe.seed, "method": SHUFFLE_METHOD},
+        "encoded": recipe.encoded,
     }
 
 
@@ -306,7 +310,10 @@ def read_metadata(db: str | os.PathLike[str]) -> tuple[Recipe, dict[str, Any]] |
             offset=int(metadata["offset"]),
             count=int(metadata["count"]),
             seed=None if shuffle is None else int(shuffle["seed"]),
+            encoded=metadata.get("encoded"),
         )
+        if recipe.encoded not in (None, "png"):
+            raise ValueError(f"unknown encoding {recipe.encoded!r}")
         int(metadata["source"]["items"])
     except (KeyError, TypeError, ValueError) as exc:
         raise Mnist2dbError(f"{path}: not mnist2db's metadata ({exc})") from None
@@ -343,6 +350,8 @@ def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
             else f"shuffled, seed {recipe.seed} ({SHUFFLE_METHOD})",
         )
     )
+    if recipe.encoded is not None:
+        lines.append(("encoded", f"{recipe.encoded.upper()} images in Datum.data (encoded: true)"))
     return lines
 
 

@@ -20,6 +20,7 @@ from .datum import DatumError, decode_datum, encode_batch
 from .errors import Mnist2dbError
 from .idx import open_idx
 from .inspect import _key_text
+from .pngdatum import decode_image, decoded_datum, encode_png_batch
 from .recipe import Recipe, iter_records, permutation, read_metadata
 
 if TYPE_CHECKING:
@@ -43,10 +44,28 @@ class VerifyResult:
     cols: int
 
 
-def _describe_mismatch(key: bytes, value: bytes, image: np.ndarray, label: int) -> str:
-    """Name the first field in which ``value`` differs from the Datum Caffe writes."""
+def _same_decoded(value: bytes, image: np.ndarray, label: int) -> bool:
+    """True when ``value`` is an encoded Datum whose image decodes to ``image`` (1 channel)
+    and whose label is ``label``: PNG bytes depend on the encoder, the pixels do not."""
     try:
         datum = decode_datum(value)
+        if not datum.encoded:
+            return False
+        pixels = decode_image(datum.data, "")
+    except DatumError:
+        return False
+    return (
+        int(datum.label) == label
+        and pixels.shape == (1, *image.shape)
+        and bytes(pixels.data) == image.tobytes()
+    )
+
+
+def _describe_mismatch(key: bytes, value: bytes, image: np.ndarray, label: int) -> str:
+    """Name the first field in which ``value`` differs from the Datum Caffe writes (an
+    encoded Datum's image decoded first)."""
+    try:
+        datum = decoded_datum(decode_datum(value), f"key {_key_text(key)}")
     except DatumError as exc:
         return f"key {_key_text(key)}: {exc}"
     rows, cols = image.shape
@@ -133,7 +152,9 @@ def verify_db(
             for image_batch, label_batch in iter_records(
                 images_reader, labels_reader, recipe, _BATCH
             ):
-                expected_values = encode_batch(image_batch, label_batch)
+                expected_values = (encode_png_batch if recipe.encoded else encode_batch)(
+                    image_batch, label_batch
+                )
                 for j, expected in enumerate(expected_values):
                     want_key = record_key(index)
                     record = next(records, None)
@@ -155,7 +176,9 @@ def verify_db(
                             f"{db_path}: key {_key_text(key)} is not in the source "
                             f"(expected key {want_key.decode()})"
                         )
-                    if value != expected:
+                    if value != expected and not _same_decoded(
+                        value, image_batch[j], int(label_batch[j])
+                    ):
                         raise VerifyError(
                             f"{db_path}: "
                             + _describe_mismatch(key, value, image_batch[j], int(label_batch[j]))
