@@ -162,7 +162,8 @@ def test_same_seed_with_shuffle_gives_the_same_encoded_bytes(
 def test_verify_compares_decoded_pixels(tmp_path: Path, mnist_pair: Pair) -> None:
     import lmdb
 
-    from mnist2db.verify import VerifyError, verify_db
+    from mnist2db.errors import VerifyError
+    from mnist2db.verify import verify_db
 
     images_path, labels_path, images, labels = mnist_pair(12, rows=4, cols=4)
     db = tmp_path / "db"

@@ -310,7 +310,8 @@ def test_verify_names_the_source_item_of_a_shuffled_record(
 ) -> None:
     import json
 
-    from mnist2db.verify import VerifyError, verify_db
+    from mnist2db.errors import VerifyError
+    from mnist2db.verify import verify_db
 
     images_path, labels_path, _, _ = mnist_pair(20, rows=3, cols=3)
     db = tmp_path / "db"

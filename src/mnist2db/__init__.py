@@ -20,7 +20,7 @@ _LAZY = {
     "IdxFormatError": "errors",
     "Mnist2dbError": "errors",
     "OutputExistsError": "errors",
-    "DatumError": "datum",
+    "DatumError": "errors",
     "array_to_datum": "datum",
     "datum_to_array": "datum",
     "decode_datum": "datum",
@@ -48,10 +48,11 @@ if TYPE_CHECKING:
     from .backends import detect_backend
     from .conversion import ConvertResult, convert
     from .dataset import DatumDataset, open_db
-    from .datum import DatumError, array_to_datum, datum_to_array, decode_datum, encode_datum
+    from .datum import array_to_datum, datum_to_array, decode_datum, encode_datum
     from .errors import (
         BackendError,
         ChecksumError,
+        DatumError,
         DownloadError,
         IdxFormatError,
         Mnist2dbError,

@@ -158,7 +158,8 @@ def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
 
 def _check_drawable(source: str, record: Any) -> None:
     """Name the source and the record when an image cannot be drawn (float or 2-channel data)."""
-    from .render import RenderError, image_to_gray
+    from .errors import RenderError
+    from .render import image_to_gray
 
     try:
         image_to_gray(record.image)

@@ -33,8 +33,8 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from .backends import detect_backend
-from .datum import DatumError, datum_to_array, decode_datum
-from .errors import Mnist2dbError
+from .datum import datum_to_array, decode_datum
+from .errors import DatumError, MissingKeyError, Mnist2dbError, RecordIndexError
 from .readers import DbReader, shared_reader
 
 if TYPE_CHECKING:
@@ -42,8 +42,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DatumDataset",
-    "MissingKeyError",
-    "RecordIndexError",
     "open_db",
     "record_key",
     "shared_reader",
@@ -55,18 +53,6 @@ _uint8: Any = None
 
 # Caffe's "%08d" keys sort in index order only below 10**8 records.
 _SEQUENTIAL_LIMIT = 10**8
-
-
-class RecordIndexError(Mnist2dbError, IndexError):
-    """An index outside ``range(len(db))``; also an IndexError, as sequences raise."""
-
-
-class MissingKeyError(Mnist2dbError, KeyError):
-    """No record is stored under a key; also a KeyError, as mappings raise."""
-
-    def __str__(self) -> str:
-        # KeyError quotes its argument; the message is a sentence, keep it as written.
-        return str(self.args[0]) if self.args else ""
 
 
 def record_key(index: int) -> bytes:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 
-from .errors import Mnist2dbError
+from .errors import DatumError
 
 TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = [
-    "DatumError",
     "array_to_datum",
     "datum_to_array",
     "datum_type",
@@ -37,10 +36,6 @@ __all__ = [
     "message_type",
     "splitter",
 ]
-
-
-class DatumError(Mnist2dbError):
-    """A stored value is not a Datum, or its data does not match its declared shape."""
 
 
 def encode_varint(value: int) -> bytes:

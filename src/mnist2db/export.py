@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .dataset import shared_reader
-from .datum import DatumError, decode_datum
-from .errors import Mnist2dbError, OutputExistsError
+from .datum import decode_datum
+from .errors import DatumError, Mnist2dbError, OutputExistsError
 from .fsutil import AtomicFile, make_parents, remove_made
 from .inspect import _key_text
 from .pairs import check_file_target, place_together, recover_together

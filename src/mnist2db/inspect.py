@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 from .backends import detect_backend
 from .conversion import check_pair
-from .dataset import RecordIndexError, open_db, record_key, shared_reader
-from .datum import DatumError, datum_to_array, decode_datum
-from .errors import IdxFormatError
+from .dataset import open_db, record_key, shared_reader
+from .datum import datum_to_array, decode_datum
+from .errors import DatumError, IdxFormatError, RecordIndexError
 from .idx import IdxHeader, corrupt_stream, open_data, open_idx, open_raw, parse_header, size_error
 from .pngdatum import datum_encoding as _datum_encoding
 from .recipe import QMNIST_LABELS_MAGIC, check_label_column, check_range, describe_db

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from .conversion import check_pair
 from .dataset import record_key, shared_reader
-from .datum import DatumError, decode_datum, encode_batch
-from .errors import Mnist2dbError
+from .datum import decode_datum, encode_batch
+from .errors import DatumError, VerifyError
 from .idx import open_idx
 from .inspect import _key_text
 from .pngdatum import decode_image, decoded_datum, encode_png_batch
@@ -26,15 +26,11 @@ from .recipe import Recipe, iter_records, permutation, read_metadata
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["VerifyError", "VerifyResult", "verify_db"]
+__all__ = ["VerifyResult", "verify_db"]
 
 ProgressCallback = Callable[[int, int], None]
 
 _BATCH = 1000
-
-
-class VerifyError(Mnist2dbError):
-    """A database differs from the IDX files it is compared with."""
 
 
 @dataclass(frozen=True)
