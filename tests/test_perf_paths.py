@@ -19,7 +19,7 @@ from mnist2db.conversion import convert, record_keys
 from mnist2db.datum import encode_batch, encode_raw_batch
 from mnist2db.datum_pb2 import Datum
 from mnist2db.errors import IdxFormatError
-from mnist2db.idx import open_idx
+from mnist2db.idxreader import open_idx
 from mnist2db.readers import open_reader
 
 

@@ -26,9 +26,9 @@ _LAZY = {
     "decode_datum": "datum",
     "encode_datum": "datum",
     "IdxHeader": "idx",
-    "open_idx": "idx",
-    "read_header": "idx",
-    "read_idx": "idx",
+    "open_idx": "idxreader",
+    "read_header": "idxreader",
+    "read_idx": "idxreader",
     "ConvertResult": "conversion",
     "convert": "conversion",
     "detect_backend": "backends",
@@ -58,7 +58,8 @@ if TYPE_CHECKING:
         Mnist2dbError,
         OutputExistsError,
     )
-    from .idx import IdxHeader, open_idx, read_header, read_idx
+    from .idx import IdxHeader
+    from .idxreader import open_idx, read_header, read_idx
     from .readers import iter_db, open_reader
 
 

@@ -178,8 +178,9 @@ def _regular(path: str) -> bool:
 
 def _convert_mnist_data(parsed: ParsedArgs, logger: Logger) -> None:
     from .backends import BACKENDS
-    from .conversion import check_pair, convert
-    from .idx import read_header
+    from .conversion import convert
+    from .idx import check_pair
+    from .idxreader import read_header
 
     backend = str(parsed["backend"])
     image_file, label_file, db_path = parsed.positional

@@ -16,19 +16,17 @@ from collections.abc import Callable, Sequence
 
 from .backends import BACKENDS, open_writer
 from .datum import datum_prefix, encode_raw_batch, splitter
-from .errors import BackendError, IdxFormatError, Mnist2dbError
+from .errors import BackendError, Mnist2dbError
 from .fsutil import TEMP_MARK
-from .idx import IdxHeader, IdxReader, open_idx
+from .idx import LABELS_MAGIC, check_pair
+from .idxreader import IdxReader, open_idx
 from .pngdatum import check_encoding
-from .recipe import QMNIST_LABELS_MAGIC, Recipe, iter_records, metadata_for, write_metadata
+from .recipe import Recipe, iter_records, metadata_for, write_metadata
 from .staging import remove_stale_staging, staged_database
 
-__all__ = ["ConvertResult", "convert", "check_pair", "remove_stale_staging"]
+__all__ = ["ConvertResult", "convert", "remove_stale_staging"]
 
-IMAGES_MAGIC = 2051
-LABELS_MAGIC = 2049
 DEFAULT_BATCH_SIZE = 1000
-_INT32_MAX = (1 << 31) - 1
 # Keys are "%08d" as in Caffe; past 10**8 records they grow a digit and stop sorting in
 # index order, so LMDB's append mode is only used below that.
 _APPEND_LIMIT = 10**8
@@ -81,57 +79,6 @@ class ConvertResult(_ConvertResultFields):
             f"Rows: {self.rows} Cols: {self.cols}\n"
             f"Processed {self.count} files.\n{extra}"
             f"Wrote {self.path} ({self.backend}) in {self.seconds:.2f} s."
-        )
-
-
-def check_pair(images: IdxHeader, labels: IdxHeader, *, label_rows: bool = False) -> None:
-    """Check that two IDX headers are an MNIST image file and its label file.
-
-    ``label_rows``: QMNIST's int32 label rows (``idx2-int``, magic 0x0C02) are accepted too
-    (by the readers that pick a column: :mod:`mnist2db.recipe`).
-
-    Raises:
-        IdxFormatError: wrong magic (with a hint when the two were swapped), or the item
-            counts differ, or image dimensions that a Datum cannot hold.
-    """
-    if images.magic != IMAGES_MAGIC:
-        hint = (
-            " (is it the label file? the image file comes first)"
-            if images.magic == LABELS_MAGIC
-            else ""
-        )
-        raise IdxFormatError(
-            f"{images.path}: magic 0x{images.magic:08x}, expected 0x{IMAGES_MAGIC:08x} "
-            f"(uint8 images, 3 dimensions){hint}"
-        )
-    if label_rows and labels.magic == QMNIST_LABELS_MAGIC:
-        if labels.dims[1] < 1:
-            raise IdxFormatError(f"{labels.path}: idx2-int label rows of 0 columns hold no label")
-    elif labels.magic != LABELS_MAGIC:
-        hint = (
-            " (is it the image file? the label file comes second)"
-            if labels.magic == IMAGES_MAGIC
-            else ""
-        )
-        raise IdxFormatError(
-            f"{labels.path}: magic 0x{labels.magic:08x}, expected 0x{LABELS_MAGIC:08x} "
-            f"(uint8 labels, 1 dimension){hint}"
-        )
-    if images.count != labels.count:
-        raise IdxFormatError(
-            f"{images.path}: {images.count} images, but {labels.path} has {labels.count} labels"
-        )
-    rows, cols = images.dims[1], images.dims[2]
-    if rows > _INT32_MAX or cols > _INT32_MAX:
-        # Datum's height and width are int32 (found by tests/test_fuzz.py: 2**31 × 0 images).
-        raise IdxFormatError(
-            f"{images.path}: images of {rows} × {cols} pixels do not fit a Datum "
-            f"(height and width at most {_INT32_MAX})"
-        )
-    if rows * cols > _INT32_MAX:
-        raise IdxFormatError(
-            f"{images.path}: images of {rows} × {cols} pixels are too large for a Datum "
-            f"(at most {_INT32_MAX} bytes)"
         )
 
 

@@ -24,6 +24,7 @@ from .dataset import shared_reader
 from .datum import decode_datum
 from .errors import DatumError, Mnist2dbError, OutputExistsError
 from .fsutil import AtomicFile, make_parents, remove_made
+from .idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
 from .inspect import _key_text
 from .pairs import check_file_target, place_together, recover_together
 from .pngdatum import datum_encoding, decoded_datum
@@ -179,16 +180,14 @@ def _write_pair(
     progress: ProgressCallback | None,
     recipe: Recipe,
 ) -> int:
-    import struct
-
     import numpy as np
 
     if recipe.seed is not None:
         return _write_unshuffled(reader, db_path, targets, total, rows, cols, progress, recipe)
     with AtomicFile(targets[0]) as image_target, AtomicFile(targets[1]) as label_target:
         stored = (cols, rows) if recipe.transpose else (rows, cols)
-        image_target.write(struct.pack(">4I", 0x00000803, total, *stored))
-        label_target.write(struct.pack(">2I", 0x00000801, total))
+        image_target.write(pack_header(IMAGES_MAGIC, total, *stored))
+        label_target.write(pack_header(LABELS_MAGIC, total))
         labels = np.empty(_BATCH, dtype=np.uint8)
         pending: list[bytes] = []
         count = 0
@@ -254,15 +253,13 @@ def _write_unshuffled(
 ) -> int:
     """Write each record at the position of the source item it holds (the permutation drawn
     again from the recorded seed): random writes into the image file, labels in memory."""
-    import struct
-
     import numpy as np
 
     order = permutation(recipe.seed or 0, total)
     size = rows * cols
     with AtomicFile(targets[0]) as image_target, AtomicFile(targets[1]) as label_target:
         stored = (cols, rows) if recipe.transpose else (rows, cols)
-        head = struct.pack(">4I", 0x00000803, total, *stored)
+        head = pack_header(IMAGES_MAGIC, total, *stored)
         image_target.write(head)
         labels = np.zeros(total, dtype=np.uint8)
         count = 0
@@ -285,7 +282,7 @@ def _write_unshuffled(
             os.lseek(fd, 0, os.SEEK_END)
         except OSError as exc:
             raise OSError(exc.errno, exc.strerror, targets[0]) from None
-        label_target.write(struct.pack(">2I", 0x00000801, total))
+        label_target.write(pack_header(LABELS_MAGIC, total))
         label_target.write(labels.tobytes())
         if count != total:
             raise DatumError(

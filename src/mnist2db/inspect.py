@@ -6,22 +6,30 @@ does not grow with the data.
 
 from __future__ import annotations
 
-import gzip
-import lzma
 import os
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .backends import detect_backend
-from .conversion import check_pair
 from .dataset import open_db, record_key, shared_reader
 from .datum import datum_to_array, decode_datum
 from .errors import DatumError, IdxFormatError, RecordIndexError
-from .idx import IdxHeader, corrupt_stream, open_data, open_idx, open_raw, parse_header, size_error
+from .idx import (
+    CORRUPT_ERRORS,
+    LABELS_MAGIC,
+    IdxHeader,
+    check_pair,
+    corrupt_stream,
+    magic_kind,
+    open_data,
+    open_raw,
+    parse_header,
+    size_error,
+)
+from .idxreader import open_idx
 from .pngdatum import datum_encoding as _datum_encoding
-from .recipe import QMNIST_LABELS_MAGIC, check_label_column, check_range, describe_db
+from .recipe import check_label_column, check_range, describe_db
 
 if TYPE_CHECKING:
     import numpy as np
@@ -242,13 +250,7 @@ class IdxInfo:
 
     @property
     def kind(self) -> str:
-        if self.header.magic == 0x00000803:
-            return "MNIST images"
-        if self.header.magic == 0x00000801:
-            return "MNIST labels"
-        if self.header.magic == QMNIST_LABELS_MAGIC:
-            return "QMNIST label rows, idx2-int"
-        return "IDX array"
+        return magic_kind(self.header.magic)
 
 
 def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
@@ -270,7 +272,7 @@ def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
         stream, packing, streaming = open_data(raw, path)
         header = parse_header(stream, path, packing)
         gzipped = packing != "plain"
-        count_labels = header.magic == 0x00000801
+        count_labels = header.magic == LABELS_MAGIC
         problem = None
         at_least = False
         counts = np.zeros(256, dtype=np.int64) if count_labels else None
@@ -290,7 +292,7 @@ def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
                     if data_size >= limit:
                         at_least = True
                         break
-            except (gzip.BadGzipFile, zlib.error, lzma.LZMAError, EOFError, OSError) as exc:
+            except (*CORRUPT_ERRORS, OSError) as exc:
                 problem = f"{corrupt_stream(stream)} after {data_size} bytes of data: {exc}"
         if streaming and not gzipped:
             file_size = header.header_size + data_size

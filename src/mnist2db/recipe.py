@@ -28,6 +28,7 @@ from collections import namedtuple
 from collections.abc import Iterator
 
 from .errors import IdxFormatError, Mnist2dbError
+from .idx import QMNIST_LABELS_MAGIC
 
 TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-    from .idx import IdxHeader, IdxReader
+    from .idx import IdxHeader
+    from .idxreader import IdxReader
 
     class _RecipeFields(NamedTuple):
         transpose: bool = False
@@ -54,7 +56,6 @@ else:
 
 __all__ = [
     "METADATA_NAME",
-    "QMNIST_LABELS_MAGIC",
     "Recipe",
     "check_range",
     "iter_records",
@@ -67,8 +68,6 @@ __all__ = [
 METADATA_NAME = "mnist2db.json"
 #: How the shuffled order is drawn from the seed (recorded, so that it can be checked).
 SHUFFLE_METHOD = "argsort(PCG64(seed).random_raw(count))"
-#: QMNIST's label files: int32, two dimensions (items × 8 columns).
-QMNIST_LABELS_MAGIC = 0x00000C02
 _FORMAT = "mnist2db database metadata"
 _VERSION = 1
 

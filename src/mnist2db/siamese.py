@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 
 from .datum import datum_prefix, splitter
 from .errors import IdxFormatError, Mnist2dbError
+from .idx import INT32_MAX, check_pair
 
 TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ __all__ = ["SiameseResult", "convert_siamese"]
 
 DEFAULT_BACKEND = "leveldb"  # Caffe's tool writes LevelDB only
 DEFAULT_BATCH_SIZE = 1000
-_INT32_MAX = (1 << 31) - 1
+
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -114,8 +115,7 @@ def _load(images: str, labels: str, spill_dir: str) -> tuple[Any, Any, int, int]
     """Validate both files; return (images as a read-only memory map, labels, rows, cols)."""
     import numpy as np
 
-    from .conversion import check_pair
-    from .idx import open_idx
+    from .idxreader import open_idx
     from .spill import spill_to_map
 
     with open_idx(images) as image_reader, open_idx(labels) as label_reader:
@@ -241,10 +241,10 @@ def convert_siamese(
     with _staged_database(out, backend, overwrite, (images, labels)) as (staging, open_staged):
         pixels, label_array, rows, cols = _load(images, labels, staging)
         count = len(label_array)
-        if 2 * rows * cols > _INT32_MAX:
+        if 2 * rows * cols > INT32_MAX:
             raise IdxFormatError(
                 f"{images}: pairs of {rows} × {cols} images are too large for a Datum "
-                f"(at most {_INT32_MAX} bytes)"
+                f"(at most {INT32_MAX} bytes)"
             )
         total = count if pairs is None else pairs
         if total and not count:

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .conversion import check_pair
 from .dataset import record_key, shared_reader
 from .datum import decode_datum, encode_batch
 from .errors import DatumError, VerifyError
-from .idx import open_idx
+from .idx import check_pair
+from .idxreader import open_idx
 from .inspect import _key_text
 from .pngdatum import decode_image, decoded_datum, encode_png_batch
 from .recipe import Recipe, iter_records, permutation, read_metadata
