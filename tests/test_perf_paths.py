@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mnist2db.__main__ import parse_convert
-from mnist2db.conversion import convert, record_keys
-from mnist2db.datum import encode_batch, encode_raw_batch
+from mnist2db.conversion import convert
+from mnist2db.datum import encode_batch, encode_raw_batch, record_keys
 from mnist2db.datum_pb2 import Datum
 from mnist2db.errors import IdxFormatError
 from mnist2db.idxreader import open_idx

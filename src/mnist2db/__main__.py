@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import sys
 
-_BACKENDS = ("lmdb", "leveldb")
-
 
 def parse_convert(args: list[str]) -> dict[str, object] | None:
     """The keyword arguments of a plain ``convert`` command line, or None to let click decide.
@@ -25,6 +23,8 @@ def parse_convert(args: list[str]) -> dict[str, object] | None:
     """
     if not args or args[0] != "convert":
         return None
+    from .backends import BACKENDS
+
     found: dict[str, object] = {}
     positional: list[str] = []
     rest = iter(args[1:])
@@ -42,7 +42,7 @@ def parse_convert(args: list[str]) -> dict[str, object] | None:
             if key in found:
                 return None
             if key == "backend":
-                if value.lower() not in _BACKENDS:
+                if value.lower() not in BACKENDS:
                     return None
                 found[key] = value.lower()
             else:
@@ -63,6 +63,7 @@ def parse_convert(args: list[str]) -> dict[str, object] | None:
 
 
 def _run_convert(options: dict[str, object]) -> int:
+    from .backends import DEFAULT_BATCH_SIZE
     from .conversion import convert
     from .errors import Mnist2dbError
 
@@ -73,7 +74,7 @@ def _run_convert(options: dict[str, object]) -> int:
             str(options["labels"]),
             str(options["out"]),
             backend=str(options.get("backend", "lmdb")),
-            batch_size=int(options.get("batch_size", 1000)),  # type: ignore[call-overload]
+            batch_size=int(options.get("batch_size", DEFAULT_BATCH_SIZE)),  # type: ignore[call-overload]
             overwrite=bool(options.get("overwrite", False)),
         )
     except Mnist2dbError as exc:

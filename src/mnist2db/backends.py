@@ -24,13 +24,17 @@ else:
 
 __all__ = [
     "BACKENDS",
+    "DEFAULT_BATCH_SIZE",
     "DATABASE_FILES",
     "Writer",
     "detect_backend",
     "open_writer",
 ]
 
+#: The databases mnist2db writes and reads, the default first.
 BACKENDS = ("lmdb", "leveldb")
+#: Records per transaction (LMDB) or write batch (LevelDB), as Caffe's convert_mnist_data commits.
+DEFAULT_BATCH_SIZE = 1000
 
 #: Caffe's LevelDB options (caffe/src/caffe/util/db_leveldb.cpp).
 LEVELDB_OPTIONS: dict[str, Any] = {

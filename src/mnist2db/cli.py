@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from . import __version__
+from .backends import BACKENDS, DEFAULT_BATCH_SIZE
 from .interrupt import Interrupted, exit_code, signals_raise_interrupted
 from .options import (
     Path,
@@ -85,7 +86,7 @@ def cli() -> None:
 @click.option(
     "--batch-size",
     type=click.IntRange(min=1),
-    default=1000,
+    default=DEFAULT_BATCH_SIZE,
     show_default=True,
     help="Records per transaction (Caffe: 1000).",
 )
@@ -403,7 +404,7 @@ def mean(db: str, out: str | None, overwrite: bool, quiet: bool) -> None:
 @click.argument("out_db", type=click.Path(path_type=str))
 @click.option(
     "--backend",
-    type=click.Choice(["lmdb", "leveldb"], case_sensitive=False),
+    type=click.Choice(BACKENDS, case_sensitive=False),
     default="leveldb",
     show_default=True,
     help="Database to write (Caffe's siamese example reads LevelDB).",

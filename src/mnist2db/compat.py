@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 
 from . import __version__
+from .backends import BACKENDS, DEFAULT_BATCH_SIZE
 from .gflags import Flag, FlagError, ParsedArgs, parse_command_line, usage_text
 
 TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
@@ -73,7 +74,11 @@ def _at_least_one(value: object) -> bool:
 FLAGS: dict[str, Flag] = {
     "backend": Flag("backend", "string", "lmdb", "The backend for storing the result"),
     "batch_size": Flag(
-        "batch_size", "int32", 1000, "Records per transaction (mnist2db extension)", _at_least_one
+        "batch_size",
+        "int32",
+        DEFAULT_BATCH_SIZE,
+        "Records per transaction (mnist2db extension)",
+        _at_least_one,
     ),
     "overwrite": Flag(
         "overwrite",
@@ -177,7 +182,6 @@ def _regular(path: str) -> bool:
 
 
 def _convert_mnist_data(parsed: ParsedArgs, logger: Logger) -> None:
-    from .backends import BACKENDS
     from .conversion import convert
     from .idx import check_pair
     from .idxreader import read_header
@@ -235,7 +239,7 @@ def run(argv: list[str], argv0: str = PROG) -> int:
 
 
 def _compute_image_mean(parsed: ParsedArgs, logger: Logger) -> None:
-    from .backends import BACKENDS, detect_backend
+    from .backends import detect_backend
     from .errors import BackendError
     from .meanfile import compute_mean, write_mean
 
@@ -253,7 +257,7 @@ def _compute_image_mean(parsed: ParsedArgs, logger: Logger) -> None:
         if done % 10000 == 0:
             logger.log("I", "compute_image_mean.cpp:95", f"Processed {done} files.")
 
-    result = compute_mean(db_path, backend, batch_size=1000, progress=progress)
+    result = compute_mean(db_path, backend, batch_size=DEFAULT_BATCH_SIZE, progress=progress)
     if result.count % 10000:
         logger.log("I", "compute_image_mean.cpp:101", f"Processed {result.count} files.")
     if len(parsed.positional) == 2:

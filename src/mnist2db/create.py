@@ -74,7 +74,8 @@ def create_databases(
         IdxFormatError: an input is missing (with a hint to run ``mnist2db fetch``) or bad.
         OutputExistsError, BackendError: as :func:`mnist2db.conversion.convert`.
     """
-    from .conversion import DEFAULT_BATCH_SIZE, convert
+    from .backends import DEFAULT_BATCH_SIZE
+    from .conversion import convert
 
     spec = get_dataset(dataset)
     if transpose is None:

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from .backends import detect_backend
-from .datum import datum_to_array, decode_datum
+from .datum import KEY_LIMIT, datum_to_array, decode_datum, record_key
 from .errors import DatumError, MissingKeyError, Mnist2dbError, RecordIndexError
 from .readers import DbReader, shared_reader
 
@@ -43,21 +43,12 @@ if TYPE_CHECKING:
 __all__ = [
     "DatumDataset",
     "open_db",
-    "record_key",
     "shared_reader",
 ]
 
 #: numpy's, set on first use (numpy is imported lazily).
 _ndarray: Any = None
 _uint8: Any = None
-
-# Caffe's "%08d" keys sort in index order only below 10**8 records.
-_SEQUENTIAL_LIMIT = 10**8
-
-
-def record_key(index: int) -> bytes:
-    """Caffe's key for record ``index``: ``b"%08d" % index``."""
-    return b"%08d" % index
 
 
 def _layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | None:
@@ -126,7 +117,7 @@ class DatumDataset:
         for key in reader.iter_keys():
             sequential = sequential and bytes(key) == record_key(self._length)
             self._length += 1
-        self._sequential = sequential and self._length <= _SEQUENTIAL_LIMIT
+        self._sequential = sequential and self._length <= KEY_LIMIT
         first = reader.first_key()
         if first is not None:
             value = reader.get(first)
@@ -278,7 +269,7 @@ class DatumDataset:
         # None), takes the general path below.
         fast = self._fast
         if fast is not None and index.__class__ is int:
-            key = b"%08d" % (index + self._length if index < 0 else index)
+            key = b"%08d" % (index + self._length if index < 0 else index)  # record_key, inlined
             try:
                 value = self._local.txn.get(key)
                 if (

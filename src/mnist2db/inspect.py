@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .backends import detect_backend
-from .dataset import open_db, record_key, shared_reader
-from .datum import datum_to_array, decode_datum
+from .dataset import open_db, shared_reader
+from .datum import datum_to_array, decode_datum, record_key
 from .errors import DatumError, IdxFormatError, RecordIndexError
 from .idx import (
     CORRUPT_ERRORS,

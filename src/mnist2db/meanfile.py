@@ -19,6 +19,7 @@ import os
 from collections import namedtuple
 from collections.abc import Callable, Iterator
 
+from .backends import DEFAULT_BATCH_SIZE
 from .datum import encode_varint
 from .errors import Mnist2dbError, OutputExistsError
 from .pngdatum import decoded_datum
@@ -45,7 +46,6 @@ else:
 __all__ = ["MeanResult", "blobproto_bytes", "compute_mean", "write_mean"]
 
 #: Records summed per numpy call; the batch's float32 copy is batch × pixels × 4 bytes.
-DEFAULT_BATCH_SIZE = 1000
 
 ProgressCallback = Callable[[int], None]
 

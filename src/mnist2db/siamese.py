@@ -26,6 +26,7 @@ import time
 from collections import namedtuple
 from collections.abc import Callable, Iterator
 
+from .backends import DEFAULT_BATCH_SIZE
 from .datum import datum_prefix, splitter
 from .errors import IdxFormatError, Mnist2dbError
 from .idx import INT32_MAX, check_pair
@@ -56,7 +57,6 @@ else:
 __all__ = ["SiameseResult", "convert_siamese"]
 
 DEFAULT_BACKEND = "leveldb"  # Caffe's tool writes LevelDB only
-DEFAULT_BATCH_SIZE = 1000
 
 
 ProgressCallback = Callable[[int, int], None]
@@ -92,13 +92,13 @@ def _staged_database(
     must be closed by it; on any exception it is aborted and the staging directory removed.
     """
     from .backends import open_writer
-    from .conversion import _APPEND_LIMIT
+    from .datum import KEY_LIMIT
     from .staging import staged_database
 
     opened: list[Writer] = []
 
     def open_staged(backend: str, size_hint: int, count: int) -> Writer:
-        writer = open_writer(backend, staging, size_hint=size_hint, append=count <= _APPEND_LIMIT)
+        writer = open_writer(backend, staging, size_hint=size_hint, append=count <= KEY_LIMIT)
         opened.append(writer)
         return writer
 
@@ -221,7 +221,7 @@ def convert_siamese(
     import numpy as np
 
     from .backends import BACKENDS
-    from .conversion import record_keys
+    from .datum import record_keys
 
     start_time = time.perf_counter()
     out = os.fspath(out)

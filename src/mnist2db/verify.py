@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .dataset import record_key, shared_reader
-from .datum import decode_datum, encode_batch
+from .dataset import shared_reader
+from .datum import decode_datum, encode_batch, record_key
 from .errors import DatumError, VerifyError
 from .idx import check_pair
 from .idxreader import open_idx
