@@ -103,7 +103,7 @@ def test_encoded_database_round_trips_through_every_reader(
     tmp_path: Path, mnist_pair: Pair, backend: str
 ) -> None:
     from mnist2db.export import export_db
-    from mnist2db.inspect import db_info
+    from mnist2db.info import db_info
     from mnist2db.meanfile import compute_mean
     from mnist2db.verify import verify_db
 

@@ -453,7 +453,7 @@ def test_info_verify_export_while_a_dataset_holds_the_database(
     dataset's handle instead of failing with 'already open' / 'lock already held'."""
     from mnist2db import open_db
     from mnist2db.export import export_db
-    from mnist2db.inspect import db_info
+    from mnist2db.info import db_info
     from mnist2db.verify import verify_db
 
     db, images, labels, _, label_array = converted(mnist_pair, tmp_path, backend)

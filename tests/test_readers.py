@@ -16,7 +16,8 @@ import mnist2db
 from mnist2db import BackendError, DatumError, convert, open_db
 from mnist2db.datum import message_type
 from mnist2db.export import export_db
-from mnist2db.inspect import db_info, select_records
+from mnist2db.info import db_info
+from mnist2db.selection import select_records
 from mnist2db.verify import verify_db
 
 

@@ -451,7 +451,7 @@ def test_backends_leave_the_metadata_file_alone_when_writing(
 def test_show_transpose_swaps_every_element_of_idx_and_database_records(
     tmp_path: Path, mnist_pair: Pair
 ) -> None:
-    from mnist2db.inspect import select_records
+    from mnist2db.selection import select_records
 
     images_path, labels_path, images, _ = mnist_pair(4, rows=3, cols=5)
     mnist2db.convert(images_path, labels_path, tmp_path / "db")

@@ -217,9 +217,10 @@ def show(
     """
     import os
 
-    from .inspect import select_records
+    from .datum import key_text
     from .pairs import check_file_target
     from .render import check_canvas, image_to_text, write_png_grid
+    from .selection import select_records
 
     if png is not None and (threshold is not None or ascii_):
         raise click.UsageError(
@@ -264,7 +265,7 @@ def show(
                     _check_drawable(source, record)
                     head = f"#{record.index}"
                     if record.key is not None:
-                        head += f"  key {record.key.decode('ascii', errors='backslashreplace')}"
+                        head += f"  key {key_text(record.key)}"
                     head += f"  label {record.label if record.label is not None else '-'}"
                     click.echo(head)
                     for line in image_to_text(record.image, threshold=threshold, ascii=ascii_):
@@ -292,7 +293,7 @@ def info(path: str) -> None:
     """
     import os
 
-    from .inspect import db_info, idx_info
+    from .info import db_info, idx_info
 
     with library_errors():
         described = db_info(path) if os.path.isdir(path) else idx_info(path)

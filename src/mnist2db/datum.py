@@ -35,6 +35,7 @@ __all__ = [
     "encode_raw_batch",
     "encode_varint",
     "file_descriptor",
+    "key_text",
     "message_type",
     "record_key",
     "record_keys",
@@ -163,6 +164,11 @@ _TRIPLES = [b"%03d" % i for i in range(1000)]
 def record_key(index: int) -> bytes:
     """Caffe's key for record ``index``: ``b"%08d" % index``."""
     return b"%08d" % index
+
+
+def key_text(key: bytes) -> str:
+    """A key as messages show it: ASCII, other bytes escaped."""
+    return key.decode("ascii", errors="backslashreplace")
 
 
 def record_keys(start: int, count: int) -> Sequence[bytes]:

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .dataset import shared_reader
-from .datum import decode_datum
+from .datum import decode_datum, key_text
 from .errors import DatumError, Mnist2dbError, OutputExistsError
 from .fsutil import AtomicFile, make_parents, remove_made
 from .idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
-from .inspect import _key_text
 from .pairs import check_file_target, place_together, recover_together
 from .pngdatum import datum_encoding, decoded_datum
 from .recipe import Recipe, permutation, read_metadata, shown
@@ -56,7 +55,7 @@ def _decode_record(db_path: str, key: bytes, value: bytes) -> Any:
     try:
         return decode_datum(value)
     except DatumError as exc:
-        raise DatumError(f"{db_path}: key {_key_text(key)}: {exc}") from None
+        raise DatumError(f"{db_path}: key {key_text(key)}: {exc}") from None
 
 
 def default_prefix(db: str | os.PathLike[str]) -> str:
@@ -122,7 +121,7 @@ def export_db(
             first_key = reader.first_key() or b""
             first = decoded_datum(
                 _decode_record(db_path, first_key, reader.get(first_key) or b""),
-                f"{db_path}: key {_key_text(first_key)}",
+                f"{db_path}: key {key_text(first_key)}",
             )
             rows, cols = int(first.height), int(first.width)
         if found is not None and recipe.count != total:
@@ -218,7 +217,7 @@ def _write_pair(
 def _records(reader: Any, db_path: str, rows: int, cols: int) -> Iterator[Any]:
     """The Datums of ``reader`` in key order, each checked to fit an IDX image and label."""
     for key, value in reader:
-        where = f"{db_path}: key {_key_text(bytes(key))}"
+        where = f"{db_path}: key {key_text(bytes(key))}"
         datum = decoded_datum(_decode_record(db_path, bytes(key), bytes(value)), where)
         if (datum.channels, datum.height, datum.width) != (1, rows, cols):
             raise DatumError(

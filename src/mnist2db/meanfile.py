@@ -20,7 +20,7 @@ from collections import namedtuple
 from collections.abc import Callable, Iterator
 
 from .backends import DEFAULT_BATCH_SIZE
-from .datum import encode_varint
+from .datum import encode_varint, key_text
 from .errors import Mnist2dbError, OutputExistsError
 from .pngdatum import decoded_datum
 
@@ -85,7 +85,7 @@ def _pixels(key: bytes, datum: Any, path: str) -> tuple[tuple[int, int, int], An
     """A record's shape and its values as a flat numpy array (uint8 data or float32)."""
     import numpy as np
 
-    name = key.decode("ascii", errors="backslashreplace")
+    name = key_text(key)
     # An encoded image is decoded first, as Caffe's DecodeDatumNative does.
     datum = decoded_datum(datum, f"{path}: key {name}")
     shape = (int(datum.channels), int(datum.height), int(datum.width))

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .dataset import shared_reader
-from .datum import decode_datum, encode_batch, record_key
+from .datum import decode_datum, encode_batch, key_text, record_key
 from .errors import DatumError, VerifyError
 from .idx import check_pair
 from .idxreader import open_idx
-from .inspect import _key_text
 from .pngdatum import decode_image, decoded_datum, encode_png_batch
 from .recipe import Recipe, iter_records, permutation, read_metadata
 
@@ -61,9 +60,9 @@ def _describe_mismatch(key: bytes, value: bytes, image: np.ndarray, label: int) 
     """Name the first field in which ``value`` differs from the Datum Caffe writes (an
     encoded Datum's image decoded first)."""
     try:
-        datum = decoded_datum(decode_datum(value), f"key {_key_text(key)}")
+        datum = decoded_datum(decode_datum(value), f"key {key_text(key)}")
     except DatumError as exc:
-        return f"key {_key_text(key)}: {exc}"
+        return f"key {key_text(key)}: {exc}"
     rows, cols = image.shape
     for name, got, want in (
         ("channels", datum.channels, 1),
@@ -71,12 +70,12 @@ def _describe_mismatch(key: bytes, value: bytes, image: np.ndarray, label: int) 
         ("width", datum.width, cols),
     ):
         if got != want:
-            return f"key {_key_text(key)}: field {name} is {got}, the source has {want}"
+            return f"key {key_text(key)}: field {name} is {got}, the source has {want}"
     expected = image.tobytes()
     data = bytes(datum.data)
     if len(data) != len(expected):
         return (
-            f"key {_key_text(key)}: field data holds {len(data)} bytes, "
+            f"key {key_text(key)}: field data holds {len(data)} bytes, "
             f"the source image has {len(expected)}"
         )
     if data != expected:
@@ -84,13 +83,13 @@ def _describe_mismatch(key: bytes, value: bytes, image: np.ndarray, label: int) 
         row, col = divmod(diffs[0], cols)
         more = f" ({len(diffs)} bytes differ)" if len(diffs) > 1 else ""
         return (
-            f"key {_key_text(key)}: field data differs at byte {diffs[0]} (row {row}, "
+            f"key {key_text(key)}: field data differs at byte {diffs[0]} (row {row}, "
             f"column {col}): database {data[diffs[0]]}, source {expected[diffs[0]]}{more}"
         )
     if datum.label != label:
-        return f"key {_key_text(key)}: field label is {datum.label}, the source has {label}"
+        return f"key {key_text(key)}: field label is {datum.label}, the source has {label}"
     return (
-        f"key {_key_text(key)}: value of {len(value)} bytes is not Caffe's encoding of "
+        f"key {key_text(key)}: value of {len(value)} bytes is not Caffe's encoding of "
         f"the source's fields (extra or reordered fields)"
     )
 
@@ -166,10 +165,10 @@ def verify_db(
                         if key > want_key:
                             raise VerifyError(
                                 f"{db_path}: key {want_key.decode()} missing "
-                                f"(the next key is {_key_text(key)})"
+                                f"(the next key is {key_text(key)})"
                             )
                         raise VerifyError(
-                            f"{db_path}: key {_key_text(key)} is not in the source "
+                            f"{db_path}: key {key_text(key)} is not in the source "
                             f"(expected key {want_key.decode()})"
                         )
                     if value != expected and not _same_decoded(
@@ -190,8 +189,8 @@ def verify_db(
                 for last_key, _ in records:
                     extra += 1
                     last = bytes(last_key)
-                first = _key_text(bytes(extra_first[0]))
-                keys = first if extra == 1 else f"{first} to {_key_text(last)}"
+                first = key_text(bytes(extra_first[0]))
+                keys = first if extra == 1 else f"{first} to {key_text(last)}"
                 raise VerifyError(
                     f"{db_path}: {extra} extra record{'s' if extra > 1 else ''} not in the "
                     f"source ({total} items): key{'s' if extra > 1 else ''} {keys}"
