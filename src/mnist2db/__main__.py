@@ -85,24 +85,14 @@ def _run_convert(options: dict[str, object]) -> int:
     return 0
 
 
-def _run_fast(options: dict[str, object]) -> int:
-    """Run the conversion with the signal handling of :func:`mnist2db.cli.main`."""
-    from .interrupt import Interrupted, exit_code, signals_raise_interrupted
-
-    try:
-        with signals_raise_interrupted():
-            return _run_convert(options)
-    except (Interrupted, KeyboardInterrupt) as exc:
-        sys.stderr.write("Interrupted\n")
-        return exit_code(exc)
-
-
 def main() -> None:
     """Entry point of the ``mnist2db`` console script and of ``python -m mnist2db``."""
     options = parse_convert(sys.argv[1:])
     # A progress bar (stderr is a terminal and not --quiet) is click's job.
     if options is not None and (options.get("quiet") or not sys.stderr.isatty()):
-        sys.exit(_run_fast(options))
+        from .interrupt import run
+
+        sys.exit(run(lambda: _run_convert(options)))
     from .cli import main as click_main
 
     click_main()

@@ -253,7 +253,7 @@ def _compute_image_mean(parsed: ParsedArgs, logger: Logger) -> None:
     logger.log("I", OPENED_AT[backend], f"Opened {backend} {db_path}")
     logger.log("I", "compute_image_mean.cpp:70", "Starting iteration")
 
-    def progress(done: int) -> None:
+    def progress(done: int, total: int) -> None:
         if done % 10000 == 0:
             logger.log("I", "compute_image_mean.cpp:95", f"Processed {done} files.")
 
@@ -334,16 +334,10 @@ def convert_mnist_siamese_data(argv: list[str], argv0: str = "convert_mnist_siam
 
 
 def _main(tool: Callable[[list[str], str], int], name: str) -> None:
-    from .interrupt import Interrupted, exit_code, signals_raise_interrupted
+    from .interrupt import run
 
     argv0 = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else name
-    try:
-        with signals_raise_interrupted():
-            code = tool(sys.argv[1:], argv0)
-    except (Interrupted, KeyboardInterrupt) as exc:
-        sys.stderr.write("Interrupted\n")
-        sys.exit(exit_code(exc))
-    sys.exit(code)
+    sys.exit(run(lambda: tool(sys.argv[1:], argv0)))
 
 
 def main() -> None:

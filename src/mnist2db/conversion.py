@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import time
 from collections import namedtuple
-from collections.abc import Callable
 
 from .backends import BACKENDS, DEFAULT_BATCH_SIZE, open_writer
 from .datum import KEY_LIMIT, datum_prefix, encode_raw_batch, record_keys
@@ -21,6 +20,7 @@ from .fsutil import TEMP_MARK
 from .idx import LABELS_MAGIC, check_pair
 from .idxreader import IdxReader, open_idx
 from .pngdatum import check_encoding
+from .progress import Progress, reporting
 from .recipe import Recipe, iter_records, metadata_for, write_metadata
 from .staging import remove_stale_staging, staged_database
 
@@ -30,7 +30,6 @@ __all__ = ["ConvertResult", "convert", "remove_stale_staging"]
 #: Marker in the names of staging directories, so left-overs are recognisable.
 STAGING_MARK = TEMP_MARK
 
-ProgressCallback = Callable[[int, int], None]
 
 TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
@@ -89,7 +88,7 @@ def convert(
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
     overwrite: bool = False,
-    progress: ProgressCallback | None = None,
+    progress: Progress | None = None,
     transpose: bool = False,
     label_column: int = 0,
     shuffle: bool = False,
@@ -136,6 +135,7 @@ def convert(
         OutputExistsError: ``out`` exists (and ``overwrite`` is false), or cannot be replaced.
         BackendError: unknown backend, or the database could not be written.
     """
+    progress = reporting(progress)
     start = time.perf_counter()
     out = os.fspath(out)
     if backend not in BACKENDS:
@@ -181,8 +181,7 @@ def convert(
                     values = encode_raw_batch(image_batch, label_batch, rows, cols)
                     writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))
                     done += n
-                    if progress is not None:
-                        progress(done, count)
+                    progress(done, count)
             except BaseException:
                 writer.abort()
                 raise
@@ -205,7 +204,7 @@ def _convert_recipe(
     recipe: Recipe,
     batch_size: int,
     overwrite: bool,
-    progress: ProgressCallback | None,
+    progress: Progress,
 ) -> ConvertResult:
     """The pipeline with options: numpy batches from :func:`mnist2db.recipe.iter_records`."""
     from .datum import encode_batch
@@ -235,8 +234,7 @@ def _convert_recipe(
                 values = (encode_png_batch if recipe.encoded else encode_batch)(images, labels)
                 writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))
                 done += n
-                if progress is not None:
-                    progress(done, total)
+                progress(done, total)
         except BaseException:
             writer.abort()
             raise

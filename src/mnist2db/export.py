@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,11 +27,11 @@ from .fsutil import AtomicFile, make_parents, remove_made
 from .idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
 from .pairs import check_file_target, place_together, recover_together
 from .pngdatum import datum_encoding, decoded_datum
+from .progress import Progress, reporting
 from .recipe import Recipe, permutation, read_metadata, shown
 
 __all__ = ["ExportResult", "default_prefix", "export_db"]
 
-ProgressCallback = Callable[[int, int], None]
 
 _BATCH = 1000
 #: What an empty database is exported as: it records no image size, so MNIST's.
@@ -77,7 +77,7 @@ def export_db(
     *,
     prefix: str | None = None,
     overwrite: bool = False,
-    progress: ProgressCallback | None = None,
+    progress: Progress | None = None,
 ) -> ExportResult:
     """Write ``PREFIX-images-idx3-ubyte`` and ``PREFIX-labels-idx1-ubyte`` from a database of
     single-channel uint8 Datums, in key order. For a database made by ``convert`` the files
@@ -96,6 +96,7 @@ def export_db(
             its label does not fit a uint8 label file.
         BackendError: ``db`` is not a database.
     """
+    progress = reporting(progress)
     db_path = os.fspath(db)
     out = os.fspath(out_dir)
     if not out:
@@ -144,8 +145,7 @@ def export_db(
         except BaseException:
             remove_made(made)
             raise
-    if progress is not None:
-        progress(count, total)
+    progress(count, total)
     if recipe.transpose:
         rows, cols = cols, rows
     return ExportResult(images_out, labels_out, count, rows, cols, _notes(recipe, found))
@@ -176,7 +176,7 @@ def _write_pair(
     total: int,
     rows: int,
     cols: int,
-    progress: ProgressCallback | None,
+    progress: Progress,
     recipe: Recipe,
 ) -> int:
     import numpy as np
@@ -200,8 +200,7 @@ def _write_pair(
                 image_target.write(b"".join(pending))
                 label_target.write(labels[: len(pending)].tobytes())
                 pending.clear()
-                if progress is not None:
-                    progress(count, total)
+                progress(count, total)
         image_target.write(b"".join(pending))
         label_target.write(labels[: len(pending)].tobytes())
         if count != total:
@@ -247,7 +246,7 @@ def _write_unshuffled(
     total: int,
     rows: int,
     cols: int,
-    progress: ProgressCallback | None,
+    progress: Progress,
     recipe: Recipe,
 ) -> int:
     """Write each record at the position of the source item it holds (the permutation drawn
@@ -274,7 +273,7 @@ def _write_unshuffled(
                 os.pwrite(fd, data, len(head) + position * size)
                 labels[position] = datum.label
                 count += 1
-                if progress is not None and count % _BATCH == 0:
+                if count % _BATCH == 0:
                     progress(count, total)
             # The file's length is set once: a database of no records leaves no hole to fill.
             os.ftruncate(fd, len(head) + total * size)

@@ -6,7 +6,6 @@ streams a chunk at a time; memory does not grow with the data.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .backends import DEFAULT_BATCH_SIZE as _BATCH
@@ -26,11 +25,11 @@ from .idx import (
     size_error,
 )
 from .pngdatum import datum_encoding as _datum_encoding
+from .progress import Progress, reporting
 from .recipe import describe_db
 
 __all__ = ["DbInfo", "IdxInfo", "db_info", "idx_info"]
 
-ProgressCallback = Callable[[int, int], None]
 
 _CHUNK = 1 << 20
 
@@ -188,7 +187,7 @@ def _count_rows(counts: dict[int, int]) -> list[tuple[str, object]]:
     return [("labels" if i == 0 else "", line) for i, line in enumerate(lines)]
 
 
-def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = None) -> DbInfo:
+def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> DbInfo:
     """Describe a database: backend, records, key range, Datum shape and encoding, labels.
 
     Reads every record once, in one read transaction (LMDB readers neither wait for nor
@@ -197,12 +196,15 @@ def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = No
     Raises:
         BackendError: the path is not a database of either backend, or cannot be opened.
     """
+    # len() of a LevelDB database is a pass over it: counted only when watched.
+    counted = progress is not None
+    progress = reporting(progress)
     path = os.fspath(path)
     backend = detect_backend(path)
     info = DbInfo(path, backend, 0, None, None, True, None, None)
     counts: dict[int, int] = {}
     with shared_reader(path, backend) as reader:
-        total = len(reader) if progress is not None else 0
+        total = len(reader) if counted else 0
         count = 0
         key = b""
         for key, value in reader:
@@ -231,7 +233,7 @@ def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = No
                     f"{info.encoding}"
                 )
             counts[int(datum.label)] = counts.get(int(datum.label), 0) + 1
-            if progress is not None and count % _BATCH == 0:
+            if count % _BATCH == 0:
                 progress(count, total)
         info.last_key = bytes(key) if count else None
     info.count = count
@@ -243,6 +245,5 @@ def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = No
     )
     info.label_counts = dict(sorted(counts.items()))
     info.recipe = describe_db(path)
-    if progress is not None:
-        progress(count, total)
+    progress(count, total)
     return info

@@ -30,6 +30,7 @@ from .backends import DEFAULT_BATCH_SIZE
 from .datum import datum_prefix, splitter
 from .errors import IdxFormatError, Mnist2dbError
 from .idx import INT32_MAX, check_pair
+from .progress import Progress, reporting
 
 TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
@@ -57,9 +58,6 @@ else:
 __all__ = ["SiameseResult", "convert_siamese"]
 
 DEFAULT_BACKEND = "leveldb"  # Caffe's tool writes LevelDB only
-
-
-ProgressCallback = Callable[[int, int], None]
 
 
 class SiameseResult(_SiameseResultFields):
@@ -192,7 +190,7 @@ def convert_siamese(
     balanced: bool = False,
     batch_size: int = DEFAULT_BATCH_SIZE,
     overwrite: bool = False,
-    progress: ProgressCallback | None = None,
+    progress: Progress | None = None,
     on_start: Callable[[int, int, int], None] | None = None,
 ) -> SiameseResult:
     """Write a siamese pair database from an MNIST image file and label file.
@@ -218,6 +216,7 @@ def convert_siamese(
         Mnist2dbError: a bad seed, pair count or batch size; no images to pair; balanced
             pairs asked of a single class.
     """
+    progress = reporting(progress)
     import numpy as np
 
     from .backends import BACKENDS
@@ -278,8 +277,7 @@ def convert_siamese(
             writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))
             positives += int(same.sum())
             done += n
-            if progress is not None:
-                progress(done, total)
+            progress(done, total)
         del pixels
         writer.close()
     return SiameseResult(

@@ -10,7 +10,6 @@ unlinked temporary file, memory-mapped).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -20,6 +19,7 @@ from .errors import DatumError, VerifyError
 from .idx import check_pair
 from .idxreader import open_idx
 from .pngdatum import decode_image, decoded_datum, encode_png_batch
+from .progress import Progress, reporting
 from .recipe import Recipe, iter_records, permutation, read_metadata
 
 if TYPE_CHECKING:
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 
 __all__ = ["VerifyResult", "verify_db"]
 
-ProgressCallback = Callable[[int, int], None]
 
 _BATCH = 1000
 
@@ -99,7 +98,7 @@ def verify_db(
     images: str | os.PathLike[str],
     labels: str | os.PathLike[str],
     *,
-    progress: ProgressCallback | None = None,
+    progress: Progress | None = None,
 ) -> VerifyResult:
     """Check that database ``db`` holds exactly what ``convert(images, labels)`` writes
     (with the options recorded in the database's ``mnist2db.json``, if any).
@@ -113,6 +112,7 @@ def verify_db(
             the database holds records the source does not.
         IdxFormatError, BackendError: an input cannot be read.
     """
+    progress = reporting(progress)
     db_path = os.fspath(db)
     found = read_metadata(db_path)
     recipe = Recipe() if found is None else found[0]
@@ -180,8 +180,7 @@ def verify_db(
                             + f" ({os.fspath(images)} item {source_item(index)})"
                         )
                     index += 1
-                if progress is not None:
-                    progress(index, total)
+                progress(index, total)
             extra_first = next(records, None)
             if extra_first is not None:
                 extra = 1
