@@ -68,7 +68,7 @@ def test_lmdb_layout_and_transactions(mnist_pair, tmp_path: Path) -> None:
 
 
 def test_non_square_and_labels_over_127(tmp_path: Path) -> None:
-    from conftest import write_idx
+    from helpers import write_idx
 
     images = np.arange(3 * 5 * 2, dtype=np.uint8).reshape(3, 5, 2)
     labels = np.array([0, 127, 255], dtype=np.uint8)
@@ -84,7 +84,7 @@ def test_non_square_and_labels_over_127(tmp_path: Path) -> None:
 
 
 def test_empty_dataset(tmp_path: Path) -> None:
-    from conftest import write_idx
+    from helpers import write_idx
 
     ipath = write_idx(tmp_path / "i", np.zeros((0, 28, 28), np.uint8))
     lpath = write_idx(tmp_path / "l", np.zeros((0,), np.uint8))
@@ -280,7 +280,7 @@ def test_an_input_inside_the_destination_is_refused_before_any_work(
     tmp_path: Path, backend: str, how: str
 ) -> None:
     """Item 2: `convert db/images db/labels db --overwrite` deleted its own inputs."""
-    from conftest import make_images, make_labels, write_idx
+    from helpers import make_images, make_labels, write_idx
 
     out = tmp_path / "db"
     images = make_images(4)
@@ -309,7 +309,7 @@ def test_an_input_inside_the_destination_is_refused_before_any_work(
 
 
 def test_input_inside_is_refused_even_when_valid(tmp_path: Path) -> None:
-    from conftest import make_images, make_labels, write_idx
+    from helpers import make_images, make_labels, write_idx
 
     out = tmp_path / "db"
     convert(

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import fashion_file, make_images
+from helpers import fashion_file, make_images
 from PIL import Image
 
 import mnist2db

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import make_images, make_labels, write_idx
+from helpers import make_images, make_labels, write_idx
 
 from mnist2db.backends import detect_backend
 from mnist2db.cli import cli

@@ -13,7 +13,7 @@ import lmdb
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import idx_bytes, write_idx
+from helpers import idx_bytes, write_idx
 
 from mnist2db import array_to_datum, convert
 from mnist2db.cli import cli

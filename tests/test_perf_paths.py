@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_images, make_labels, record_digest, write_idx
+from helpers import make_images, make_labels, record_digest, write_idx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import idx_bytes, make_images, write_idx
+from helpers import idx_bytes, make_images, write_idx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -8,7 +8,7 @@ import click
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import write_idx
+from helpers import write_idx
 from PIL import Image
 
 from mnist2db import convert
@@ -272,7 +272,7 @@ def test_float_database_cannot_be_drawn(tmp_path: Path, png: bool) -> None:
 
 def test_png_canvas_is_bounded_in_pixels_not_images(tmp_path: Path) -> None:
     """Item 8: 40 images of 3000 × 3000 were a MemoryError traceback under a 1000-image cap."""
-    from conftest import write_idx
+    from helpers import write_idx
 
     from mnist2db.render import MAX_PNG_PIXELS
 
@@ -290,7 +290,7 @@ def test_png_canvas_is_bounded_in_pixels_not_images(tmp_path: Path) -> None:
 
 def test_png_of_many_small_images_is_allowed(tmp_path: Path) -> None:
     """2000 images of 8 × 8 is a small canvas: no image count limit."""
-    from conftest import make_labels, write_idx
+    from helpers import make_labels, write_idx
 
     images = write_idx(tmp_path / "s-images-idx3-ubyte", np.zeros((2000, 8, 8), np.uint8))
     write_idx(tmp_path / "s-labels-idx1-ubyte", make_labels(2000))

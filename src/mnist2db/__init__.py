@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-# Not ``typing.TYPE_CHECKING``: importing typing costs ~10 ms of every command's start-up.
-TYPE_CHECKING = False
+from .startup import TYPE_CHECKING  # not typing's: see startup.py
 
 __version__ = "0.1.0"
 

@@ -15,12 +15,10 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 
 from .errors import BackendError
+from .startup import TYPE_CHECKING, Protocol
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
-    from typing import Any, Protocol
-else:
-    Protocol = object  # the interface is for type checkers; typing costs start-up time
+    from typing import Any
 
 __all__ = [
     "BACKENDS",

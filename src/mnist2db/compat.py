@@ -20,8 +20,8 @@ from collections.abc import Callable
 from . import __version__
 from .backends import BACKENDS, DEFAULT_BATCH_SIZE
 from .gflags import Flag, FlagError, ParsedArgs, parse_command_line, usage_text
+from .startup import TYPE_CHECKING
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
     from .glog import Logger
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import namedtuple
 
 from .backends import BACKENDS, DEFAULT_BATCH_SIZE, open_writer
 from .datum import KEY_LIMIT, datum_prefix, encode_raw_batch, record_keys
@@ -23,6 +22,7 @@ from .pngdatum import check_encoding
 from .progress import Progress, reporting
 from .recipe import Recipe, iter_records, metadata_for, write_metadata
 from .staging import remove_stale_staging, staged_database
+from .startup import NamedTuple
 
 __all__ = ["ConvertResult", "convert", "remove_stale_staging"]
 
@@ -31,27 +31,15 @@ __all__ = ["ConvertResult", "convert", "remove_stale_staging"]
 STAGING_MARK = TEMP_MARK
 
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
-if TYPE_CHECKING:
-    from typing import NamedTuple
-
-    class _ConvertResultFields(NamedTuple):
-        path: str
-        backend: str
-        count: int  # type: ignore[assignment]  # the field hides tuple.count
-        rows: int
-        cols: int
-        seconds: float
-        seed: int | None = None
-        transposed: bool = False
-
-else:
-    # A named tuple rather than a dataclass: importing dataclasses costs ~15 ms of start-up.
-    _ConvertResultFields = namedtuple(
-        "_ConvertResultFields",
-        "path backend count rows cols seconds seed transposed",
-        defaults=(None, False),
-    )
+class _ConvertResultFields(NamedTuple):
+    path: str
+    backend: str
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
+    rows: int
+    cols: int
+    seconds: float
+    seed: int | None = None
+    transposed: bool = False
 
 
 class ConvertResult(_ConvertResultFields):

@@ -17,8 +17,8 @@ import struct
 from collections.abc import Sequence
 
 from .errors import DatumError
+from .startup import TYPE_CHECKING
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
     from typing import Any
 

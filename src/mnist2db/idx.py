@@ -21,26 +21,21 @@ import lzma
 import os
 import struct
 import zlib
-from collections import namedtuple
 
 from .errors import IdxFormatError
+from .startup import TYPE_CHECKING, NamedTuple
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
-    from typing import Any, NamedTuple
+    from typing import Any
 
-    class _IdxHeaderFields(NamedTuple):
-        path: str
-        type_code: int
-        dims: tuple[int, ...]
-        gzipped: bool
-        xz: bool = False
 
-else:
-    # A named tuple rather than a dataclass: importing dataclasses costs ~15 ms of start-up.
-    _IdxHeaderFields = namedtuple(
-        "_IdxHeaderFields", "path type_code dims gzipped xz", defaults=(False,)
-    )
+class _IdxHeaderFields(NamedTuple):
+    path: str
+    type_code: int
+    dims: tuple[int, ...]
+    gzipped: bool
+    xz: bool = False
+
 
 __all__ = [
     "IDX_TYPES",

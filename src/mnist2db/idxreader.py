@@ -27,8 +27,8 @@ from .idx import (
     parse_header,
     size_error,
 )
+from .startup import TYPE_CHECKING
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
     import numpy as np
 

@@ -12,7 +12,8 @@ import contextlib
 import signal
 import sys
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
+from .startup import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections import namedtuple
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .backends import DEFAULT_BATCH_SIZE
 from .datum import encode_varint, key_text
@@ -25,24 +25,18 @@ from .errors import Mnist2dbError, OutputExistsError
 from .pngdatum import decoded_datum
 from .progress import Progress, reporting
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
-    from typing import Any, NamedTuple
-
     import numpy as np
 
-    class _MeanResultFields(NamedTuple):
-        path: str
-        backend: str
-        count: int  # type: ignore[assignment]  # the field hides tuple.count
-        mean: np.ndarray
-        channel_means: tuple[float, ...]
-        channel_stds: tuple[float, ...]
 
-else:
-    _MeanResultFields = namedtuple(
-        "_MeanResultFields", "path backend count mean channel_means channel_stds"
-    )
+class _MeanResultFields(NamedTuple):
+    path: str
+    backend: str
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
+    mean: np.ndarray
+    channel_means: tuple[float, ...]
+    channel_stds: tuple[float, ...]
+
 
 __all__ = ["MeanResult", "blobproto_bytes", "compute_mean", "write_mean"]
 

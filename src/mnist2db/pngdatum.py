@@ -20,8 +20,8 @@ import zlib
 
 from .datum import encode_varint
 from .errors import DatumError
+from .startup import TYPE_CHECKING
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
     from typing import Any
 

@@ -8,13 +8,10 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from .backends import BACKENDS, backend_message, detect_backend
 from .errors import BackendError
-
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
-if TYPE_CHECKING:
-    from typing import Any
 
 __all__ = ["LMDB_READ_OPTIONS", "DbReader", "iter_db", "open_reader", "shared_reader"]
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections import namedtuple
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .backends import DEFAULT_BATCH_SIZE
 from .datum import datum_prefix, splitter
@@ -32,28 +32,22 @@ from .errors import IdxFormatError, Mnist2dbError
 from .idx import INT32_MAX, check_pair
 from .progress import Progress, reporting
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
-    from typing import Any, NamedTuple
-
     import numpy as np
 
     from .backends import Writer
 
-    class _SiameseResultFields(NamedTuple):
-        path: str
-        backend: str
-        count: int  # type: ignore[assignment]  # the field hides tuple.count
-        positives: int
-        rows: int
-        cols: int
-        seed: int
-        seconds: float
 
-else:
-    _SiameseResultFields = namedtuple(
-        "_SiameseResultFields", "path backend count positives rows cols seed seconds"
-    )
+class _SiameseResultFields(NamedTuple):
+    path: str
+    backend: str
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
+    positives: int
+    rows: int
+    cols: int
+    seed: int
+    seconds: float
+
 
 __all__ = ["SiameseResult", "convert_siamese"]
 
