@@ -55,3 +55,9 @@ def mnist_pair(tmp_path: Path) -> Callable[..., tuple[Path, Path, np.ndarray, np
         return ipath, lpath, images, labels
 
     return make
+
+
+@pytest.fixture(params=["lmdb", "leveldb"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each backend in turn (a test's own parametrization of ``backend`` takes precedence)."""
+    return str(request.param)
