@@ -7,7 +7,7 @@ and no progress bar to draw is run here, with the same output, messages and exit
 the click command in :mod:`mnist2db.cli`. Everything else (help, version, other commands,
 the conversion options ``--transpose``, ``--label-column``, ``--shuffle``/``--seed``,
 ``--offset``/``--count``, anything unusual or wrong) goes to click unchanged, so click stays the one definition of the
-interface; ``tests/test_perf_paths.py`` checks that both paths behave the same.
+interface; ``tests/test_main.py`` checks that both paths behave the same.
 """
 
 from __future__ import annotations

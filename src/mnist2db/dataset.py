@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, overload
 from .backends import detect_backend
 from .datum import KEY_LIMIT, datum_to_array, decode_datum, record_key
 from .errors import DatumError, MissingKeyError, Mnist2dbError, RecordIndexError
-from .readers import DbReader, shared_reader
+from .readers import DbReader
 
 if TYPE_CHECKING:
     import numpy as np
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DatumDataset",
     "open_db",
-    "shared_reader",
 ]
 
 #: numpy's, set on first use (numpy is imported lazily).

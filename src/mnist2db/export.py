@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .dataset import shared_reader
 from .datum import decode_datum, key_text
 from .errors import DatumError, Mnist2dbError, OutputExistsError
 from .fsutil import AtomicFile, make_parents, remove_made
@@ -28,6 +27,7 @@ from .idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
 from .pairs import check_file_target, place_together, recover_together
 from .pngdatum import datum_encoding, decoded_datum
 from .progress import Progress, reporting
+from .readers import shared_reader
 from .recipe import Recipe, permutation, read_metadata, shown
 
 __all__ = ["ExportResult", "default_prefix", "export_db"]

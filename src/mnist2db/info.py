@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from .backends import DEFAULT_BATCH_SIZE as _BATCH
 from .backends import detect_backend
-from .dataset import shared_reader
 from .datum import datum_to_array, decode_datum, key_text, record_key
 from .errors import DatumError
 from .idx import (
@@ -26,6 +25,7 @@ from .idx import (
 )
 from .pngdatum import datum_encoding as _datum_encoding
 from .progress import Progress, reporting
+from .readers import shared_reader
 from .recipe import describe_db
 
 __all__ = ["DbInfo", "IdxInfo", "db_info", "idx_info"]

@@ -376,6 +376,6 @@ def probe_database(backend: str, path: str) -> str | None:
 
 @contextlib.contextmanager
 def shared_reader(path: str | os.PathLike[str], backend: str | None = None) -> Iterator[DbReader]:
-    """A reader of the database at ``path``, closed on exit (kept for inspect's callers)."""
+    """A reader of the database at ``path``, closed on exit (what info, verify and export read through)."""
     with DbReader(path, backend) as reader:
         yield reader

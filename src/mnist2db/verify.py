@@ -13,13 +13,13 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .dataset import shared_reader
 from .datum import decode_datum, encode_batch, key_text, record_key
 from .errors import DatumError, VerifyError
 from .idx import check_pair
 from .idxreader import open_idx
 from .pngdatum import decode_image, decoded_datum, encode_png_batch
 from .progress import Progress, reporting
+from .readers import shared_reader
 from .recipe import Recipe, iter_records, permutation, read_metadata
 
 if TYPE_CHECKING:
