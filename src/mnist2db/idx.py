@@ -276,6 +276,17 @@ def magic_kind(magic: int) -> str:
     return "IDX array"
 
 
+def _wrong_magic(
+    header: IdxHeader, expected: int, meaning: str, swapped: int, hint: str
+) -> IdxFormatError:
+    """The error for a file of the pair whose magic is not ``expected``, with ``hint`` when
+    it holds the other file's magic (``swapped``)."""
+    return IdxFormatError(
+        f"{header.path}: magic 0x{header.magic:08x}, expected 0x{expected:08x} "
+        f"({meaning}){hint if header.magic == swapped else ''}"
+    )
+
+
 def check_pair(images: IdxHeader, labels: IdxHeader, *, label_rows: bool = False) -> None:
     """Check that two IDX headers are an MNIST image file and its label file.
 
@@ -287,27 +298,23 @@ def check_pair(images: IdxHeader, labels: IdxHeader, *, label_rows: bool = False
             counts differ, or image dimensions that a Datum cannot hold.
     """
     if images.magic != IMAGES_MAGIC:
-        hint = (
-            " (is it the label file? the image file comes first)"
-            if images.magic == LABELS_MAGIC
-            else ""
-        )
-        raise IdxFormatError(
-            f"{images.path}: magic 0x{images.magic:08x}, expected 0x{IMAGES_MAGIC:08x} "
-            f"(uint8 images, 3 dimensions){hint}"
+        raise _wrong_magic(
+            images,
+            IMAGES_MAGIC,
+            "uint8 images, 3 dimensions",
+            LABELS_MAGIC,
+            " (is it the label file? the image file comes first)",
         )
     if label_rows and labels.magic == QMNIST_LABELS_MAGIC:
         if labels.dims[1] < 1:
             raise IdxFormatError(f"{labels.path}: idx2-int label rows of 0 columns hold no label")
     elif labels.magic != LABELS_MAGIC:
-        hint = (
-            " (is it the image file? the label file comes second)"
-            if labels.magic == IMAGES_MAGIC
-            else ""
-        )
-        raise IdxFormatError(
-            f"{labels.path}: magic 0x{labels.magic:08x}, expected 0x{LABELS_MAGIC:08x} "
-            f"(uint8 labels, 1 dimension){hint}"
+        raise _wrong_magic(
+            labels,
+            LABELS_MAGIC,
+            "uint8 labels, 1 dimension",
+            IMAGES_MAGIC,
+            " (is it the image file? the label file comes second)",
         )
     if images.count != labels.count:
         raise IdxFormatError(
