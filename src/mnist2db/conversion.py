@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable, Sequence
 
 from .backends import BACKENDS, DEFAULT_BATCH_SIZE, open_writer
 from .datum import KEY_LIMIT, datum_prefix, encode_raw_batch, record_keys
@@ -155,25 +156,20 @@ def convert(
             size_hint = min(size_hint, 1 << 30)
         inputs = (images, labels)
         with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
-            writer = open_writer(backend, staging, size_hint=size_hint, append=count <= KEY_LIMIT)
-            try:
-                done = 0
-                # Raw bytes in, bytes out: no numpy and no per-record message objects.
-                batches = zip(
-                    image_reader.iter_raw_batches(batch_size),
-                    label_reader.iter_raw_batches(batch_size),
-                    strict=True,
-                )
-                for image_batch, label_batch in batches:
-                    n = len(label_batch)
-                    values = encode_raw_batch(image_batch, label_batch, rows, cols)
-                    writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))
-                    done += n
-                    progress(done, count)
-            except BaseException:
-                writer.abort()
-                raise
-            writer.close()
+            # Raw bytes in, bytes out: no numpy and no per-record message objects.
+            batches = zip(
+                image_reader.iter_raw_batches(batch_size),
+                label_reader.iter_raw_batches(batch_size),
+                strict=True,
+            )
+            _write_database(
+                backend,
+                staging,
+                size_hint,
+                (encode_raw_batch(images, labels, rows, cols) for images, labels in batches),
+                count,
+                progress,
+            )
     return ConvertResult(
         path=out,
         backend=backend,
@@ -212,21 +208,16 @@ def _convert_recipe(
         size_hint = min(size_hint, 1 << 30)
     inputs = (image_reader.path, label_reader.path)
     with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
-        writer = open_writer(backend, staging, size_hint=size_hint, append=total <= KEY_LIMIT)
-        try:
-            done = 0
-            for images, labels in iter_records(
-                image_reader, label_reader, recipe, batch_size, spill_dir=staging
-            ):
-                n = len(labels)
-                values = (encode_png_batch if recipe.encoded else encode_batch)(images, labels)
-                writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))
-                done += n
-                progress(done, total)
-        except BaseException:
-            writer.abort()
-            raise
-        writer.close()
+        encode = encode_png_batch if recipe.encoded else encode_batch
+        batches = iter_records(image_reader, label_reader, recipe, batch_size, spill_dir=staging)
+        _write_database(
+            backend,
+            staging,
+            size_hint,
+            (encode(images, labels) for images, labels in batches),
+            total,
+            progress,
+        )
         write_metadata(staging, metadata_for(recipe, header, label_reader.header), out)
     return ConvertResult(
         path=out,
@@ -238,6 +229,31 @@ def _convert_recipe(
         seed=recipe.seed,
         transposed=recipe.transpose,
     )
+
+
+def _write_database(
+    backend: str,
+    staging: str,
+    size_hint: int,
+    batches: Iterable[Sequence[bytes]],
+    total: int,
+    progress: Progress,
+) -> None:
+    """Write ``total`` records, a batch of values at a time, under Caffe's keys into a new
+    database in ``staging``: one transaction per batch, the writer aborted on any failure
+    and closed (flushed) when all are written."""
+    writer = open_writer(backend, staging, size_hint=size_hint, append=total <= KEY_LIMIT)
+    try:
+        done = 0
+        for values in batches:
+            n = len(values)
+            writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))
+            done += n
+            progress(done, total)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
 
 
 def _round_page(size: int, page: int = 4096) -> int:
