@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from helpers import write_idx
 
-#: Imported by none of the fast paths (each costs 10-60 ms of start-up).
-BANNED = ("click", "numpy", "typing", "dataclasses")
+#: Imported by none of the fast paths (each costs 5-80 ms of start-up; README, Performance).
+BANNED = ("click", "numpy", "typing", "dataclasses", "tempfile", "ctypes.util", "google.protobuf")
 
 RUN = """
 import sys

@@ -3,9 +3,11 @@
 A plain ``mnist2db convert`` (the click-free path in :mod:`mnist2db.__main__`) and Caffe's
 drop-in ``convert_mnist_data`` (:mod:`mnist2db.compat`) convert MNIST's training set in
 ~0.15 s. Importing ``typing`` (~10 ms), ``dataclasses`` (~15 ms: it imports ``inspect``),
-``click`` (~25 ms) or numpy (~60 ms) would be a visible share of that, so the modules on
-those paths do without them; ``tests/test_startup.py`` fails when one of them is imported
-there. Every other module uses ``typing`` and ``dataclasses`` plainly.
+``tempfile`` (~10 ms), ``click`` (~25 ms), protobuf or numpy (~60 ms) would be a visible
+share of that, so the modules on those paths do without them (``tempfile``:
+:func:`mnist2db.fsutil.mkdtemp_beside`; protobuf: :mod:`mnist2db.datum`'s own encoder);
+``tests/test_startup.py`` fails when one of them is imported there. Every other module
+uses ``typing`` and ``dataclasses`` plainly.
 
 The modules on the fast paths take from here, instead of from ``typing``:
 
