@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .backends import DEFAULT_BATCH_SIZE as _BATCH
 from .datum import decode_datum, key_text
 from .errors import DatumError, Mnist2dbError, OutputExistsError
 from .fsutil import AtomicFile, make_parents, remove_made
@@ -33,7 +34,6 @@ from .recipe import Recipe, permutation, read_metadata, shown
 __all__ = ["ExportResult", "default_prefix", "export_db"]
 
 
-_BATCH = 1000
 #: What an empty database is exported as: it records no image size, so MNIST's.
 EMPTY_SHAPE = (28, 28)
 #: Caffe's database names: ``mnist_train_lmdb``, ``mnist_test_leveldb``, ``<name>_train_lmdb``.

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .backends import DEFAULT_BATCH_SIZE as _BATCH
 from .datum import decode_datum, encode_batch, key_text, record_key
 from .errors import DatumError, VerifyError
 from .idx import check_pair
@@ -26,9 +27,6 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["VerifyResult", "verify_db"]
-
-
-_BATCH = 1000
 
 
 @dataclass(frozen=True)
