@@ -38,15 +38,23 @@ class _IdxHeaderFields(NamedTuple):
 
 
 __all__ = [
+    "CORRUPT_ERRORS",
+    "GZIP_MAGIC",
     "IDX_TYPES",
     "IMAGES_MAGIC",
+    "INT32_MAX",
     "LABELS_MAGIC",
     "QMNIST_LABELS_MAGIC",
+    "READ_CHUNK",
+    "XZ_MAGIC",
     "IdxHeader",
     "check_pair",
+    "corrupt_stream",
+    "guarded_read",
     "magic_kind",
     "open_data",
     "open_raw",
+    "open_xz",
     "pack_header",
     "parse_header",
     "size_error",
