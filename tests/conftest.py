@@ -1,17 +1,13 @@
-"""Shared fixtures: tiny IDX files written in tmp_path, and Debian's Fashion-MNIST when installed."""
+"""Shared fixtures (the helpers they use are in helpers.py)."""
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import struct
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
+from helpers import make_images, make_labels, write_idx
 
 
 def _separate_stderr_on_click_8_1() -> None:
@@ -35,40 +31,6 @@ def _separate_stderr_on_click_8_1() -> None:
 
 
 _separate_stderr_on_click_8_1()
-
-#: numpy dtype (big-endian, as stored) -> IDX type code
-IDX_CODES = {
-    np.dtype("u1"): 0x08,
-    np.dtype("i1"): 0x09,
-    np.dtype(">i2"): 0x0B,
-    np.dtype(">i4"): 0x0C,
-    np.dtype(">f4"): 0x0D,
-    np.dtype(">f8"): 0x0E,
-}
-
-
-def idx_bytes(array: np.ndarray) -> bytes:
-    """The IDX encoding of ``array`` (any of the six IDX dtypes, any rank >= 1)."""
-    stored = array.astype(array.dtype.newbyteorder(">")) if array.dtype.itemsize > 1 else array
-    code = IDX_CODES[np.dtype(stored.dtype)]
-    header = bytes([0, 0, code, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
-    return header + np.ascontiguousarray(stored).tobytes()
-
-
-def write_idx(path: Path, array: np.ndarray, *, gz: bool = False) -> Path:
-    data = idx_bytes(array)
-    path.write_bytes(gzip.compress(data) if gz else data)
-    return path
-
-
-def make_images(count: int, rows: int = 28, cols: int = 28, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, 256, size=(count, rows, cols), dtype=np.uint8)
-
-
-def make_labels(count: int, seed: int = 1) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, 10, size=count, dtype=np.uint8)
 
 
 @pytest.fixture
@@ -95,31 +57,7 @@ def mnist_pair(tmp_path: Path) -> Callable[..., tuple[Path, Path, np.ndarray, np
     return make
 
 
-def fashion_file(name: str) -> Path:
-    """A Debian Fashion-MNIST file (``.gz`` as Debian ships it), or skip the test."""
-    for candidate in (FASHION_DIR / name, FASHION_DIR / f"{name}.gz"):
-        if candidate.exists():
-            return candidate
-    pytest.skip(f"Debian's dataset-fashion-mnist is not installed ({FASHION_DIR})")
-
-
-#: Records written by the real Caffe convert_mnist_data from Debian's Fashion-MNIST: count and
-#: the :func:`record_digest` of its output (the same for its LMDB and LevelDB outputs).
-FASHION_DIGESTS = {
-    "train": (60000, "cf8f41069ab0b4f729a2a1637b04f586e936e1319fd6033af8fc71cedd01668c"),
-    "t10k": (10000, "2dc00bc680cecf9443cc7c4214066f4211d4b3989991745da969dc0a442c3e21"),
-}
-
-
-def record_digest(path: Path) -> tuple[int, str]:
-    """Count and sha256 over, in key order, 4-byte big-endian len(key), key, len(value), value."""
-    from mnist2db.readers import open_reader
-
-    digest = hashlib.sha256()
-    count = 0
-    with open_reader(path) as reader:
-        for key, value in reader:
-            key, value = bytes(key), bytes(value)
-            digest.update(struct.pack(">I", len(key)) + key + struct.pack(">I", len(value)) + value)
-            count += 1
-    return count, digest.hexdigest()
+@pytest.fixture(params=["lmdb", "leveldb"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each backend in turn (a test's own parametrization of ``backend`` takes precedence)."""
+    return str(request.param)

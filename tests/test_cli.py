@@ -12,7 +12,7 @@ import click
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import idx_bytes, write_idx
+from helpers import idx_bytes, write_idx
 
 from mnist2db import iter_db
 from mnist2db.cli import cli

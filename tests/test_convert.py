@@ -9,10 +9,11 @@ import lmdb
 import numpy as np
 import plyvel
 import pytest
+from helpers import make_images, make_labels, serialize, write_idx
 
 from mnist2db import BackendError, IdxFormatError, OutputExistsError, convert, iter_db
-from mnist2db.backends import open_writer
 from mnist2db.datum_pb2 import Datum
+from mnist2db.readers import open_reader
 
 
 def read_records(path: Path, backend: str) -> list[tuple[bytes, bytes]]:
@@ -68,7 +69,6 @@ def test_lmdb_layout_and_transactions(mnist_pair, tmp_path: Path) -> None:
 
 
 def test_non_square_and_labels_over_127(tmp_path: Path) -> None:
-    from conftest import write_idx
 
     images = np.arange(3 * 5 * 2, dtype=np.uint8).reshape(3, 5, 2)
     labels = np.array([0, 127, 255], dtype=np.uint8)
@@ -84,7 +84,6 @@ def test_non_square_and_labels_over_127(tmp_path: Path) -> None:
 
 
 def test_empty_dataset(tmp_path: Path) -> None:
-    from conftest import write_idx
 
     ipath = write_idx(tmp_path / "i", np.zeros((0, 28, 28), np.uint8))
     lpath = write_idx(tmp_path / "l", np.zeros((0,), np.uint8))
@@ -196,19 +195,6 @@ def test_unknown_backend(mnist_pair, tmp_path: Path) -> None:
         convert(ipath, lpath, tmp_path / "db", backend="rocksdb")
 
 
-def test_lmdb_map_grows_when_full(tmp_path: Path) -> None:
-    writer = open_writer("lmdb", str(tmp_path), size_hint=0)
-    start = writer.map_size  # type: ignore[attr-defined]
-    value = b"v" * 3000
-    for batch in range(30):
-        writer.write_batch([(b"%08d" % (batch * 1000 + i), value) for i in range(1000)])
-    writer.close()
-    env = lmdb.open(str(tmp_path), readonly=True, lock=False)
-    assert env.stat()["entries"] == 30000
-    assert env.info()["map_size"] > start
-    env.close()
-
-
 # -- issue 10: --overwrite replaces only what mnist2db would have written -----------------------
 
 
@@ -280,7 +266,6 @@ def test_an_input_inside_the_destination_is_refused_before_any_work(
     tmp_path: Path, backend: str, how: str
 ) -> None:
     """Item 2: `convert db/images db/labels db --overwrite` deleted its own inputs."""
-    from conftest import make_images, make_labels, write_idx
 
     out = tmp_path / "db"
     images = make_images(4)
@@ -309,7 +294,6 @@ def test_an_input_inside_the_destination_is_refused_before_any_work(
 
 
 def test_input_inside_is_refused_even_when_valid(tmp_path: Path) -> None:
-    from conftest import make_images, make_labels, write_idx
 
     out = tmp_path / "db"
     convert(
@@ -378,3 +362,17 @@ def test_leveldb_overwrite_keeps_a_users_log_file(mnist_pair, tmp_path: Path) ->
     with pytest.raises(OutputExistsError, match="holds 'training.log' \\(a file\\)"):
         convert(ipath, lpath, out, backend="leveldb", overwrite=True)
     assert (out / "training.log").read_text() == "epoch 1: loss 0.3"
+
+
+# -- whole conversions --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 1000, 5000])
+def test_batch_sizes_give_the_same_records(mnist_pair, tmp_path: Path, batch_size: int) -> None:
+    ipath, lpath, images, labels = mnist_pair(2003, 5, 4)
+    convert(ipath, lpath, tmp_path / "db", batch_size=batch_size)
+    with open_reader(tmp_path / "db") as reader:
+        records = [(bytes(k), bytes(v)) for k, v in reader]
+    assert records == [
+        (b"%08d" % i, serialize(images[i].tobytes(), 5, 4, int(labels[i]))) for i in range(2003)
+    ]

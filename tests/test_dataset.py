@@ -14,7 +14,7 @@ import pytest
 
 import mnist2db
 from mnist2db import BackendError, Mnist2dbError, convert, open_db
-from mnist2db.dataset import MissingKeyError, RecordIndexError
+from mnist2db.errors import MissingKeyError, RecordIndexError
 
 
 @pytest.fixture(params=["lmdb", "leveldb"])

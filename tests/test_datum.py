@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import make_images, serialize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from mnist2db import DatumError, array_to_datum, datum_to_array, decode_datum, encode_datum
-from mnist2db.datum import encode_batch, encode_varint
+from mnist2db.datum import encode_batch, encode_raw_batch, encode_varint, record_keys
 from mnist2db.datum_pb2 import Datum
 
 INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
@@ -113,3 +114,60 @@ def test_datum_to_array_returns_a_writable_copy() -> None:
     assert array.flags.writeable and array.flags.owndata
     array[0, 0, 0] = 99
     assert datum.data == b"\x01\x02\x03\x04"
+
+
+# -- the encoder --------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(0, 12),
+    rows=st.integers(0, 40),
+    cols=st.integers(0, 40),
+    labels=st.lists(st.integers(0, 255), min_size=12, max_size=12),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_encode_raw_batch_equals_serialize_to_string(
+    n: int, rows: int, cols: int, labels: list[int], seed: int
+) -> None:
+    pixels = np.random.default_rng(seed).integers(0, 256, size=n * rows * cols, dtype=np.uint8)
+    raw_labels = bytes(labels[:n])
+    values = encode_raw_batch(memoryview(pixels.tobytes()), raw_labels, rows, cols)
+    size = rows * cols
+    expected = [
+        serialize(pixels[i * size : (i + 1) * size].tobytes(), rows, cols, raw_labels[i])
+        for i in range(n)
+    ]
+    assert values == expected
+    assert all(type(v) is bytes for v in values)
+
+
+@pytest.mark.parametrize("labels", [bytes(range(128)), bytes(range(256)), b"\x7f\x80\xff\x00"])
+def test_encode_raw_batch_both_label_paths(labels: bytes) -> None:
+    """Labels below 0x80 take the one-buffer path; 0x80 and above are two-byte varints."""
+    pixels = make_images(len(labels), 3, 5).tobytes()
+    values = encode_raw_batch(pixels, labels, 3, 5)
+    assert values == [
+        serialize(pixels[i * 15 : (i + 1) * 15], 3, 5, label) for i, label in enumerate(labels)
+    ]
+    numpy_values = encode_batch(
+        np.frombuffer(pixels, np.uint8).reshape(-1, 3, 5), np.frombuffer(labels, np.uint8)
+    )
+    assert values == numpy_values
+
+
+def test_encode_raw_batch_rejects_a_size_mismatch() -> None:
+    with pytest.raises(ValueError, match="10 pixel bytes for 2 images of 2 × 3"):
+        encode_raw_batch(b"\0" * 10, b"\1\2", 2, 3)
+
+
+# -- the keys -----------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    start=st.one_of(st.integers(0, 5000), st.integers(10**8 - 3000, 10**8 + 10)),
+    count=st.integers(0, 2500),
+)
+def test_record_keys_equal_caffe_format(start: int, count: int) -> None:
+    assert list(record_keys(start, count)) == [b"%08d" % i for i in range(start, start + count)]

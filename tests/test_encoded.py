@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import fashion_file, make_images
+from helpers import fashion_file, make_images
 from PIL import Image
 
 import mnist2db
@@ -103,7 +103,7 @@ def test_encoded_database_round_trips_through_every_reader(
     tmp_path: Path, mnist_pair: Pair, backend: str
 ) -> None:
     from mnist2db.export import export_db
-    from mnist2db.inspect import db_info
+    from mnist2db.info import db_info
     from mnist2db.meanfile import compute_mean
     from mnist2db.verify import verify_db
 
@@ -162,7 +162,8 @@ def test_same_seed_with_shuffle_gives_the_same_encoded_bytes(
 def test_verify_compares_decoded_pixels(tmp_path: Path, mnist_pair: Pair) -> None:
     import lmdb
 
-    from mnist2db.verify import VerifyError, verify_db
+    from mnist2db.errors import VerifyError
+    from mnist2db.verify import verify_db
 
     images_path, labels_path, images, labels = mnist_pair(12, rows=4, cols=4)
     db = tmp_path / "db"

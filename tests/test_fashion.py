@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import FASHION_DIGESTS, fashion_file, record_digest
+from helpers import FASHION_DIGESTS, fashion_file, record_digest
 
 from mnist2db import convert
 from mnist2db.cli import cli

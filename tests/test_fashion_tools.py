@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import fashion_file
+from helpers import fashion_file
 
 from mnist2db import convert
 from mnist2db.meanfile import blobproto_bytes, compute_mean

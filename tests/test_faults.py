@@ -1,7 +1,7 @@
 """Faults nobody listed, injected for real: kills, interrupts, full disks, racing writers,
 odd destinations, readers during writes, decompression bombs, permissions.
 
-Processes that are killed or signalled run a small driver script (``DRIVER``) that replaces
+Processes that are killed or signalled run a small driver script (``fault_driver.py``) that replaces
 ``mnist2db.staging._checkpoint`` (a no-op hook at the staging life cycle's fixed points) or
 the CLI's progress reporter with a function that writes a flag file and waits: the test
 then knows exactly where the child is when it strikes. Nothing else is patched.
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import make_images, make_labels, write_idx
+from helpers import make_images, make_labels, write_idx
 
 from mnist2db.backends import detect_backend
 from mnist2db.cli import cli
@@ -41,64 +41,8 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "mnist2db"
 COUNT = 20_000  # 20 batches of 1000: enough for a "mid-way"
 WAIT = 60.0  # generous upper bound for a child to reach a point; never a speed assertion
 
-DRIVER = r"""
-import contextlib, json, os, resource, sys, time
-
-cfg = json.loads(sys.argv[1])
-import mnist2db.cli as cli
-import mnist2db.staging as conv
-
-
-def pause(where, flag=cfg["flag"], release=cfg.get("release")):
-    with open(flag + ".tmp", "w") as f:
-        f.write(where)
-    os.rename(flag + ".tmp", flag)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if release and os.path.exists(release):
-            return
-        time.sleep(0.005)
-
-
-stage = cfg.get("pause")
-if stage == "midway":
-    paused = []
-
-    @contextlib.contextmanager
-    def reporter(label, quiet):
-        def report(done, total):
-            if not paused and 2 * done >= total:
-                paused.append(done)
-                pause(str(done))
-
-        yield report
-
-    cli.progress_reporter = reporter
-    if cfg.get("pause_cleanup"):  # a second stop, while the staging directory is removed
-
-        def checkpoint(s, staging):
-            if s == "cleanup":
-                pause(staging, cfg["flag"] + "-cleanup", cfg["release_cleanup"])
-
-        conv._checkpoint = checkpoint
-elif stage:
-
-    def checkpoint(s, staging):
-        if s == stage:
-            pause(staging)
-
-    conv._checkpoint = checkpoint
-
-if cfg.get("fsize"):
-    resource.setrlimit(resource.RLIMIT_FSIZE, (cfg["fsize"], cfg["fsize"]))
-if cfg.get("tool") == "convert_mnist_data":
-    import mnist2db.compat as compat
-
-    sys.argv = ["convert_mnist_data", *cfg["argv"]]
-    compat.main()
-else:
-    cli.main(cfg["argv"], prog_name="mnist2db")
-"""
+#: The child process of the kill and signal tests (see the module docstring).
+DRIVER = Path(__file__).resolve().parent / "fault_driver.py"
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -148,7 +92,7 @@ def spawn(tmp_path: Path, argv: list[str], **cfg: object) -> tuple[subprocess.Po
     flag = tmp_path / f"flag-{time.monotonic_ns()}"
     config = {"argv": argv, "flag": str(flag), **cfg}
     proc = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, json.dumps(config)],
+        [sys.executable, str(DRIVER), json.dumps(config)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

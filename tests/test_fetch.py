@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import (
+from helpers import (
     FASHION_DIGESTS,
     FASHION_DIR,
     idx_bytes,

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import idx_bytes, make_images, make_labels
+from helpers import idx_bytes, make_images, make_labels
 from test_fetch import Route, Server, gz, listing, start_server
 
 from mnist2db import fetch as fetch_module

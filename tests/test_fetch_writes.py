@@ -118,7 +118,7 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
 def test_full_disk_is_a_write_failure_not_the_mirrors(small_tmpfs: Path, tmp_path: Path) -> None:
     # Images of 40 000 × 28 × 28 zeros: 31 MB unpacked, a few kB packed, on a 64 KiB disk.
     import numpy as np
-    from conftest import idx_bytes
+    from helpers import idx_bytes
 
     big = idx_bytes(np.zeros((40_000, 28, 28), dtype=np.uint8))
     raw = dict(small_files())

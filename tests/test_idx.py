@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import idx_bytes, write_idx
+from helpers import idx_bytes, make_images, make_labels, write_idx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from mnist2db import IdxFormatError, read_header, read_idx
-from mnist2db.idx import open_idx
+from mnist2db.idxreader import open_idx
 
 DTYPES = ["u1", "i1", ">i2", ">i4", ">f4", ">f8"]
 
@@ -256,3 +256,37 @@ def test_fifo_header_promising_terabytes_holds_only_what_arrives(tmp_path: Path)
     finally:
         tracemalloc.stop()
     assert peak < 16 << 20
+
+
+# -- raw batches --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_iter_raw_batches_yields_the_file_in_order(tmp_path: Path, gz: bool) -> None:
+    images = make_images(7, 4, 3)
+    path = write_idx(tmp_path / "img", images, gz=gz)
+    with open_idx(path) as reader:
+        chunks = [bytes(view) for view in reader.iter_raw_batches(3)]
+    assert [len(c) for c in chunks] == [36, 36, 12]
+    assert b"".join(chunks) == images.tobytes()
+
+
+def read_error(path: Path, raw: bool) -> str:
+    with pytest.raises(IdxFormatError) as info, open_idx(path) as reader:
+        for _ in reader.iter_raw_batches(2) if raw else reader.iter_batches(2):
+            pass
+    return str(info.value)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("extra", [b"xy", b""])
+def test_iter_raw_batches_errors_like_iter_batches(tmp_path: Path, gz: bool, extra: bytes) -> None:
+    labels = make_labels(5)
+    data = bytes([0, 0, 8, 1]) + struct.pack(">I", 5) + labels.tobytes()
+    data = data[:-2] if not extra else data + extra
+    path = tmp_path / "lab"
+    path.write_bytes(gzip.compress(data) if gz else data)
+    message = read_error(path, raw=True)
+    assert message == read_error(path, raw=False)
+    fault = "trailing bytes" if extra else "truncated"
+    assert message.startswith(f"{path}: {fault}: header declares 5 bytes of data (5 uint8)")

@@ -11,7 +11,7 @@ import lmdb
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import write_idx
+from helpers import write_idx
 
 from mnist2db import convert
 from mnist2db.cli import cli

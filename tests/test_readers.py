@@ -16,7 +16,8 @@ import mnist2db
 from mnist2db import BackendError, DatumError, convert, open_db
 from mnist2db.datum import message_type
 from mnist2db.export import export_db
-from mnist2db.inspect import db_info, select_records
+from mnist2db.info import db_info
+from mnist2db.selection import select_records
 from mnist2db.verify import verify_db
 
 
@@ -212,7 +213,7 @@ def test_a_database_replaced_under_the_same_name_is_read_anew(mnist_pair, tmp_pa
     other.mkdir()
     images2 = np.full((9, 2, 2), 7, np.uint8)
     labels2 = np.arange(9, dtype=np.uint8)
-    from conftest import write_idx
+    from helpers import write_idx
 
     convert(write_idx(other / "i", images2), write_idx(other / "l", labels2), path, backend="lmdb", overwrite=True)  # fmt: skip
     with open_db(path) as new:

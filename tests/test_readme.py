@@ -21,7 +21,7 @@ from pathlib import Path
 
 import lmdb
 import pytest
-from conftest import FASHION_DIR, fashion_file
+from helpers import FASHION_DIR, fashion_file
 
 from mnist2db import convert
 

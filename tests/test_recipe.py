@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import idx_bytes, make_images, write_idx
+from helpers import idx_bytes, make_images, write_idx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -310,7 +310,8 @@ def test_verify_names_the_source_item_of_a_shuffled_record(
 ) -> None:
     import json
 
-    from mnist2db.verify import VerifyError, verify_db
+    from mnist2db.errors import VerifyError
+    from mnist2db.verify import verify_db
 
     images_path, labels_path, _, _ = mnist_pair(20, rows=3, cols=3)
     db = tmp_path / "db"
@@ -450,7 +451,7 @@ def test_backends_leave_the_metadata_file_alone_when_writing(
 def test_show_transpose_swaps_every_element_of_idx_and_database_records(
     tmp_path: Path, mnist_pair: Pair
 ) -> None:
-    from mnist2db.inspect import select_records
+    from mnist2db.selection import select_records
 
     images_path, labels_path, images, _ = mnist_pair(4, rows=3, cols=5)
     mnist2db.convert(images_path, labels_path, tmp_path / "db")

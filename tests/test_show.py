@@ -8,12 +8,12 @@ import click
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import write_idx
+from helpers import write_idx
 from PIL import Image
 
 from mnist2db import convert
 from mnist2db.cli import cli
-from mnist2db.render import SHADE_RAMP, image_to_text
+from mnist2db.render import SHADE_RAMP
 
 #: Three 4 × 5 images whose 0/1 view at threshold 10 is known by heart.
 TINY = np.array(
@@ -101,24 +101,6 @@ def test_database_source_shows_keys(tiny: tuple[Path, Path], tmp_path: Path, bac
     expected[0] = expected[0].replace("#1  label 5", "#1  key 00000001  label 5")
     expected[1] = expected[1].replace("#2  label 0", "#2  key 00000002  label 0")
     assert result.stdout == "\n\n".join(expected) + "\n\n"
-
-
-def test_shading_structure() -> None:
-    gradient = np.array([[[0, 60, 120, 180, 250, 255, 51, 52]]], dtype=np.uint8)
-    assert image_to_text(gradient) == ["  ░░▒▒▓▓████  ░░"]
-    assert image_to_text(gradient, ascii=True) == ["  ::==##@@@@..::"]
-
-
-def test_shading_of_a_digit_keeps_its_shape(mnist_pair) -> None:
-    _, _, images, _ = mnist_pair(1, 28, 28)
-    image = images[0].copy()
-    image[:, :] = 0
-    image[4:24, 13:15] = 255  # a vertical bar: the digit 1
-    lines = image_to_text(image[None])
-    assert len(lines) == 28
-    assert all(line == "" for line in lines[:4] + lines[24:])
-    assert all(line == " " * 26 + "█" * 4 for line in lines[4:24])
-    assert set("".join(lines)) <= set(SHADE_RAMP)
 
 
 def test_shading_via_cli_for_a_random_image(mnist_pair) -> None:
@@ -272,7 +254,7 @@ def test_float_database_cannot_be_drawn(tmp_path: Path, png: bool) -> None:
 
 def test_png_canvas_is_bounded_in_pixels_not_images(tmp_path: Path) -> None:
     """Item 8: 40 images of 3000 × 3000 were a MemoryError traceback under a 1000-image cap."""
-    from conftest import write_idx
+    from helpers import write_idx
 
     from mnist2db.render import MAX_PNG_PIXELS
 
@@ -290,7 +272,7 @@ def test_png_canvas_is_bounded_in_pixels_not_images(tmp_path: Path) -> None:
 
 def test_png_of_many_small_images_is_allowed(tmp_path: Path) -> None:
     """2000 images of 8 × 8 is a small canvas: no image count limit."""
-    from conftest import make_labels, write_idx
+    from helpers import make_labels, write_idx
 
     images = write_idx(tmp_path / "s-images-idx3-ubyte", np.zeros((2000, 8, 8), np.uint8))
     write_idx(tmp_path / "s-labels-idx1-ubyte", make_labels(2000))

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import write_idx
+from helpers import write_idx
 
 from mnist2db.backends import detect_backend
 from mnist2db.cli import cli

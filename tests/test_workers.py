@@ -60,7 +60,7 @@ def read_everything(args: tuple[object, int]) -> tuple[str, str, int]:
 
 @pytest.fixture(scope="module")
 def databases(tmp_path_factory: pytest.TempPathFactory):
-    from conftest import make_images, make_labels, write_idx
+    from helpers import make_images, make_labels, write_idx
 
     root = tmp_path_factory.mktemp("workers")
     images = make_images(RECORDS, 6, 5)

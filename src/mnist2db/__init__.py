@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-# Not ``typing.TYPE_CHECKING``: importing typing costs ~10 ms of every command's start-up.
-TYPE_CHECKING = False
+from .startup import TYPE_CHECKING  # not typing's: see startup.py
 
 __version__ = "0.1.0"
 
@@ -20,15 +19,15 @@ _LAZY = {
     "IdxFormatError": "errors",
     "Mnist2dbError": "errors",
     "OutputExistsError": "errors",
-    "DatumError": "datum",
+    "DatumError": "errors",
     "array_to_datum": "datum",
     "datum_to_array": "datum",
     "decode_datum": "datum",
     "encode_datum": "datum",
     "IdxHeader": "idx",
-    "open_idx": "idx",
-    "read_header": "idx",
-    "read_idx": "idx",
+    "open_idx": "idxreader",
+    "read_header": "idxreader",
+    "read_idx": "idxreader",
     "ConvertResult": "conversion",
     "convert": "conversion",
     "detect_backend": "backends",
@@ -48,16 +47,18 @@ if TYPE_CHECKING:
     from .backends import detect_backend
     from .conversion import ConvertResult, convert
     from .dataset import DatumDataset, open_db
-    from .datum import DatumError, array_to_datum, datum_to_array, decode_datum, encode_datum
+    from .datum import array_to_datum, datum_to_array, decode_datum, encode_datum
     from .errors import (
         BackendError,
         ChecksumError,
+        DatumError,
         DownloadError,
         IdxFormatError,
         Mnist2dbError,
         OutputExistsError,
     )
-    from .idx import IdxHeader, open_idx, read_header, read_idx
+    from .idx import IdxHeader
+    from .idxreader import open_idx, read_header, read_idx
     from .readers import iter_db, open_reader
 
 

@@ -7,14 +7,12 @@ and no progress bar to draw is run here, with the same output, messages and exit
 the click command in :mod:`mnist2db.cli`. Everything else (help, version, other commands,
 the conversion options ``--transpose``, ``--label-column``, ``--shuffle``/``--seed``,
 ``--offset``/``--count``, anything unusual or wrong) goes to click unchanged, so click stays the one definition of the
-interface; ``tests/test_perf_paths.py`` checks that both paths behave the same.
+interface; ``tests/test_main.py`` checks that both paths behave the same.
 """
 
 from __future__ import annotations
 
 import sys
-
-_BACKENDS = ("lmdb", "leveldb")
 
 
 def parse_convert(args: list[str]) -> dict[str, object] | None:
@@ -25,6 +23,8 @@ def parse_convert(args: list[str]) -> dict[str, object] | None:
     """
     if not args or args[0] != "convert":
         return None
+    from .backends import BACKENDS
+
     found: dict[str, object] = {}
     positional: list[str] = []
     rest = iter(args[1:])
@@ -42,7 +42,7 @@ def parse_convert(args: list[str]) -> dict[str, object] | None:
             if key in found:
                 return None
             if key == "backend":
-                if value.lower() not in _BACKENDS:
+                if value.lower() not in BACKENDS:
                     return None
                 found[key] = value.lower()
             else:
@@ -63,6 +63,7 @@ def parse_convert(args: list[str]) -> dict[str, object] | None:
 
 
 def _run_convert(options: dict[str, object]) -> int:
+    from .backends import DEFAULT_BATCH_SIZE
     from .conversion import convert
     from .errors import Mnist2dbError
 
@@ -73,7 +74,7 @@ def _run_convert(options: dict[str, object]) -> int:
             str(options["labels"]),
             str(options["out"]),
             backend=str(options.get("backend", "lmdb")),
-            batch_size=int(options.get("batch_size", 1000)),  # type: ignore[call-overload]
+            batch_size=int(options.get("batch_size", DEFAULT_BATCH_SIZE)),  # type: ignore[call-overload]
             overwrite=bool(options.get("overwrite", False)),
         )
     except Mnist2dbError as exc:
@@ -84,24 +85,14 @@ def _run_convert(options: dict[str, object]) -> int:
     return 0
 
 
-def _run_fast(options: dict[str, object]) -> int:
-    """Run the conversion with the signal handling of :func:`mnist2db.cli.main`."""
-    from .interrupt import Interrupted, exit_code, signals_raise_interrupted
-
-    try:
-        with signals_raise_interrupted():
-            return _run_convert(options)
-    except (Interrupted, KeyboardInterrupt) as exc:
-        sys.stderr.write("Interrupted\n")
-        return exit_code(exc)
-
-
 def main() -> None:
     """Entry point of the ``mnist2db`` console script and of ``python -m mnist2db``."""
     options = parse_convert(sys.argv[1:])
     # A progress bar (stderr is a terminal and not --quiet) is click's job.
     if options is not None and (options.get("quiet") or not sys.stderr.isatty()):
-        sys.exit(_run_fast(options))
+        from .interrupt import run
+
+        sys.exit(run(lambda: _run_convert(options)))
     from .cli import main as click_main
 
     click_main()

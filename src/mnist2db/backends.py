@@ -15,22 +15,24 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 
 from .errors import BackendError
+from .startup import TYPE_CHECKING, Protocol
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
-    from typing import Any, Protocol
-else:
-    Protocol = object  # the interface is for type checkers; typing costs start-up time
+    from typing import Any
 
 __all__ = [
     "BACKENDS",
+    "DEFAULT_BATCH_SIZE",
     "DATABASE_FILES",
     "Writer",
     "detect_backend",
     "open_writer",
 ]
 
+#: The databases mnist2db writes and reads, the default first.
 BACKENDS = ("lmdb", "leveldb")
+#: Records per transaction (LMDB) or write batch (LevelDB), as Caffe's convert_mnist_data commits.
+DEFAULT_BATCH_SIZE = 1000
 
 #: Caffe's LevelDB options (caffe/src/caffe/util/db_leveldb.cpp).
 LEVELDB_OPTIONS: dict[str, Any] = {

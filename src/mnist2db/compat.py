@@ -18,9 +18,10 @@ import sys
 from collections.abc import Callable
 
 from . import __version__
+from .backends import BACKENDS, DEFAULT_BATCH_SIZE
 from .gflags import Flag, FlagError, ParsedArgs, parse_command_line, usage_text
+from .startup import TYPE_CHECKING
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
     from .glog import Logger
 
@@ -73,7 +74,11 @@ def _at_least_one(value: object) -> bool:
 FLAGS: dict[str, Flag] = {
     "backend": Flag("backend", "string", "lmdb", "The backend for storing the result"),
     "batch_size": Flag(
-        "batch_size", "int32", 1000, "Records per transaction (mnist2db extension)", _at_least_one
+        "batch_size",
+        "int32",
+        DEFAULT_BATCH_SIZE,
+        "Records per transaction (mnist2db extension)",
+        _at_least_one,
     ),
     "overwrite": Flag(
         "overwrite",
@@ -177,9 +182,9 @@ def _regular(path: str) -> bool:
 
 
 def _convert_mnist_data(parsed: ParsedArgs, logger: Logger) -> None:
-    from .backends import BACKENDS
-    from .conversion import check_pair, convert
-    from .idx import read_header
+    from .conversion import convert
+    from .idx import check_pair
+    from .idxreader import read_header
 
     backend = str(parsed["backend"])
     image_file, label_file, db_path = parsed.positional
@@ -234,7 +239,7 @@ def run(argv: list[str], argv0: str = PROG) -> int:
 
 
 def _compute_image_mean(parsed: ParsedArgs, logger: Logger) -> None:
-    from .backends import BACKENDS, detect_backend
+    from .backends import detect_backend
     from .errors import BackendError
     from .meanfile import compute_mean, write_mean
 
@@ -248,11 +253,11 @@ def _compute_image_mean(parsed: ParsedArgs, logger: Logger) -> None:
     logger.log("I", OPENED_AT[backend], f"Opened {backend} {db_path}")
     logger.log("I", "compute_image_mean.cpp:70", "Starting iteration")
 
-    def progress(done: int) -> None:
+    def progress(done: int, total: int) -> None:
         if done % 10000 == 0:
             logger.log("I", "compute_image_mean.cpp:95", f"Processed {done} files.")
 
-    result = compute_mean(db_path, backend, batch_size=1000, progress=progress)
+    result = compute_mean(db_path, backend, batch_size=DEFAULT_BATCH_SIZE, progress=progress)
     if result.count % 10000:
         logger.log("I", "compute_image_mean.cpp:101", f"Processed {result.count} files.")
     if len(parsed.positional) == 2:
@@ -329,16 +334,10 @@ def convert_mnist_siamese_data(argv: list[str], argv0: str = "convert_mnist_siam
 
 
 def _main(tool: Callable[[list[str], str], int], name: str) -> None:
-    from .interrupt import Interrupted, exit_code, signals_raise_interrupted
+    from .interrupt import run
 
     argv0 = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else name
-    try:
-        with signals_raise_interrupted():
-            code = tool(sys.argv[1:], argv0)
-    except (Interrupted, KeyboardInterrupt) as exc:
-        sys.stderr.write("Interrupted\n")
-        sys.exit(exit_code(exc))
-    sys.exit(code)
+    sys.exit(run(lambda: tool(sys.argv[1:], argv0)))
 
 
 def main() -> None:

@@ -11,54 +11,36 @@ from __future__ import annotations
 
 import os
 import time
-from collections import namedtuple
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 
-from .backends import BACKENDS, open_writer
-from .datum import datum_prefix, encode_raw_batch, splitter
-from .errors import BackendError, IdxFormatError, Mnist2dbError
+from .backends import BACKENDS, DEFAULT_BATCH_SIZE, open_writer
+from .datum import KEY_LIMIT, datum_prefix, encode_raw_batch, record_keys
+from .errors import BackendError, Mnist2dbError
 from .fsutil import TEMP_MARK
-from .idx import IdxHeader, IdxReader, open_idx
+from .idx import LABELS_MAGIC, check_pair
+from .idxreader import IdxReader, open_idx
 from .pngdatum import check_encoding
-from .recipe import QMNIST_LABELS_MAGIC, Recipe, iter_records, metadata_for, write_metadata
+from .progress import Progress, reporting
+from .recipe import Recipe, iter_records, metadata_for, write_metadata
 from .staging import remove_stale_staging, staged_database
+from .startup import NamedTuple
 
-__all__ = ["ConvertResult", "convert", "check_pair", "remove_stale_staging"]
+__all__ = ["ConvertResult", "convert", "remove_stale_staging"]
 
-IMAGES_MAGIC = 2051
-LABELS_MAGIC = 2049
-DEFAULT_BATCH_SIZE = 1000
-_INT32_MAX = (1 << 31) - 1
-# Keys are "%08d" as in Caffe; past 10**8 records they grow a digit and stop sorting in
-# index order, so LMDB's append mode is only used below that.
-_APPEND_LIMIT = 10**8
 
 #: Marker in the names of staging directories, so left-overs are recognisable.
 STAGING_MARK = TEMP_MARK
 
-ProgressCallback = Callable[[int, int], None]
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
-if TYPE_CHECKING:
-    from typing import NamedTuple
-
-    class _ConvertResultFields(NamedTuple):
-        path: str
-        backend: str
-        count: int  # type: ignore[assignment]  # the field hides tuple.count
-        rows: int
-        cols: int
-        seconds: float
-        seed: int | None = None
-        transposed: bool = False
-
-else:
-    # A named tuple rather than a dataclass: importing dataclasses costs ~15 ms of start-up.
-    _ConvertResultFields = namedtuple(
-        "_ConvertResultFields",
-        "path backend count rows cols seconds seed transposed",
-        defaults=(None, False),
-    )
+class _ConvertResultFields(NamedTuple):
+    path: str
+    backend: str
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
+    rows: int
+    cols: int
+    seconds: float
+    seed: int | None = None
+    transposed: bool = False
 
 
 class ConvertResult(_ConvertResultFields):
@@ -84,57 +66,6 @@ class ConvertResult(_ConvertResultFields):
         )
 
 
-def check_pair(images: IdxHeader, labels: IdxHeader, *, label_rows: bool = False) -> None:
-    """Check that two IDX headers are an MNIST image file and its label file.
-
-    ``label_rows``: QMNIST's int32 label rows (``idx2-int``, magic 0x0C02) are accepted too
-    (by the readers that pick a column: :mod:`mnist2db.recipe`).
-
-    Raises:
-        IdxFormatError: wrong magic (with a hint when the two were swapped), or the item
-            counts differ, or image dimensions that a Datum cannot hold.
-    """
-    if images.magic != IMAGES_MAGIC:
-        hint = (
-            " (is it the label file? the image file comes first)"
-            if images.magic == LABELS_MAGIC
-            else ""
-        )
-        raise IdxFormatError(
-            f"{images.path}: magic 0x{images.magic:08x}, expected 0x{IMAGES_MAGIC:08x} "
-            f"(uint8 images, 3 dimensions){hint}"
-        )
-    if label_rows and labels.magic == QMNIST_LABELS_MAGIC:
-        if labels.dims[1] < 1:
-            raise IdxFormatError(f"{labels.path}: idx2-int label rows of 0 columns hold no label")
-    elif labels.magic != LABELS_MAGIC:
-        hint = (
-            " (is it the image file? the label file comes second)"
-            if labels.magic == IMAGES_MAGIC
-            else ""
-        )
-        raise IdxFormatError(
-            f"{labels.path}: magic 0x{labels.magic:08x}, expected 0x{LABELS_MAGIC:08x} "
-            f"(uint8 labels, 1 dimension){hint}"
-        )
-    if images.count != labels.count:
-        raise IdxFormatError(
-            f"{images.path}: {images.count} images, but {labels.path} has {labels.count} labels"
-        )
-    rows, cols = images.dims[1], images.dims[2]
-    if rows > _INT32_MAX or cols > _INT32_MAX:
-        # Datum's height and width are int32 (found by tests/test_fuzz.py: 2**31 × 0 images).
-        raise IdxFormatError(
-            f"{images.path}: images of {rows} × {cols} pixels do not fit a Datum "
-            f"(height and width at most {_INT32_MAX})"
-        )
-    if rows * cols > _INT32_MAX:
-        raise IdxFormatError(
-            f"{images.path}: images of {rows} × {cols} pixels are too large for a Datum "
-            f"(at most {_INT32_MAX} bytes)"
-        )
-
-
 # -- the pipeline -------------------------------------------------------------------------
 
 
@@ -146,7 +77,7 @@ def convert(
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
     overwrite: bool = False,
-    progress: ProgressCallback | None = None,
+    progress: Progress | None = None,
     transpose: bool = False,
     label_column: int = 0,
     shuffle: bool = False,
@@ -193,6 +124,7 @@ def convert(
         OutputExistsError: ``out`` exists (and ``overwrite`` is false), or cannot be replaced.
         BackendError: unknown backend, or the database could not be written.
     """
+    progress = reporting(progress)
     start = time.perf_counter()
     out = os.fspath(out)
     if backend not in BACKENDS:
@@ -224,28 +156,20 @@ def convert(
             size_hint = min(size_hint, 1 << 30)
         inputs = (images, labels)
         with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
-            writer = open_writer(
-                backend, staging, size_hint=size_hint, append=count <= _APPEND_LIMIT
+            # Raw bytes in, bytes out: no numpy and no per-record message objects.
+            batches = zip(
+                image_reader.iter_raw_batches(batch_size),
+                label_reader.iter_raw_batches(batch_size),
+                strict=True,
             )
-            try:
-                done = 0
-                # Raw bytes in, bytes out: no numpy and no per-record message objects.
-                batches = zip(
-                    image_reader.iter_raw_batches(batch_size),
-                    label_reader.iter_raw_batches(batch_size),
-                    strict=True,
-                )
-                for image_batch, label_batch in batches:
-                    n = len(label_batch)
-                    values = encode_raw_batch(image_batch, label_batch, rows, cols)
-                    writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))
-                    done += n
-                    if progress is not None:
-                        progress(done, count)
-            except BaseException:
-                writer.abort()
-                raise
-            writer.close()
+            _write_database(
+                backend,
+                staging,
+                size_hint,
+                (encode_raw_batch(images, labels, rows, cols) for images, labels in batches),
+                count,
+                progress,
+            )
     return ConvertResult(
         path=out,
         backend=backend,
@@ -264,7 +188,7 @@ def _convert_recipe(
     recipe: Recipe,
     batch_size: int,
     overwrite: bool,
-    progress: ProgressCallback | None,
+    progress: Progress,
 ) -> ConvertResult:
     """The pipeline with options: numpy batches from :func:`mnist2db.recipe.iter_records`."""
     from .datum import encode_batch
@@ -284,22 +208,16 @@ def _convert_recipe(
         size_hint = min(size_hint, 1 << 30)
     inputs = (image_reader.path, label_reader.path)
     with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
-        writer = open_writer(backend, staging, size_hint=size_hint, append=total <= _APPEND_LIMIT)
-        try:
-            done = 0
-            for images, labels in iter_records(
-                image_reader, label_reader, recipe, batch_size, spill_dir=staging
-            ):
-                n = len(labels)
-                values = (encode_png_batch if recipe.encoded else encode_batch)(images, labels)
-                writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))
-                done += n
-                if progress is not None:
-                    progress(done, total)
-        except BaseException:
-            writer.abort()
-            raise
-        writer.close()
+        encode = encode_png_batch if recipe.encoded else encode_batch
+        batches = iter_records(image_reader, label_reader, recipe, batch_size, spill_dir=staging)
+        _write_database(
+            backend,
+            staging,
+            size_hint,
+            (encode(images, labels) for images, labels in batches),
+            total,
+            progress,
+        )
         write_metadata(staging, metadata_for(recipe, header, label_reader.header), out)
     return ConvertResult(
         path=out,
@@ -313,27 +231,29 @@ def _convert_recipe(
     )
 
 
-_TRIPLES = [b"%03d" % i for i in range(1000)]
-
-
-def record_keys(start: int, count: int) -> Sequence[bytes]:
-    """The keys ``b"%08d" % i`` for ``i`` in ``range(start, start + count)``, as Caffe writes them.
-
-    Built a thousand at a time from five leading digits joined onto the precomputed last
-    three, and cut by struct: about five times faster than formatting each key.
-    """
-    end = start + count
-    if end > _APPEND_LIMIT:
-        return [b"%08d" % i for i in range(start, end)]
-    parts = []
-    i = start
-    while i < end:
-        block, low = divmod(i, 1000)
-        stop = min(end, (block + 1) * 1000)
-        head = b"%05d" % block
-        parts.append(head + head.join(_TRIPLES[low : low + stop - i]))
-        i = stop
-    return splitter(8, count).unpack(b"".join(parts))
+def _write_database(
+    backend: str,
+    staging: str,
+    size_hint: int,
+    batches: Iterable[Sequence[bytes]],
+    total: int,
+    progress: Progress,
+) -> None:
+    """Write ``total`` records, a batch of values at a time, under Caffe's keys into a new
+    database in ``staging``: one transaction per batch, the writer aborted on any failure
+    and closed (flushed) when all are written."""
+    writer = open_writer(backend, staging, size_hint=size_hint, append=total <= KEY_LIMIT)
+    try:
+        done = 0
+        for values in batches:
+            n = len(values)
+            writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))
+            done += n
+            progress(done, total)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
 
 
 def _round_page(size: int, page: int = 4096) -> int:

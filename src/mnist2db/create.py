@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from .datasets import DEFAULT_DATASET, Dataset, default_data_dir, default_out_dir, get_dataset
 from .errors import IdxFormatError
+from .progress import NamedProgress, labelled, named_reporting
 
 if TYPE_CHECKING:
     from .conversion import ConvertResult
@@ -37,7 +38,7 @@ def create_databases(
     *,
     overwrite: bool = False,
     batch_size: int | None = None,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: NamedProgress | None = None,
     on_database: Callable[[ConvertResult], None] | None = None,
     transpose: bool | None = None,
     label_column: int = 0,
@@ -74,7 +75,8 @@ def create_databases(
         IdxFormatError: an input is missing (with a hint to run ``mnist2db fetch``) or bad.
         OutputExistsError, BackendError: as :func:`mnist2db.conversion.convert`.
     """
-    from .conversion import DEFAULT_BATCH_SIZE, convert
+    from .backends import DEFAULT_BATCH_SIZE
+    from .conversion import convert
 
     spec = get_dataset(dataset)
     if transpose is None:
@@ -108,7 +110,7 @@ def create_databases(
             backend,
             batch_size=batch_size or DEFAULT_BATCH_SIZE,
             overwrite=overwrite,
-            progress=None if progress is None else _labelled(progress, db),
+            progress=labelled(named_reporting(progress), db),
             transpose=transpose,
             label_column=label_column,
             shuffle=shuffle,
@@ -119,10 +121,3 @@ def create_databases(
             on_database(result)
         results.append(result)
     return results
-
-
-def _labelled(progress: Callable[[str, int, int], None], label: str) -> Callable[[int, int], None]:
-    def report(done: int, total: int) -> None:
-        progress(label, done, total)
-
-    return report

@@ -33,45 +33,21 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from .backends import detect_backend
-from .datum import DatumError, datum_to_array, decode_datum
-from .errors import Mnist2dbError
-from .readers import DbReader, shared_reader
+from .datum import KEY_LIMIT, datum_to_array, decode_datum, record_key
+from .errors import DatumError, MissingKeyError, Mnist2dbError, RecordIndexError
+from .readers import DbReader
 
 if TYPE_CHECKING:
     import numpy as np
 
 __all__ = [
     "DatumDataset",
-    "MissingKeyError",
-    "RecordIndexError",
     "open_db",
-    "record_key",
-    "shared_reader",
 ]
 
 #: numpy's, set on first use (numpy is imported lazily).
 _ndarray: Any = None
 _uint8: Any = None
-
-# Caffe's "%08d" keys sort in index order only below 10**8 records.
-_SEQUENTIAL_LIMIT = 10**8
-
-
-class RecordIndexError(Mnist2dbError, IndexError):
-    """An index outside ``range(len(db))``; also an IndexError, as sequences raise."""
-
-
-class MissingKeyError(Mnist2dbError, KeyError):
-    """No record is stored under a key; also a KeyError, as mappings raise."""
-
-    def __str__(self) -> str:
-        # KeyError quotes its argument; the message is a sentence, keep it as written.
-        return str(self.args[0]) if self.args else ""
-
-
-def record_key(index: int) -> bytes:
-    """Caffe's key for record ``index``: ``b"%08d" % index``."""
-    return b"%08d" % index
 
 
 def _layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | None:
@@ -140,7 +116,7 @@ class DatumDataset:
         for key in reader.iter_keys():
             sequential = sequential and bytes(key) == record_key(self._length)
             self._length += 1
-        self._sequential = sequential and self._length <= _SEQUENTIAL_LIMIT
+        self._sequential = sequential and self._length <= KEY_LIMIT
         first = reader.first_key()
         if first is not None:
             value = reader.get(first)
@@ -292,7 +268,7 @@ class DatumDataset:
         # None), takes the general path below.
         fast = self._fast
         if fast is not None and index.__class__ is int:
-            key = b"%08d" % (index + self._length if index < 0 else index)
+            key = b"%08d" % (index + self._length if index < 0 else index)  # record_key, inlined
             try:
                 value = self._local.txn.get(key)
                 if (

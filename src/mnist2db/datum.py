@@ -6,7 +6,7 @@ order, every set field is written (a label of 0 included), so the bytes are::
 
     08 <channels> 10 <height> 18 <width> 22 <len(data)> <data> 28 <label>
 
-with each number a protobuf varint. :func:`encode_datum` and :func:`encode_batch` write that
+with each number a protobuf varint. :func:`encode_datum` and :func:`encode_raw_batch` write that
 layout directly, without a message object per record; the tests prove the bytes equal
 ``Datum.SerializeToString()`` for every shape and label.
 """
@@ -14,17 +14,18 @@ layout directly, without a message object per record; the tests prove the bytes 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 
-from .errors import Mnist2dbError
+from .errors import DatumError
+from .startup import TYPE_CHECKING
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
     from typing import Any
 
     import numpy as np
 
 __all__ = [
-    "DatumError",
+    "KEY_LIMIT",
     "array_to_datum",
     "datum_to_array",
     "datum_type",
@@ -34,13 +35,12 @@ __all__ = [
     "encode_raw_batch",
     "encode_varint",
     "file_descriptor",
+    "key_text",
     "message_type",
+    "record_key",
+    "record_keys",
     "splitter",
 ]
-
-
-class DatumError(Mnist2dbError):
-    """A stored value is not a Datum, or its data does not match its declared shape."""
 
 
 def encode_varint(value: int) -> bytes:
@@ -72,39 +72,6 @@ def datum_prefix(channels: int, height: int, width: int, data_length: int) -> by
 def encode_datum(data: bytes, channels: int, height: int, width: int, label: int) -> bytes:
     """Serialize ``Datum(channels, height, width, data, label)`` exactly as protobuf would."""
     return datum_prefix(channels, height, width, len(data)) + data + b"\x28" + encode_varint(label)
-
-
-def encode_batch(images: np.ndarray, labels: np.ndarray) -> list[bytes]:
-    """Serialize one Datum per image: ``channels=1``, ``height, width = images.shape[1:]``.
-
-    Args:
-        images: uint8 array of shape ``(n, rows, cols)``.
-        labels: integer array of shape ``(n,)``; each value is written as the Datum label.
-
-    Returns:
-        ``n`` serialized Datum values, byte-identical to ``SerializeToString()``.
-    """
-    import numpy as np
-
-    n, rows, cols = images.shape
-    pixels = rows * cols
-    prefix = datum_prefix(1, rows, cols, pixels)
-    if n == 0:
-        return []
-    if int(labels.min()) >= 0 and int(labels.max()) < 0x80:
-        # Every label is a one-byte varint: all records have one length, so the whole
-        # batch is laid out in one matrix and cut into rows.
-        head = len(prefix)
-        length = head + pixels + 2
-        matrix = np.empty((n, length), dtype=np.uint8)
-        matrix[:, :head] = np.frombuffer(prefix, dtype=np.uint8)
-        matrix[:, head : head + pixels] = images.reshape(n, pixels)
-        matrix[:, head + pixels] = 0x28
-        matrix[:, head + pixels + 1] = labels
-        raw = matrix.tobytes()
-        return [raw[i : i + length] for i in range(0, n * length, length)]
-    flat = images.reshape(n, pixels)
-    return [prefix + flat[i].tobytes() + b"\x28" + encode_varint(int(labels[i])) for i in range(n)]
 
 
 #: ``0x28`` (field 5, varint) followed by the label's varint, for every uint8 label.
@@ -155,6 +122,73 @@ def encode_raw_batch(
         b"".join((prefix, view[i * size : (i + 1) * size], tails[label]))
         for i, label in enumerate(labels)
     ]
+
+
+def encode_batch(images: np.ndarray, labels: np.ndarray) -> list[bytes]:
+    """Serialize one Datum per image: ``channels=1``, ``height, width = images.shape[1:]``.
+
+    The numpy face of :func:`encode_raw_batch` (the one encoder), with labels of any int32
+    value (QMNIST's label columns) written as their varints.
+
+    Args:
+        images: uint8 array of shape ``(n, rows, cols)``.
+        labels: integer array of shape ``(n,)``; each value is written as the Datum label.
+
+    Returns:
+        ``n`` serialized Datum values, byte-identical to ``SerializeToString()``.
+    """
+    import numpy as np
+
+    n, rows, cols = images.shape
+    if n and (int(labels.min()) < 0 or int(labels.max()) > 0xFF):
+        prefix = datum_prefix(1, rows, cols, rows * cols)
+        flat = images.reshape(n, rows * cols)
+        return [
+            prefix + flat[i].tobytes() + b"\x28" + encode_varint(int(labels[i])) for i in range(n)
+        ]
+    return encode_raw_batch(
+        images.astype(np.uint8).tobytes(), labels.astype(np.uint8).tobytes(), rows, cols
+    )
+
+
+# -- Caffe's keys ------------------------------------------------------------------------------
+
+#: Caffe's keys are ``"%08d" % i``: from 10**8 records on they grow a digit and stop sorting
+#: in index order, so LMDB's append mode, and reading record ``i`` under ``record_key(i)``,
+#: hold only up to this many records.
+KEY_LIMIT = 10**8
+
+_TRIPLES = [b"%03d" % i for i in range(1000)]
+
+
+def record_key(index: int) -> bytes:
+    """Caffe's key for record ``index``: ``b"%08d" % index``."""
+    return b"%08d" % index
+
+
+def key_text(key: bytes) -> str:
+    """A key as messages show it: ASCII, other bytes escaped."""
+    return key.decode("ascii", errors="backslashreplace")
+
+
+def record_keys(start: int, count: int) -> Sequence[bytes]:
+    """The keys ``b"%08d" % i`` for ``i`` in ``range(start, start + count)``, as Caffe writes them.
+
+    Built a thousand at a time from five leading digits joined onto the precomputed last
+    three, and cut by struct: about five times faster than formatting each key.
+    """
+    end = start + count
+    if end > KEY_LIMIT:
+        return [b"%08d" % i for i in range(start, end)]
+    parts = []
+    i = start
+    while i < end:
+        block, low = divmod(i, 1000)
+        stop = min(end, (block + 1) * 1000)
+        head = b"%05d" % block
+        parts.append(head + head.join(_TRIPLES[low : low + stop - i]))
+        i = stop
+    return splitter(8, count).unpack(b"".join(parts))
 
 
 _SPLITTERS: dict[tuple[int, int], struct.Struct] = {}

@@ -19,12 +19,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Protocol
 
 from . import __version__
 from .errors import DownloadError
+from .progress import NamedProgress
 from .sink import CHUNK, SourceFailed, Transient
 
 __all__ = [
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 #: ``progress(file_name, bytes_done, bytes_total)``; total is 0 when unknown.
-FetchProgress = Callable[[str, int, int], None]
+FetchProgress = NamedProgress
 
 
 class Sink(Protocol):
@@ -86,7 +86,7 @@ class Options:
     timeout: float
     retries: int
     backoff: float
-    progress: FetchProgress | None
+    progress: FetchProgress  # progress.named_reporting: never None
     opener: urllib.request.OpenerDirector = field(default_factory=_opener)
 
 
@@ -150,8 +150,7 @@ def download(url: str, sink: Sink, opts: Options, label: str, total: int = 0) ->
             delay = opts.backoff * 2 ** (attempts_without_progress - 1)
             if delay > 0:
                 time.sleep(delay)
-            if opts.progress is not None:
-                opts.progress(label, sink.received, total)
+            opts.progress(label, sink.received, total)
 
 
 def _download_once(
@@ -195,8 +194,7 @@ def _download_once(
                     break
                 got += len(chunk)
                 sink.feed(chunk)
-                if opts.progress is not None:
-                    opts.progress(label, sink.received, total)
+                opts.progress(label, sink.received, total)
             if length is not None and got < length:
                 # http.client returns a short body silently when the peer closes early.
                 raise Transient(f"connection closed after {got} of {length} bytes")
@@ -271,5 +269,4 @@ def read_local(path: str, sink: Sink, opts: Options, label: str) -> None:
             if not chunk:
                 break
             sink.feed(chunk)
-            if opts.progress is not None:
-                opts.progress(label, sink.received, total)
+            opts.progress(label, sink.received, total)

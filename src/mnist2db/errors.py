@@ -1,14 +1,23 @@
-"""The library's exceptions: one root, a few subclasses, each message one line naming the file."""
+"""Every exception the library raises on purpose, declared in this one block.
+
+One root, :class:`Mnist2dbError`; each subclass's docstring is the hint a caller needs.
+Each message is one line naming the file, what was expected and what was found.
+"""
 
 from __future__ import annotations
 
 __all__ = [
     "BackendError",
     "ChecksumError",
+    "DatumError",
     "DownloadError",
     "IdxFormatError",
+    "MissingKeyError",
     "Mnist2dbError",
     "OutputExistsError",
+    "RecordIndexError",
+    "RenderError",
+    "VerifyError",
 ]
 
 
@@ -34,3 +43,27 @@ class DownloadError(Mnist2dbError):
 
 class ChecksumError(DownloadError):
     """A downloaded file matches none of the published digests."""
+
+
+class DatumError(Mnist2dbError):
+    """A stored value is not a Datum, or its data does not match its declared shape."""
+
+
+class RecordIndexError(Mnist2dbError, IndexError):
+    """An index outside ``range(len(db))``; also an IndexError, as sequences raise."""
+
+
+class MissingKeyError(Mnist2dbError, KeyError):
+    """No record is stored under a key; also a KeyError, as mappings raise."""
+
+    def __str__(self) -> str:
+        # KeyError quotes its argument; the message is a sentence, keep it as written.
+        return str(self.args[0]) if self.args else ""
+
+
+class VerifyError(Mnist2dbError):
+    """A database differs from the IDX files it is compared with (key and field named)."""
+
+
+class RenderError(Mnist2dbError):
+    """An image cannot be drawn (a channel count other than 1 or 3), or a PNG not written."""

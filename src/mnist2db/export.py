@@ -16,24 +16,24 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .dataset import shared_reader
-from .datum import DatumError, decode_datum
-from .errors import Mnist2dbError, OutputExistsError
+from .backends import DEFAULT_BATCH_SIZE as _BATCH
+from .datum import decode_datum, key_text
+from .errors import DatumError, Mnist2dbError, OutputExistsError
 from .fsutil import AtomicFile, make_parents, remove_made
-from .inspect import _key_text
+from .idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
 from .pairs import check_file_target, place_together, recover_together
 from .pngdatum import datum_encoding, decoded_datum
+from .progress import Progress, reporting
+from .readers import shared_reader
 from .recipe import Recipe, permutation, read_metadata, shown
 
 __all__ = ["ExportResult", "default_prefix", "export_db"]
 
-ProgressCallback = Callable[[int, int], None]
 
-_BATCH = 1000
 #: What an empty database is exported as: it records no image size, so MNIST's.
 EMPTY_SHAPE = (28, 28)
 #: Caffe's database names: ``mnist_train_lmdb``, ``mnist_test_leveldb``, ``<name>_train_lmdb``.
@@ -55,7 +55,7 @@ def _decode_record(db_path: str, key: bytes, value: bytes) -> Any:
     try:
         return decode_datum(value)
     except DatumError as exc:
-        raise DatumError(f"{db_path}: key {_key_text(key)}: {exc}") from None
+        raise DatumError(f"{db_path}: key {key_text(key)}: {exc}") from None
 
 
 def default_prefix(db: str | os.PathLike[str]) -> str:
@@ -77,7 +77,7 @@ def export_db(
     *,
     prefix: str | None = None,
     overwrite: bool = False,
-    progress: ProgressCallback | None = None,
+    progress: Progress | None = None,
 ) -> ExportResult:
     """Write ``PREFIX-images-idx3-ubyte`` and ``PREFIX-labels-idx1-ubyte`` from a database of
     single-channel uint8 Datums, in key order. For a database made by ``convert`` the files
@@ -96,6 +96,7 @@ def export_db(
             its label does not fit a uint8 label file.
         BackendError: ``db`` is not a database.
     """
+    progress = reporting(progress)
     db_path = os.fspath(db)
     out = os.fspath(out_dir)
     if not out:
@@ -121,7 +122,7 @@ def export_db(
             first_key = reader.first_key() or b""
             first = decoded_datum(
                 _decode_record(db_path, first_key, reader.get(first_key) or b""),
-                f"{db_path}: key {_key_text(first_key)}",
+                f"{db_path}: key {key_text(first_key)}",
             )
             rows, cols = int(first.height), int(first.width)
         if found is not None and recipe.count != total:
@@ -144,8 +145,7 @@ def export_db(
         except BaseException:
             remove_made(made)
             raise
-    if progress is not None:
-        progress(count, total)
+    progress(count, total)
     if recipe.transpose:
         rows, cols = cols, rows
     return ExportResult(images_out, labels_out, count, rows, cols, _notes(recipe, found))
@@ -176,19 +176,17 @@ def _write_pair(
     total: int,
     rows: int,
     cols: int,
-    progress: ProgressCallback | None,
+    progress: Progress,
     recipe: Recipe,
 ) -> int:
-    import struct
-
     import numpy as np
 
     if recipe.seed is not None:
         return _write_unshuffled(reader, db_path, targets, total, rows, cols, progress, recipe)
     with AtomicFile(targets[0]) as image_target, AtomicFile(targets[1]) as label_target:
         stored = (cols, rows) if recipe.transpose else (rows, cols)
-        image_target.write(struct.pack(">4I", 0x00000803, total, *stored))
-        label_target.write(struct.pack(">2I", 0x00000801, total))
+        image_target.write(pack_header(IMAGES_MAGIC, total, *stored))
+        label_target.write(pack_header(LABELS_MAGIC, total))
         labels = np.empty(_BATCH, dtype=np.uint8)
         pending: list[bytes] = []
         count = 0
@@ -202,8 +200,7 @@ def _write_pair(
                 image_target.write(b"".join(pending))
                 label_target.write(labels[: len(pending)].tobytes())
                 pending.clear()
-                if progress is not None:
-                    progress(count, total)
+                progress(count, total)
         image_target.write(b"".join(pending))
         label_target.write(labels[: len(pending)].tobytes())
         if count != total:
@@ -219,7 +216,7 @@ def _write_pair(
 def _records(reader: Any, db_path: str, rows: int, cols: int) -> Iterator[Any]:
     """The Datums of ``reader`` in key order, each checked to fit an IDX image and label."""
     for key, value in reader:
-        where = f"{db_path}: key {_key_text(bytes(key))}"
+        where = f"{db_path}: key {key_text(bytes(key))}"
         datum = decoded_datum(_decode_record(db_path, bytes(key), bytes(value)), where)
         if (datum.channels, datum.height, datum.width) != (1, rows, cols):
             raise DatumError(
@@ -249,20 +246,18 @@ def _write_unshuffled(
     total: int,
     rows: int,
     cols: int,
-    progress: ProgressCallback | None,
+    progress: Progress,
     recipe: Recipe,
 ) -> int:
     """Write each record at the position of the source item it holds (the permutation drawn
     again from the recorded seed): random writes into the image file, labels in memory."""
-    import struct
-
     import numpy as np
 
     order = permutation(recipe.seed or 0, total)
     size = rows * cols
     with AtomicFile(targets[0]) as image_target, AtomicFile(targets[1]) as label_target:
         stored = (cols, rows) if recipe.transpose else (rows, cols)
-        head = struct.pack(">4I", 0x00000803, total, *stored)
+        head = pack_header(IMAGES_MAGIC, total, *stored)
         image_target.write(head)
         labels = np.zeros(total, dtype=np.uint8)
         count = 0
@@ -278,14 +273,14 @@ def _write_unshuffled(
                 os.pwrite(fd, data, len(head) + position * size)
                 labels[position] = datum.label
                 count += 1
-                if progress is not None and count % _BATCH == 0:
+                if count % _BATCH == 0:
                     progress(count, total)
             # The file's length is set once: a database of no records leaves no hole to fill.
             os.ftruncate(fd, len(head) + total * size)
             os.lseek(fd, 0, os.SEEK_END)
         except OSError as exc:
             raise OSError(exc.errno, exc.strerror, targets[0]) from None
-        label_target.write(struct.pack(">2I", 0x00000801, total))
+        label_target.write(pack_header(LABELS_MAGIC, total))
         label_target.write(labels.tobytes())
         if count != total:
             raise DatumError(

@@ -44,6 +44,7 @@ from .download import (
 )
 from .errors import ChecksumError, DownloadError
 from .manifest import MANIFEST_NAME, read_manifest, verified_present, write_manifest
+from .progress import named_reporting
 from .sink import DownloadSink, Rejected, SourceFailed
 
 __all__ = [
@@ -146,7 +147,9 @@ def fetch(
         raise DownloadError(f"{directory}: cannot create the directory: {exc.strerror}") from None
     if backoff is None:
         backoff = DEFAULT_BACKOFF
-    opts = Options(timeout=timeout, retries=retries, backoff=backoff, progress=progress)
+    opts = Options(
+        timeout=timeout, retries=retries, backoff=backoff, progress=named_reporting(progress)
+    )
     manifest = read_manifest(directory, spec.name)
     if spec.archive is not None:
         from .archive import fetch_from_archive

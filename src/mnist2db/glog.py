@@ -18,7 +18,8 @@ import sys
 import threading
 import time
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
+from .startup import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from .gflags import ParsedArgs
 

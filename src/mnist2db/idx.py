@@ -1,4 +1,6 @@
-"""Read and validate IDX files (plain, gzip or xz), in whole or in bounded batches.
+"""The IDX format: magics, header parsing and packing, compression sniffing, the image/label pair.
+
+Reading the data (whole or in bounded batches) is :mod:`mnist2db.idxreader`'s.
 
 The IDX format: a big-endian header of two zero bytes, a type code, a dimension count, one
 uint32 per dimension, then the data in C order. Every size is checked against the header
@@ -19,39 +21,42 @@ import lzma
 import os
 import struct
 import zlib
-from collections import namedtuple
-from collections.abc import Iterator
 
 from .errors import IdxFormatError
+from .startup import TYPE_CHECKING, NamedTuple
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
-    from typing import Any, NamedTuple
+    from typing import Any
 
-    import numpy as np
 
-    class _IdxHeaderFields(NamedTuple):
-        path: str
-        type_code: int
-        dims: tuple[int, ...]
-        gzipped: bool
-        xz: bool = False
+class _IdxHeaderFields(NamedTuple):
+    path: str
+    type_code: int
+    dims: tuple[int, ...]
+    gzipped: bool
+    xz: bool = False
 
-else:
-    # A named tuple rather than a dataclass: importing dataclasses costs ~15 ms of start-up.
-    _IdxHeaderFields = namedtuple(
-        "_IdxHeaderFields", "path type_code dims gzipped xz", defaults=(False,)
-    )
 
 __all__ = [
+    "CORRUPT_ERRORS",
+    "GZIP_MAGIC",
     "IDX_TYPES",
+    "IMAGES_MAGIC",
+    "INT32_MAX",
+    "LABELS_MAGIC",
+    "QMNIST_LABELS_MAGIC",
+    "READ_CHUNK",
+    "XZ_MAGIC",
     "IdxHeader",
-    "IdxReader",
-    "open_idx",
+    "check_pair",
+    "corrupt_stream",
+    "guarded_read",
+    "magic_kind",
+    "open_data",
     "open_raw",
+    "open_xz",
+    "pack_header",
     "parse_header",
-    "read_header",
-    "read_idx",
     "size_error",
 ]
 
@@ -65,13 +70,19 @@ IDX_TYPES: dict[int, tuple[str, str]] = {
     0x0E: ("float64", ">f8"),
 }
 
+#: MNIST's uint8 images (3 dimensions) and uint8 labels (1 dimension).
+IMAGES_MAGIC = 0x00000803
+LABELS_MAGIC = 0x00000801
+#: QMNIST's int32 label rows (``idx2-int``: one row of label columns per item).
+QMNIST_LABELS_MAGIC = 0x00000C02
+#: A Datum's height, width and data length are int32 fields.
+INT32_MAX = (1 << 31) - 1
+
 GZIP_MAGIC = b"\x1f\x8b"
 XZ_MAGIC = b"\xfd7zXZ\x00"
 #: Errors a decompressor raises on a corrupt stream.
-_CORRUPT = (gzip.BadGzipFile, zlib.error, lzma.LZMAError, EOFError)
-_READ_CHUNK = 1 << 20
-#: Deflate's largest expansion (258 bytes from 2 bits), bounding what a gzip file can hold.
-_MAX_DEFLATE_RATIO = 1032
+CORRUPT_ERRORS = (gzip.BadGzipFile, zlib.error, lzma.LZMAError, EOFError)
+READ_CHUNK = 1 << 20
 
 
 class IdxHeader(_IdxHeaderFields):
@@ -164,20 +175,20 @@ def open_data(raw: io.BufferedReader, path: str) -> tuple[io.BufferedIOBase, str
     start, ``"gzip"``, ``"xz"`` or ``"plain"`` (by content), and whether it is a stream that
     cannot seek."""
     streaming = is_stream(raw)
-    first = _guarded_read(raw, len(XZ_MAGIC), path)
+    first = guarded_read(raw, len(XZ_MAGIC), path)
     if streaming:
-        stream: io.BufferedIOBase = io.BufferedReader(_Prefixed(first, raw), _READ_CHUNK)
+        stream: io.BufferedIOBase = io.BufferedReader(_Prefixed(first, raw), READ_CHUNK)
     else:
         raw.seek(0)
         stream = raw
     if first[:2] == GZIP_MAGIC:
         return gzip.GzipFile(fileobj=stream, mode="rb"), "gzip", streaming
     if first == XZ_MAGIC:
-        return _open_xz(stream), "xz", streaming
+        return open_xz(stream), "xz", streaming
     return stream, "plain", streaming
 
 
-def _open_xz(stream: io.BufferedIOBase) -> io.BufferedIOBase:
+def open_xz(stream: io.BufferedIOBase) -> io.BufferedIOBase:
     # LZMAFile reads its input a buffer at a time: memory stays bounded at any size.
     return lzma.LZMAFile(stream, mode="rb")  # type: ignore[arg-type]
 
@@ -197,7 +208,7 @@ def open_raw(path: str) -> io.BufferedReader:
 
 
 def _read_exactly(stream: io.BufferedIOBase, n: int, path: str, what: str) -> bytes:
-    data = _guarded_read(stream, n, path)
+    data = guarded_read(stream, n, path)
     if len(data) != n:
         raise IdxFormatError(
             f"{path}: truncated header: {what} needs {n} bytes, file has {len(data)}"
@@ -205,11 +216,11 @@ def _read_exactly(stream: io.BufferedIOBase, n: int, path: str, what: str) -> by
     return data
 
 
-def _guarded_read(stream: io.BufferedIOBase, n: int, path: str) -> bytes:
+def guarded_read(stream: io.BufferedIOBase, n: int, path: str) -> bytes:
     """Read up to ``n`` bytes, turning decompression faults into IdxFormatError."""
     try:
         return stream.read(n)
-    except _CORRUPT as exc:
+    except CORRUPT_ERRORS as exc:
         raise IdxFormatError(f"{path}: {corrupt_stream(stream)}: {exc}") from None
     except OSError as exc:
         raise IdxFormatError(f"{path}: read error: {exc.strerror or exc}") from None
@@ -257,270 +268,75 @@ def size_error(header: IdxHeader, actual: int, at_least: bool = False) -> IdxFor
     )
 
 
-def _gzip_isize(raw: io.BufferedReader) -> int | None:
-    """The gzip trailer's ISIZE (uncompressed size mod 2**32), or None if unreadable."""
-    try:
-        end = raw.seek(0, io.SEEK_END)
-        if end < 18:
-            return None
-        raw.seek(end - 4)
-        (isize,) = struct.unpack("<I", raw.read(4))
-        raw.seek(0)
-        return int(isize)
-    except OSError:
-        return None
+def pack_header(magic: int, *dims: int) -> bytes:
+    """The bytes of an IDX header: ``magic`` then one big-endian uint32 per dimension."""
+    return struct.pack(f">{1 + len(dims)}I", magic, *dims)
 
 
-class IdxReader:
-    """An open IDX file whose header has been read and whose size has been checked.
-
-    Use :func:`open_idx` to make one. Data is then read with :meth:`iter_batches`
-    (bounded memory) or :meth:`read_all`. The size check happens before any data is
-    read: for a plain file from its length, for a gzip file from its trailer and, when
-    the trailer cannot settle it, by a counting pass that holds one chunk at a time.
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = os.fspath(path)
-        self._raw = open_raw(self.path)
-        self._stream: io.BufferedIOBase = self._raw
-        try:
-            self._open()
-        except BaseException:
-            self._raw.close()
-            raise
-
-    def _open(self) -> None:
-        path = self.path
-        self._stream, packing, self.streaming = open_data(self._raw, path)
-        self.header = parse_header(self._stream, path, packing)
-        if self.streaming:
-            return  # sizes are checked as the data arrives
-        if packing == "gzip":
-            self._check_gzip_size()
-        elif packing == "xz":
-            self._count_data()
-        else:
-            actual = os.fstat(self._raw.fileno()).st_size - self.header.header_size
-            if actual != self.header.payload_size:
-                raise size_error(self.header, actual)
-
-    def _check_gzip_size(self) -> None:
-        header = self.header
-        expected_total = header.header_size + header.payload_size
-        compressed = os.fstat(self._raw.fileno()).st_size
-        most = _MAX_DEFLATE_RATIO * compressed + _READ_CHUNK
-        if expected_total > most:
-            # Deflate cannot expand more than ~1032:1: refuse a header that claims more
-            # than the file could hold before reading (or allocating) anything.
-            raise IdxFormatError(
-                f"{header.path}: truncated: header declares {header.payload_size} bytes of data "
-                f"({header.describe()}), a gzip file of {compressed} bytes holds at most {most}"
-            )
-        isize = _gzip_isize(self._raw)
-        # ISIZE is the length modulo 2**32, so it settles nothing for longer streams.
-        if isize == expected_total and expected_total < (1 << 32):
-            # Likely right; iter_batches still verifies the exact length as it streams.
-            self._reopen_after_header()
-            return
-        # The trailer disagrees (or the file is multi-member): count the real length.
-        self._reopen_after_header()
-        self._count_data()
-
-    def _count_data(self) -> None:
-        """Count the data after the header, reading at most the declared size plus one chunk
-        and holding one chunk at a time (a decompression bomb stops there), then start over
-        just after the header."""
-        header = self.header
-        actual = 0
-        limit = header.payload_size + _READ_CHUNK
-        while actual < limit:
-            chunk = _guarded_read(self._stream, min(_READ_CHUNK, limit - actual), self.path)
-            if not chunk:
-                break
-            actual += len(chunk)
-        if actual != header.payload_size:
-            raise size_error(header, actual, at_least=actual >= limit)
-        self._reopen_after_header()
-
-    def _reopen_after_header(self) -> None:
-        self._raw.seek(0)
-        if self.header.xz:
-            self._stream = _open_xz(self._raw)
-        else:
-            self._stream = gzip.GzipFile(fileobj=self._raw, mode="rb")
-        _guarded_read(self._stream, self.header.header_size, self.path)
-
-    # -- reading -------------------------------------------------------------------
-
-    def _fill(self, array: np.ndarray, done_before: int) -> None:
-        """Fill ``array`` from the stream; a short read is a truncation error."""
-        if array.nbytes == 0:
-            return
-        self._fill_view(memoryview(array).cast("B"), done_before)  # type: ignore[arg-type]
-
-    def _fill_view(self, buffer: memoryview, done_before: int) -> None:
-        """Fill the byte view ``buffer`` from the stream; a short read is a truncation error."""
-        filled = 0
-        total = len(buffer)
-        while filled < total:
-            try:
-                n = self._stream.readinto(buffer[filled:])
-            except _CORRUPT as exc:
-                raise IdxFormatError(
-                    f"{self.path}: {corrupt_stream(self._stream)}: {exc}"
-                ) from None
-            except OSError as exc:
-                raise IdxFormatError(f"{self.path}: read error: {exc.strerror or exc}") from None
-            if not n:
-                raise size_error(self.header, done_before + filled)
-            filled += n
-
-    def _read_arriving(self, size: int, done_before: int) -> bytearray:
-        """Read ``size`` bytes from a stream, holding only what has arrived (a header may
-        promise more than a pipe delivers); a short read is a truncation error."""
-        data = bytearray()
-        while len(data) < size:
-            chunk = _guarded_read(self._stream, min(_READ_CHUNK, size - len(data)), self.path)
-            if not chunk:
-                raise size_error(self.header, done_before + len(data))
-            data += chunk
-        return data
-
-    def _check_end(self) -> None:
-        extra = _guarded_read(self._stream, _READ_CHUNK, self.path)
-        if extra:
-            # Bounded: one chunk past the end is enough to tell; beyond it, say "at least".
-            raise size_error(
-                self.header,
-                self.header.payload_size + len(extra),
-                at_least=len(extra) == _READ_CHUNK,
-            )
-
-    def iter_batches(self, batch_size: int) -> Iterator[np.ndarray]:
-        """Yield arrays of up to ``batch_size`` items, shape ``(n, *item_shape)``, in file order.
-
-        The arrays are in the file's own (big-endian) dtype; values are right either way.
-
-        Raises:
-            IdxFormatError: the data ends early, continues past the declared size, or a
-                gzip stream is corrupt.
-        """
-        import numpy as np
-
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
-        header = self.header
-        dtype = np.dtype(IDX_TYPES[header.type_code][1])
-        done = 0
-        while done < header.count:
-            n = min(batch_size, header.count - done)
-            if self.streaming:
-                data = self._read_arriving(n * header.item_size, done * header.item_size)
-                done += n
-                yield np.frombuffer(data, dtype=dtype).reshape(n, *header.item_shape)
-                continue
-            try:
-                batch = np.empty((n, *header.item_shape), dtype=dtype)
-            except (MemoryError, ValueError) as exc:
-                raise IdxFormatError(
-                    f"{self.path}: cannot hold {n * header.item_size} bytes in memory ({exc})"
-                ) from None
-            self._fill(batch, done * header.item_size)
-            done += n
-            yield batch
-        self._check_end()
-
-    def iter_raw_batches(self, batch_size: int) -> Iterator[memoryview]:
-        """Yield the raw bytes of up to ``batch_size`` items at a time, in file order.
-
-        The fast path of the converter: no numpy, one buffer reused for every batch, so each
-        yielded view is only valid until the next one is requested. Item ``i`` of a batch is
-        ``view[i * item_size : (i + 1) * item_size]``, in the file's byte order.
-
-        Raises:
-            IdxFormatError: as :meth:`iter_batches`.
-        """
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
-        header = self.header
-        item_size = header.item_size
-        done = 0
-        if self.streaming:
-            while done < header.count:
-                n = min(batch_size, header.count - done)
-                data = self._read_arriving(n * item_size, done * item_size)
-                done += n
-                yield memoryview(data)
-            self._check_end()
-            return
-        buffer = memoryview(bytearray(min(batch_size, header.count) * item_size))
-        while done < header.count:
-            n = min(batch_size, header.count - done)
-            view = buffer[: n * item_size]
-            if n * item_size:
-                self._fill_view(view, done * item_size)
-            done += n
-            yield view
-        self._check_end()
-
-    def read_all(self) -> np.ndarray:
-        """The whole array, in native byte order."""
-        import numpy as np
-
-        header = self.header
-        dtype = np.dtype(IDX_TYPES[header.type_code][1])
-        if self.streaming:
-            arrived = self._read_arriving(header.payload_size, 0)
-            self._check_end()
-            whole = np.frombuffer(arrived, dtype=dtype).reshape(header.dims)
-            return whole.astype(dtype.newbyteorder("="), copy=False)
-        try:
-            data = np.empty(header.dims, dtype=dtype)
-        except (MemoryError, ValueError) as exc:
-            raise IdxFormatError(
-                f"{self.path}: cannot hold {header.payload_size} bytes in memory ({exc})"
-            ) from None
-        self._fill(data, 0)
-        self._check_end()
-        return data.astype(dtype.newbyteorder("="), copy=False)
-
-    def close(self) -> None:
-        if self._stream is not self._raw:
-            self._stream.close()
-        self._raw.close()
-
-    def __enter__(self) -> IdxReader:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+def magic_kind(magic: int) -> str:
+    """What a magic number means, as ``info`` names it."""
+    if magic == IMAGES_MAGIC:
+        return "MNIST images"
+    if magic == LABELS_MAGIC:
+        return "MNIST labels"
+    if magic == QMNIST_LABELS_MAGIC:
+        return "QMNIST label rows, idx2-int"
+    return "IDX array"
 
 
-def open_idx(path: str | os.PathLike[str]) -> IdxReader:
-    """Open an IDX file, read its header and check its size against the header.
+def _wrong_magic(
+    header: IdxHeader, expected: int, meaning: str, swapped: int, hint: str
+) -> IdxFormatError:
+    """The error for a file of the pair whose magic is not ``expected``, with ``hint`` when
+    it holds the other file's magic (``swapped``)."""
+    return IdxFormatError(
+        f"{header.path}: magic 0x{header.magic:08x}, expected 0x{expected:08x} "
+        f"({meaning}){hint if header.magic == swapped else ''}"
+    )
+
+
+def check_pair(images: IdxHeader, labels: IdxHeader, *, label_rows: bool = False) -> None:
+    """Check that two IDX headers are an MNIST image file and its label file.
+
+    ``label_rows``: QMNIST's int32 label rows (``idx2-int``, magic 0x0C02) are accepted too
+    (by the readers that pick a column: :mod:`mnist2db.recipe`).
 
     Raises:
-        IdxFormatError: missing or unreadable file, bad magic, unknown type, or a size
-            that differs from what the header declares.
+        IdxFormatError: wrong magic (with a hint when the two were swapped), or the item
+            counts differ, or image dimensions that a Datum cannot hold.
     """
-    return IdxReader(path)
-
-
-def read_header(path: str | os.PathLike[str]) -> IdxHeader:
-    """Read and validate an IDX header (sizes included) without reading the data."""
-    with open_idx(path) as reader:
-        return reader.header
-
-
-def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
-    """Read a whole IDX file (plain, gzip or xz, detected by content) into a numpy array.
-
-    Returns:
-        An array of shape ``dims`` in native byte order (``uint8`` for MNIST).
-
-    Raises:
-        IdxFormatError: see :func:`open_idx`; also a truncated or corrupt gzip stream.
-    """
-    with open_idx(path) as reader:
-        return reader.read_all()
+    if images.magic != IMAGES_MAGIC:
+        raise _wrong_magic(
+            images,
+            IMAGES_MAGIC,
+            "uint8 images, 3 dimensions",
+            LABELS_MAGIC,
+            " (is it the label file? the image file comes first)",
+        )
+    if label_rows and labels.magic == QMNIST_LABELS_MAGIC:
+        if labels.dims[1] < 1:
+            raise IdxFormatError(f"{labels.path}: idx2-int label rows of 0 columns hold no label")
+    elif labels.magic != LABELS_MAGIC:
+        raise _wrong_magic(
+            labels,
+            LABELS_MAGIC,
+            "uint8 labels, 1 dimension",
+            IMAGES_MAGIC,
+            " (is it the image file? the label file comes second)",
+        )
+    if images.count != labels.count:
+        raise IdxFormatError(
+            f"{images.path}: {images.count} images, but {labels.path} has {labels.count} labels"
+        )
+    rows, cols = images.dims[1], images.dims[2]
+    if rows > INT32_MAX or cols > INT32_MAX:
+        # Datum's height and width are int32 (found by tests/test_fuzz.py: 2**31 × 0 images).
+        raise IdxFormatError(
+            f"{images.path}: images of {rows} × {cols} pixels do not fit a Datum "
+            f"(height and width at most {INT32_MAX})"
+        )
+    if rows * cols > INT32_MAX:
+        raise IdxFormatError(
+            f"{images.path}: images of {rows} × {cols} pixels are too large for a Datum "
+            f"(at most {INT32_MAX} bytes)"
+        )

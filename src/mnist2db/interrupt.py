@@ -1,8 +1,8 @@
 """SIGINT and SIGTERM as an exception, so that every clean-up on the way out runs.
 
-The front ends (``mnist2db``, ``convert_mnist_data``) run their work inside
-:func:`signals_raise_interrupted` and turn :class:`Interrupted` into the line ``Interrupted``
-and exit code 130 (SIGINT) or 143 (SIGTERM). This module imports neither click nor anything
+The front ends (``mnist2db``, its click-free fast path, the Caffe drop-ins) run their work
+through :func:`run`: inside :func:`signals_raise_interrupted`, with :class:`Interrupted`
+turned into the line ``Interrupted`` and exit code 130 (SIGINT) or 143 (SIGTERM). This module imports neither click nor anything
 heavy: the click-free fast path of ``mnist2db convert`` uses it too.
 """
 
@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
+from .startup import TYPE_CHECKING
+
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
-__all__ = ["Interrupted", "deferred", "exit_code", "signals_raise_interrupted"]
+__all__ = ["Interrupted", "deferred", "exit_code", "run", "signals_raise_interrupted"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 EXIT_SIGINT = 128 + signal.SIGINT  # 130
@@ -97,3 +99,17 @@ def exit_code(exc: BaseException) -> int:
     if isinstance(exc, Interrupted) and exc.signum == signal.SIGTERM:
         return EXIT_SIGTERM
     return EXIT_SIGINT
+
+
+def run(work: Callable[[], int | None]) -> int:
+    """Run a front end's ``work`` with SIGINT and SIGTERM raising :class:`Interrupted`; its
+    exit code (None: 0), or, after an interruption, the line ``Interrupted`` on stderr and
+    130 or 143. ``SystemExit`` (click's way of finishing) passes through."""
+    try:
+        with signals_raise_interrupted():
+            code = work()
+    except (Interrupted, KeyboardInterrupt) as exc:
+        sys.stderr.write("Interrupted\n")
+        sys.stderr.flush()
+        return exit_code(exc)
+    return code or 0

@@ -16,38 +16,31 @@ from __future__ import annotations
 
 import math
 import os
-from collections import namedtuple
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .datum import encode_varint
+from .backends import DEFAULT_BATCH_SIZE
+from .datum import encode_varint, key_text
 from .errors import Mnist2dbError, OutputExistsError
 from .pngdatum import decoded_datum
+from .progress import Progress, reporting
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
-    from typing import Any, NamedTuple
-
     import numpy as np
 
-    class _MeanResultFields(NamedTuple):
-        path: str
-        backend: str
-        count: int  # type: ignore[assignment]  # the field hides tuple.count
-        mean: np.ndarray
-        channel_means: tuple[float, ...]
-        channel_stds: tuple[float, ...]
 
-else:
-    _MeanResultFields = namedtuple(
-        "_MeanResultFields", "path backend count mean channel_means channel_stds"
-    )
+class _MeanResultFields(NamedTuple):
+    path: str
+    backend: str
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
+    mean: np.ndarray
+    channel_means: tuple[float, ...]
+    channel_stds: tuple[float, ...]
+
 
 __all__ = ["MeanResult", "blobproto_bytes", "compute_mean", "write_mean"]
 
 #: Records summed per numpy call; the batch's float32 copy is batch × pixels × 4 bytes.
-DEFAULT_BATCH_SIZE = 1000
-
-ProgressCallback = Callable[[int], None]
 
 
 class MeanResult(_MeanResultFields):
@@ -85,7 +78,7 @@ def _pixels(key: bytes, datum: Any, path: str) -> tuple[tuple[int, int, int], An
     """A record's shape and its values as a flat numpy array (uint8 data or float32)."""
     import numpy as np
 
-    name = key.decode("ascii", errors="backslashreplace")
+    name = key_text(key)
     # An encoded image is decoded first, as Caffe's DecodeDatumNative does.
     datum = decoded_datum(datum, f"{path}: key {name}")
     shape = (int(datum.channels), int(datum.height), int(datum.width))
@@ -107,14 +100,14 @@ def compute_mean(
     backend: str | None = None,
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    progress: ProgressCallback | None = None,
+    progress: Progress | None = None,
 ) -> MeanResult:
     """Compute Caffe's mean image of the database at ``path``, streaming a batch at a time.
 
     Args:
         path: an LMDB or LevelDB database of Datums (backend detected when None).
         batch_size: records summed per step (memory: a batch of float32 pixels).
-        progress: called as ``progress(records_done)`` after each batch.
+        progress: called as ``progress(records_done, 0)`` after each batch.
 
     Returns:
         A :class:`MeanResult`.
@@ -124,6 +117,7 @@ def compute_mean(
         DatumError: a value is not a Datum.
         Mnist2dbError: the database is empty, or its records differ in shape.
     """
+    progress = reporting(progress)
     import numpy as np
 
     path = os.fspath(path)
@@ -172,14 +166,12 @@ def compute_mean(
         count += 1
         if len(pending) >= batch_size:
             flush()
-            if progress is not None:
-                progress(count)
+            progress(count, 0)
     if shape is None:
         raise Mnist2dbError(f"{path}: the database holds no records; a mean needs at least one")
     if pending:
         flush()
-        if progress is not None:
-            progress(count)
+        progress(count, 0)
     mean = (total / np.float32(count)).astype(np.float32).reshape(shape)
     pixels = count * shape[1] * shape[2]
     means = tuple(float(s) / pixels if pixels else 0.0 for s in sums)

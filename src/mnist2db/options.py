@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from .backends import BACKENDS
 from .datasets import DATASET_NAMES, DEFAULT_DATASET
 
 __all__ = [
@@ -41,7 +42,7 @@ class Path(click.Path):
 
 backend_option = click.option(
     "--backend",
-    type=click.Choice(["lmdb", "leveldb"], case_sensitive=False),
+    type=click.Choice(BACKENDS, case_sensitive=False),
     default="lmdb",
     show_default=True,
     help="Database to write.",

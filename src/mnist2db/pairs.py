@@ -11,16 +11,14 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from . import staging
 from .errors import OutputExistsError
 from .fsutil import TEMP_MARK, fsync_dir, owner_pid, pid_alive, remove_stale, temp_prefix
 from .staging import _symlink_refusal
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
-    from typing import Any
-
     from .fsutil import AtomicFile
 
 __all__ = ["check_file_target", "place_together", "recover_together"]

@@ -18,9 +18,10 @@ from __future__ import annotations
 import struct
 import zlib
 
-from .datum import DatumError, encode_varint
+from .datum import encode_varint
+from .errors import DatumError
+from .startup import TYPE_CHECKING
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
     from typing import Any
 

@@ -8,13 +8,10 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from .backends import BACKENDS, backend_message, detect_backend
 from .errors import BackendError
-
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
-if TYPE_CHECKING:
-    from typing import Any
 
 __all__ = ["LMDB_READ_OPTIONS", "DbReader", "iter_db", "open_reader", "shared_reader"]
 
@@ -379,6 +376,6 @@ def probe_database(backend: str, path: str) -> str | None:
 
 @contextlib.contextmanager
 def shared_reader(path: str | os.PathLike[str], backend: str | None = None) -> Iterator[DbReader]:
-    """A reader of the database at ``path``, closed on exit (kept for inspect's callers)."""
+    """A reader of the database at ``path``, closed on exit (what info, verify and export read through)."""
     with DbReader(path, backend) as reader:
         yield reader

@@ -24,37 +24,32 @@ the method give it back.
 from __future__ import annotations
 
 import os
-from collections import namedtuple
 from collections.abc import Iterator
 
 from .errors import IdxFormatError, Mnist2dbError
+from .idx import QMNIST_LABELS_MAGIC
+from .startup import TYPE_CHECKING, NamedTuple
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
-    from typing import Any, NamedTuple
+    from typing import Any
 
     import numpy as np
 
-    from .idx import IdxHeader, IdxReader
+    from .idx import IdxHeader
+    from .idxreader import IdxReader
 
-    class _RecipeFields(NamedTuple):
-        transpose: bool = False
-        label_column: int = 0
-        offset: int = 0
-        count: int | None = None  # type: ignore[assignment]  # the field hides tuple.count
-        seed: int | None = None
-        encoded: str | None = None
 
-else:
-    _RecipeFields = namedtuple(
-        "_RecipeFields",
-        "transpose label_column offset count seed encoded",
-        defaults=(False, 0, 0, None, None, None),
-    )
+class _RecipeFields(NamedTuple):
+    transpose: bool = False
+    label_column: int = 0
+    offset: int = 0
+    count: int | None = None  # type: ignore[assignment]  # the field hides tuple.count
+    seed: int | None = None
+    encoded: str | None = None
+
 
 __all__ = [
     "METADATA_NAME",
-    "QMNIST_LABELS_MAGIC",
     "Recipe",
     "check_range",
     "iter_records",
@@ -67,8 +62,6 @@ __all__ = [
 METADATA_NAME = "mnist2db.json"
 #: How the shuffled order is drawn from the seed (recorded, so that it can be checked).
 SHUFFLE_METHOD = "argsort(PCG64(seed).random_raw(count))"
-#: QMNIST's label files: int32, two dimensions (items × 8 columns).
-QMNIST_LABELS_MAGIC = 0x00000C02
 _FORMAT = "mnist2db database metadata"
 _VERSION = 1
 

@@ -15,7 +15,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .errors import Mnist2dbError
+from .errors import RenderError
 from .fsutil import AtomicFile
 from .pairs import check_file_target
 
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 __all__ = [
     "ASCII_RAMP",
     "SHADE_RAMP",
-    "RenderError",
     "check_canvas",
     "grid_layout",
     "image_to_gray",
@@ -45,10 +44,6 @@ MAX_COLUMNS = 10
 #: The largest PNG canvas drawn, in pixels (one byte each, in memory until written):
 #: 1000 MNIST digits take 9 million.
 MAX_PNG_PIXELS = 64_000_000
-
-
-class RenderError(Mnist2dbError):
-    """An image cannot be drawn (a channel count other than 1 or 3), or a PNG not written."""
 
 
 def image_to_gray(image: np.ndarray) -> np.ndarray:

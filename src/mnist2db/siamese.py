@@ -23,42 +23,35 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections import namedtuple
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .backends import DEFAULT_BATCH_SIZE
 from .datum import datum_prefix, splitter
 from .errors import IdxFormatError, Mnist2dbError
+from .idx import INT32_MAX, check_pair
+from .progress import Progress, reporting
 
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
 if TYPE_CHECKING:
-    from typing import Any, NamedTuple
-
     import numpy as np
 
     from .backends import Writer
 
-    class _SiameseResultFields(NamedTuple):
-        path: str
-        backend: str
-        count: int  # type: ignore[assignment]  # the field hides tuple.count
-        positives: int
-        rows: int
-        cols: int
-        seed: int
-        seconds: float
 
-else:
-    _SiameseResultFields = namedtuple(
-        "_SiameseResultFields", "path backend count positives rows cols seed seconds"
-    )
+class _SiameseResultFields(NamedTuple):
+    path: str
+    backend: str
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
+    positives: int
+    rows: int
+    cols: int
+    seed: int
+    seconds: float
+
 
 __all__ = ["SiameseResult", "convert_siamese"]
 
 DEFAULT_BACKEND = "leveldb"  # Caffe's tool writes LevelDB only
-DEFAULT_BATCH_SIZE = 1000
-_INT32_MAX = (1 << 31) - 1
-
-ProgressCallback = Callable[[int, int], None]
 
 
 class SiameseResult(_SiameseResultFields):
@@ -91,13 +84,13 @@ def _staged_database(
     must be closed by it; on any exception it is aborted and the staging directory removed.
     """
     from .backends import open_writer
-    from .conversion import _APPEND_LIMIT
+    from .datum import KEY_LIMIT
     from .staging import staged_database
 
     opened: list[Writer] = []
 
     def open_staged(backend: str, size_hint: int, count: int) -> Writer:
-        writer = open_writer(backend, staging, size_hint=size_hint, append=count <= _APPEND_LIMIT)
+        writer = open_writer(backend, staging, size_hint=size_hint, append=count <= KEY_LIMIT)
         opened.append(writer)
         return writer
 
@@ -114,8 +107,7 @@ def _load(images: str, labels: str, spill_dir: str) -> tuple[Any, Any, int, int]
     """Validate both files; return (images as a read-only memory map, labels, rows, cols)."""
     import numpy as np
 
-    from .conversion import check_pair
-    from .idx import open_idx
+    from .idxreader import open_idx
     from .spill import spill_to_map
 
     with open_idx(images) as image_reader, open_idx(labels) as label_reader:
@@ -192,7 +184,7 @@ def convert_siamese(
     balanced: bool = False,
     batch_size: int = DEFAULT_BATCH_SIZE,
     overwrite: bool = False,
-    progress: ProgressCallback | None = None,
+    progress: Progress | None = None,
     on_start: Callable[[int, int, int], None] | None = None,
 ) -> SiameseResult:
     """Write a siamese pair database from an MNIST image file and label file.
@@ -218,10 +210,11 @@ def convert_siamese(
         Mnist2dbError: a bad seed, pair count or batch size; no images to pair; balanced
             pairs asked of a single class.
     """
+    progress = reporting(progress)
     import numpy as np
 
     from .backends import BACKENDS
-    from .conversion import record_keys
+    from .datum import record_keys
 
     start_time = time.perf_counter()
     out = os.fspath(out)
@@ -241,10 +234,10 @@ def convert_siamese(
     with _staged_database(out, backend, overwrite, (images, labels)) as (staging, open_staged):
         pixels, label_array, rows, cols = _load(images, labels, staging)
         count = len(label_array)
-        if 2 * rows * cols > _INT32_MAX:
+        if 2 * rows * cols > INT32_MAX:
             raise IdxFormatError(
                 f"{images}: pairs of {rows} × {cols} images are too large for a Datum "
-                f"(at most {_INT32_MAX} bytes)"
+                f"(at most {INT32_MAX} bytes)"
             )
         total = count if pairs is None else pairs
         if total and not count:
@@ -278,8 +271,7 @@ def convert_siamese(
             writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))
             positives += int(same.sum())
             done += n
-            if progress is not None:
-                progress(done, total)
+            progress(done, total)
         del pixels
         writer.close()
     return SiameseResult(

@@ -21,6 +21,7 @@ from typing import Any
 
 from .datasets import PACKING_SUFFIX, Resource
 from .fsutil import AtomicFile, remove_stale, temp_prefix
+from .idx import GZIP_MAGIC, XZ_MAGIC
 
 __all__ = ["DownloadSink", "Rejected", "SourceFailed", "Transient", "file_digests"]
 
@@ -31,7 +32,7 @@ UNPACK_CHUNK = 1 << 20
 MAX_UNPACKED = 1 << 30
 
 #: What each packing starts with (a zip archive is kept as it is, not unpacked).
-_MAGIC = {"gzip": b"\x1f\x8b", "xz": b"\xfd7zXZ\x00", "zip": b"PK\x03\x04"}
+_MAGIC = {"gzip": GZIP_MAGIC, "xz": XZ_MAGIC, "zip": b"PK\x03\x04"}
 _NAMES = {"gzip": "gzip", "xz": "xz", "zip": "a zip archive"}
 
 

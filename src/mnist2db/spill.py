@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Any
 
 from .errors import BackendError
-
-TYPE_CHECKING = False  # not typing's: see mnist2db/__init__.py
-if TYPE_CHECKING:
-    from typing import Any
 
 __all__ = ["spill_to_map"]
 

@@ -10,31 +10,23 @@ unlinked temporary file, memory-mapped).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .conversion import check_pair
-from .dataset import record_key, shared_reader
-from .datum import DatumError, decode_datum, encode_batch
-from .errors import Mnist2dbError
-from .idx import open_idx
-from .inspect import _key_text
+from .backends import DEFAULT_BATCH_SIZE as _BATCH
+from .datum import decode_datum, encode_batch, key_text, record_key
+from .errors import DatumError, VerifyError
+from .idx import check_pair
+from .idxreader import open_idx
 from .pngdatum import decode_image, decoded_datum, encode_png_batch
+from .progress import Progress, reporting
+from .readers import shared_reader
 from .recipe import Recipe, iter_records, permutation, read_metadata
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["VerifyError", "VerifyResult", "verify_db"]
-
-ProgressCallback = Callable[[int, int], None]
-
-_BATCH = 1000
-
-
-class VerifyError(Mnist2dbError):
-    """A database differs from the IDX files it is compared with."""
+__all__ = ["VerifyResult", "verify_db"]
 
 
 @dataclass(frozen=True)
@@ -65,9 +57,9 @@ def _describe_mismatch(key: bytes, value: bytes, image: np.ndarray, label: int) 
     """Name the first field in which ``value`` differs from the Datum Caffe writes (an
     encoded Datum's image decoded first)."""
     try:
-        datum = decoded_datum(decode_datum(value), f"key {_key_text(key)}")
+        datum = decoded_datum(decode_datum(value), f"key {key_text(key)}")
     except DatumError as exc:
-        return f"key {_key_text(key)}: {exc}"
+        return f"key {key_text(key)}: {exc}"
     rows, cols = image.shape
     for name, got, want in (
         ("channels", datum.channels, 1),
@@ -75,12 +67,12 @@ def _describe_mismatch(key: bytes, value: bytes, image: np.ndarray, label: int) 
         ("width", datum.width, cols),
     ):
         if got != want:
-            return f"key {_key_text(key)}: field {name} is {got}, the source has {want}"
+            return f"key {key_text(key)}: field {name} is {got}, the source has {want}"
     expected = image.tobytes()
     data = bytes(datum.data)
     if len(data) != len(expected):
         return (
-            f"key {_key_text(key)}: field data holds {len(data)} bytes, "
+            f"key {key_text(key)}: field data holds {len(data)} bytes, "
             f"the source image has {len(expected)}"
         )
     if data != expected:
@@ -88,13 +80,13 @@ def _describe_mismatch(key: bytes, value: bytes, image: np.ndarray, label: int) 
         row, col = divmod(diffs[0], cols)
         more = f" ({len(diffs)} bytes differ)" if len(diffs) > 1 else ""
         return (
-            f"key {_key_text(key)}: field data differs at byte {diffs[0]} (row {row}, "
+            f"key {key_text(key)}: field data differs at byte {diffs[0]} (row {row}, "
             f"column {col}): database {data[diffs[0]]}, source {expected[diffs[0]]}{more}"
         )
     if datum.label != label:
-        return f"key {_key_text(key)}: field label is {datum.label}, the source has {label}"
+        return f"key {key_text(key)}: field label is {datum.label}, the source has {label}"
     return (
-        f"key {_key_text(key)}: value of {len(value)} bytes is not Caffe's encoding of "
+        f"key {key_text(key)}: value of {len(value)} bytes is not Caffe's encoding of "
         f"the source's fields (extra or reordered fields)"
     )
 
@@ -104,7 +96,7 @@ def verify_db(
     images: str | os.PathLike[str],
     labels: str | os.PathLike[str],
     *,
-    progress: ProgressCallback | None = None,
+    progress: Progress | None = None,
 ) -> VerifyResult:
     """Check that database ``db`` holds exactly what ``convert(images, labels)`` writes
     (with the options recorded in the database's ``mnist2db.json``, if any).
@@ -118,6 +110,7 @@ def verify_db(
             the database holds records the source does not.
         IdxFormatError, BackendError: an input cannot be read.
     """
+    progress = reporting(progress)
     db_path = os.fspath(db)
     found = read_metadata(db_path)
     recipe = Recipe() if found is None else found[0]
@@ -170,10 +163,10 @@ def verify_db(
                         if key > want_key:
                             raise VerifyError(
                                 f"{db_path}: key {want_key.decode()} missing "
-                                f"(the next key is {_key_text(key)})"
+                                f"(the next key is {key_text(key)})"
                             )
                         raise VerifyError(
-                            f"{db_path}: key {_key_text(key)} is not in the source "
+                            f"{db_path}: key {key_text(key)} is not in the source "
                             f"(expected key {want_key.decode()})"
                         )
                     if value != expected and not _same_decoded(
@@ -185,8 +178,7 @@ def verify_db(
                             + f" ({os.fspath(images)} item {source_item(index)})"
                         )
                     index += 1
-                if progress is not None:
-                    progress(index, total)
+                progress(index, total)
             extra_first = next(records, None)
             if extra_first is not None:
                 extra = 1
@@ -194,8 +186,8 @@ def verify_db(
                 for last_key, _ in records:
                     extra += 1
                     last = bytes(last_key)
-                first = _key_text(bytes(extra_first[0]))
-                keys = first if extra == 1 else f"{first} to {_key_text(last)}"
+                first = key_text(bytes(extra_first[0]))
+                keys = first if extra == 1 else f"{first} to {key_text(last)}"
                 raise VerifyError(
                     f"{db_path}: {extra} extra record{'s' if extra > 1 else ''} not in the "
                     f"source ({total} items): key{'s' if extra > 1 else ''} {keys}"

@@ -1,194 +1,37 @@
-"""Look inside IDX files and Datum databases: select records to show and describe files
-(``info``); :mod:`mnist2db.verify` compares a database with its sources and
-:mod:`mnist2db.export` writes IDX files back. Everything streams a batch at a time; memory
-does not grow with the data.
+"""What ``info`` says of an IDX file or a Datum database: header, sizes, storage, keys,
+shape, encoding, label histogram, the options a database was written with. Everything
+streams a chunk at a time; memory does not grow with the data.
 """
 
 from __future__ import annotations
 
-import gzip
-import lzma
 import os
-import zlib
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from .backends import DEFAULT_BATCH_SIZE as _BATCH
 from .backends import detect_backend
-from .conversion import check_pair
-from .dataset import RecordIndexError, open_db, record_key, shared_reader
-from .datum import DatumError, datum_to_array, decode_datum
-from .errors import IdxFormatError
-from .idx import IdxHeader, corrupt_stream, open_data, open_idx, open_raw, parse_header, size_error
+from .datum import datum_to_array, decode_datum, key_text, record_key
+from .errors import DatumError
+from .idx import (
+    CORRUPT_ERRORS,
+    LABELS_MAGIC,
+    IdxHeader,
+    corrupt_stream,
+    magic_kind,
+    open_data,
+    open_raw,
+    parse_header,
+    size_error,
+)
 from .pngdatum import datum_encoding as _datum_encoding
-from .recipe import QMNIST_LABELS_MAGIC, check_label_column, check_range, describe_db
+from .progress import Progress, reporting
+from .readers import shared_reader
+from .recipe import describe_db
 
-if TYPE_CHECKING:
-    import numpy as np
+__all__ = ["DbInfo", "IdxInfo", "db_info", "idx_info"]
 
-__all__ = [
-    "DbInfo",
-    "IdxInfo",
-    "Record",
-    "db_info",
-    "find_labels",
-    "idx_info",
-    "select_records",
-]
 
-ProgressCallback = Callable[[int, int], None]
-
-_BATCH = 1000
 _CHUNK = 1 << 20
-
-
-@dataclass(frozen=True)
-class Record:
-    """One item to show: its position, its key (databases only), label and image."""
-
-    index: int
-    key: bytes | None
-    label: int | None
-    image: np.ndarray  # (channels, height, width)
-
-
-def _key_text(key: bytes) -> str:
-    return key.decode("ascii", errors="backslashreplace")
-
-
-# -- selecting records to show ---------------------------------------------------------------
-
-
-def find_labels(images: str | os.PathLike[str]) -> str | None:
-    """The label file beside an image file, found by name (``*-images-idx3-ubyte[.gz]`` ->
-    ``*-labels-idx1-ubyte`` or QMNIST's ``*-labels-idx2-int``, plain, ``.gz`` or ``.xz``),
-    or None."""
-    directory, name = os.path.split(os.fspath(images))
-    if "images" not in name:
-        return None
-    stem = name.removesuffix(".gz").removesuffix(".xz").replace("images", "labels")
-    for labels in (stem.replace("idx3", "idx1"), stem.replace("idx3-ubyte", "idx2-int")):
-        for candidate in (labels, labels + ".gz", labels + ".xz"):
-            path = os.path.join(directory, candidate)
-            if os.path.isfile(path):
-                return path
-    return None
-
-
-def select_records(
-    source: str | os.PathLike[str],
-    labels: str | os.PathLike[str] | None = None,
-    *,
-    offset: int = 0,
-    count: int = 10,
-    transpose: bool = False,
-    label_column: int = 0,
-) -> tuple[int, Iterator[Record]]:
-    """The records ``offset`` to ``offset + count`` of an IDX image file or a database.
-
-    Checks happen before this returns; the records are then read as the iterator runs.
-
-    Args:
-        source: an IDX image file (uint8, count × rows × cols) or a database directory.
-        labels: the IDX label file for an image file; None looks for it beside ``source``
-            (see :func:`find_labels`) and shows no labels when there is none.
-        offset: the first record, from 0.
-        count: at most this many records; fewer when the source ends first.
-        transpose: swap each image's height and width.
-        label_column: the label column of a QMNIST idx2-int label file.
-
-    Returns:
-        ``(total, records)``: the number of records in the source, and the selected ones.
-
-    Raises:
-        IdxFormatError: the IDX file is not uint8 images, or the pair does not match.
-        BackendError: a directory that is not a database.
-        RecordIndexError: ``offset`` is past the end.
-    """
-    if offset < 0 or count < 0:
-        raise ValueError("offset and count must not be negative")
-    path = os.fspath(source)
-    if os.path.isdir(path):
-        db = open_db(path)
-        total = len(db)
-        try:
-            _check_start(path, total, offset, count, "records")
-        except BaseException:
-            db.close()
-            raise
-
-        def db_records() -> Iterator[Record]:
-            with db:
-                for index, key, image, label in db.records(offset, offset + count):
-                    if transpose:
-                        image = image.transpose(0, 2, 1)
-                    yield Record(index, key, label, image)
-
-        return total, db_records()
-
-    images_reader = open_idx(path)
-    header = images_reader.header
-    labels_path = os.fspath(labels) if labels is not None else find_labels(path)
-    try:
-        if header.type_code != 0x08 or len(header.dims) != 3:
-            raise IdxFormatError(
-                f"{path}: cannot show {header.describe()} data: expected uint8 images "
-                f"(magic 0x00000803, count × rows × cols), found magic 0x{header.magic:08x}"
-            )
-        labels_reader = open_idx(labels_path) if labels_path is not None else None
-    except BaseException:
-        images_reader.close()
-        raise
-    total = header.count
-    try:
-        if labels_reader is not None:
-            check_pair(header, labels_reader.header, label_rows=True)
-            check_label_column(labels_reader.header, label_column)
-        _check_start(path, total, offset, count, "images")
-    except BaseException:
-        images_reader.close()
-        if labels_reader is not None:
-            labels_reader.close()
-        raise
-
-    def idx_records() -> Iterator[Record]:
-        stop = min(offset + count, total)
-        try:
-            label_batches = (
-                labels_reader.iter_batches(_BATCH) if labels_reader is not None else None
-            )
-            start = 0
-            for batch in images_reader.iter_batches(_BATCH):
-                label_batch = next(label_batches) if label_batches is not None else None
-                end = start + len(batch)
-                for i in range(max(start, offset), min(end, stop)):
-                    label = None
-                    if label_batch is not None:
-                        row = label_batch[i - start]
-                        label = int(row[label_column] if row.ndim else row)
-                    image = batch[i - start]
-                    yield Record(i, None, label, (image.T if transpose else image)[None].copy())
-                start = end
-                if start >= stop:
-                    break
-        finally:
-            images_reader.close()
-            if labels_reader is not None:
-                labels_reader.close()
-
-    return total, idx_records()
-
-
-def _check_start(path: str, total: int, offset: int, count: int, unit: str) -> None:
-    """The range check ``convert`` makes (:func:`mnist2db.recipe.check_range`), where the
-    range may stop early; raised as RecordIndexError (an IndexError too)."""
-    try:
-        check_range(path, total, offset, count, clip=True, unit=unit)
-    except IdxFormatError as exc:
-        raise RecordIndexError(str(exc)) from None
-
-
-# -- info --------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -242,13 +85,7 @@ class IdxInfo:
 
     @property
     def kind(self) -> str:
-        if self.header.magic == 0x00000803:
-            return "MNIST images"
-        if self.header.magic == 0x00000801:
-            return "MNIST labels"
-        if self.header.magic == QMNIST_LABELS_MAGIC:
-            return "QMNIST label rows, idx2-int"
-        return "IDX array"
+        return magic_kind(self.header.magic)
 
 
 def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
@@ -270,7 +107,7 @@ def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
         stream, packing, streaming = open_data(raw, path)
         header = parse_header(stream, path, packing)
         gzipped = packing != "plain"
-        count_labels = header.magic == 0x00000801
+        count_labels = header.magic == LABELS_MAGIC
         problem = None
         at_least = False
         counts = np.zeros(256, dtype=np.int64) if count_labels else None
@@ -290,7 +127,7 @@ def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
                     if data_size >= limit:
                         at_least = True
                         break
-            except (gzip.BadGzipFile, zlib.error, lzma.LZMAError, EOFError, OSError) as exc:
+            except (*CORRUPT_ERRORS, OSError) as exc:
                 problem = f"{corrupt_stream(stream)} after {data_size} bytes of data: {exc}"
         if streaming and not gzipped:
             file_size = header.header_size + data_size
@@ -330,7 +167,7 @@ class DbInfo:
         if self.first_key is not None and self.last_key is not None:
             order = "Caffe's %08d sequence" if self.sequential_keys else "not Caffe's %08d sequence"
             rows.append(
-                ("keys", f"{_key_text(self.first_key)} … {_key_text(self.last_key)} ({order})")
+                ("keys", f"{key_text(self.first_key)} … {key_text(self.last_key)} ({order})")
             )
         if self.shape is not None:
             shape = " × ".join(map(str, self.shape))
@@ -350,7 +187,7 @@ def _count_rows(counts: dict[int, int]) -> list[tuple[str, object]]:
     return [("labels" if i == 0 else "", line) for i, line in enumerate(lines)]
 
 
-def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = None) -> DbInfo:
+def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> DbInfo:
     """Describe a database: backend, records, key range, Datum shape and encoding, labels.
 
     Reads every record once, in one read transaction (LMDB readers neither wait for nor
@@ -359,12 +196,15 @@ def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = No
     Raises:
         BackendError: the path is not a database of either backend, or cannot be opened.
     """
+    # len() of a LevelDB database is a pass over it: counted only when watched.
+    counted = progress is not None
+    progress = reporting(progress)
     path = os.fspath(path)
     backend = detect_backend(path)
     info = DbInfo(path, backend, 0, None, None, True, None, None)
     counts: dict[int, int] = {}
     with shared_reader(path, backend) as reader:
-        total = len(reader) if progress is not None else 0
+        total = len(reader) if counted else 0
         count = 0
         key = b""
         for key, value in reader:
@@ -380,7 +220,7 @@ def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = No
                 if not datum.encoded:
                     datum_to_array(datum)  # data length against channels × height × width
             except DatumError as exc:
-                info.problem = f"key {_key_text(bytes(key))}: {exc}"
+                info.problem = f"key {key_text(bytes(key))}: {exc}"
                 continue
             shape = (int(datum.channels), int(datum.height), int(datum.width))
             encoding = _datum_encoding(datum)
@@ -388,12 +228,12 @@ def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = No
                 info.shape, info.encoding = shape, encoding
             elif shape != info.shape or encoding != info.encoding:
                 info.problem = (
-                    f"key {_key_text(bytes(key))}: Datum {'×'.join(map(str, shape))} "
+                    f"key {key_text(bytes(key))}: Datum {'×'.join(map(str, shape))} "
                     f"{encoding}, the first record is {'×'.join(map(str, info.shape))} "
                     f"{info.encoding}"
                 )
             counts[int(datum.label)] = counts.get(int(datum.label), 0) + 1
-            if progress is not None and count % _BATCH == 0:
+            if count % _BATCH == 0:
                 progress(count, total)
         info.last_key = bytes(key) if count else None
     info.count = count
@@ -405,6 +245,5 @@ def db_info(path: str | os.PathLike[str], progress: ProgressCallback | None = No
     )
     info.label_counts = dict(sorted(counts.items()))
     info.recipe = describe_db(path)
-    if progress is not None:
-        progress(count, total)
+    progress(count, total)
     return info

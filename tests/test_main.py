@@ -1,140 +1,17 @@
-"""The fast paths of issue 5 give exactly what the plain ones give: bytes, keys, output, memory."""
+"""``mnist2db`` / ``python -m mnist2db``: the click-free path of a plain ``convert`` behaves
+as the click command does (output, messages, exit codes, records)."""
 
 from __future__ import annotations
 
-import gzip
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_images, make_labels, record_digest, write_idx
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from helpers import record_digest, write_idx
 
 from mnist2db.__main__ import parse_convert
-from mnist2db.conversion import convert, record_keys
-from mnist2db.datum import encode_batch, encode_raw_batch
-from mnist2db.datum_pb2 import Datum
-from mnist2db.errors import IdxFormatError
-from mnist2db.idx import open_idx
-from mnist2db.readers import open_reader
-
-
-def serialize(data: bytes, rows: int, cols: int, label: int) -> bytes:
-    datum = Datum()
-    datum.channels, datum.height, datum.width = 1, rows, cols
-    datum.data = data
-    datum.label = label
-    return datum.SerializeToString()
-
-
-# -- the encoder --------------------------------------------------------------------------
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    n=st.integers(0, 12),
-    rows=st.integers(0, 40),
-    cols=st.integers(0, 40),
-    labels=st.lists(st.integers(0, 255), min_size=12, max_size=12),
-    seed=st.integers(0, 2**32 - 1),
-)
-def test_encode_raw_batch_equals_serialize_to_string(
-    n: int, rows: int, cols: int, labels: list[int], seed: int
-) -> None:
-    pixels = np.random.default_rng(seed).integers(0, 256, size=n * rows * cols, dtype=np.uint8)
-    raw_labels = bytes(labels[:n])
-    values = encode_raw_batch(memoryview(pixels.tobytes()), raw_labels, rows, cols)
-    size = rows * cols
-    expected = [
-        serialize(pixels[i * size : (i + 1) * size].tobytes(), rows, cols, raw_labels[i])
-        for i in range(n)
-    ]
-    assert values == expected
-    assert all(type(v) is bytes for v in values)
-
-
-@pytest.mark.parametrize("labels", [bytes(range(128)), bytes(range(256)), b"\x7f\x80\xff\x00"])
-def test_encode_raw_batch_both_label_paths(labels: bytes) -> None:
-    """Labels below 0x80 take the one-buffer path; 0x80 and above are two-byte varints."""
-    pixels = make_images(len(labels), 3, 5).tobytes()
-    values = encode_raw_batch(pixels, labels, 3, 5)
-    assert values == [
-        serialize(pixels[i * 15 : (i + 1) * 15], 3, 5, label) for i, label in enumerate(labels)
-    ]
-    numpy_values = encode_batch(
-        np.frombuffer(pixels, np.uint8).reshape(-1, 3, 5), np.frombuffer(labels, np.uint8)
-    )
-    assert values == numpy_values
-
-
-def test_encode_raw_batch_rejects_a_size_mismatch() -> None:
-    with pytest.raises(ValueError, match="10 pixel bytes for 2 images of 2 × 3"):
-        encode_raw_batch(b"\0" * 10, b"\1\2", 2, 3)
-
-
-# -- the keys -----------------------------------------------------------------------------
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    start=st.one_of(st.integers(0, 5000), st.integers(10**8 - 3000, 10**8 + 10)),
-    count=st.integers(0, 2500),
-)
-def test_record_keys_equal_caffe_format(start: int, count: int) -> None:
-    assert list(record_keys(start, count)) == [b"%08d" % i for i in range(start, start + count)]
-
-
-# -- raw batches --------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("gz", [False, True])
-def test_iter_raw_batches_yields_the_file_in_order(tmp_path: Path, gz: bool) -> None:
-    images = make_images(7, 4, 3)
-    path = write_idx(tmp_path / "img", images, gz=gz)
-    with open_idx(path) as reader:
-        chunks = [bytes(view) for view in reader.iter_raw_batches(3)]
-    assert [len(c) for c in chunks] == [36, 36, 12]
-    assert b"".join(chunks) == images.tobytes()
-
-
-def read_error(path: Path, raw: bool) -> str:
-    with pytest.raises(IdxFormatError) as info, open_idx(path) as reader:
-        for _ in reader.iter_raw_batches(2) if raw else reader.iter_batches(2):
-            pass
-    return str(info.value)
-
-
-@pytest.mark.parametrize("gz", [False, True])
-@pytest.mark.parametrize("extra", [b"xy", b""])
-def test_iter_raw_batches_errors_like_iter_batches(tmp_path: Path, gz: bool, extra: bytes) -> None:
-    labels = make_labels(5)
-    data = bytes([0, 0, 8, 1]) + struct.pack(">I", 5) + labels.tobytes()
-    data = data[:-2] if not extra else data + extra
-    path = tmp_path / "lab"
-    path.write_bytes(gzip.compress(data) if gz else data)
-    message = read_error(path, raw=True)
-    assert message == read_error(path, raw=False)
-    fault = "trailing bytes" if extra else "truncated"
-    assert message.startswith(f"{path}: {fault}: header declares 5 bytes of data (5 uint8)")
-
-
-# -- whole conversions --------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("batch_size", [1, 7, 1000, 5000])
-def test_batch_sizes_give_the_same_records(mnist_pair, tmp_path: Path, batch_size: int) -> None:
-    ipath, lpath, images, labels = mnist_pair(2003, 5, 4)
-    convert(ipath, lpath, tmp_path / "db", batch_size=batch_size)
-    with open_reader(tmp_path / "db") as reader:
-        records = [(bytes(k), bytes(v)) for k, v in reader]
-    assert records == [
-        (b"%08d" % i, serialize(images[i].tobytes(), 5, 4, int(labels[i]))) for i in range(2003)
-    ]
-
 
 # -- the click-free launcher --------------------------------------------------------------
 
