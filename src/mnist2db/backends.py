@@ -22,15 +22,24 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKENDS",
+    "DEFAULT_BACKEND",
     "DEFAULT_BATCH_SIZE",
+    "SIAMESE_BACKEND",
     "DATABASE_FILES",
     "Writer",
+    "check_backend",
+    "check_batch_size",
     "detect_backend",
     "open_writer",
 ]
 
 #: The databases mnist2db writes and reads, the default first.
 BACKENDS = ("lmdb", "leveldb")
+#: The backend every writer uses unless told (Caffe's convert_mnist_data: ``--backend=lmdb``).
+DEFAULT_BACKEND = BACKENDS[0]
+#: The backend of siamese pair databases unless told: Caffe's convert_mnist_siamese_data
+#: writes LevelDB only, and its example's net reads LevelDB.
+SIAMESE_BACKEND = "leveldb"
 #: Records per transaction (LMDB) or write batch (LevelDB), as Caffe's convert_mnist_data commits.
 DEFAULT_BATCH_SIZE = 1000
 
@@ -237,6 +246,20 @@ class LeveldbWriter:
         self._db.close()
 
 
+def check_backend(backend: str) -> None:
+    """Raises BackendError unless ``backend`` is one of :data:`BACKENDS`."""
+    if backend not in BACKENDS:
+        raise BackendError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+
+
+def check_batch_size(batch_size: int) -> None:
+    """Raises Mnist2dbError unless a writer's ``batch_size`` is at least 1."""
+    if batch_size < 1:
+        from .errors import Mnist2dbError
+
+        raise Mnist2dbError(f"batch size must be at least 1, got {batch_size}")
+
+
 def open_writer(backend: str, path: str, size_hint: int = 0, append: bool = True) -> Writer:
     """Create a new, empty database of ``backend`` in the directory ``path``.
 
@@ -251,9 +274,8 @@ def open_writer(backend: str, path: str, size_hint: int = 0, append: bool = True
     """
     if backend == "lmdb":
         return LmdbWriter(path, size_hint, append=append)
-    if backend == "leveldb":
-        return LeveldbWriter(path)
-    raise BackendError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    check_backend(backend)
+    return LeveldbWriter(path)
 
 
 def detect_backend(path: str | os.PathLike[str]) -> str:

@@ -13,9 +13,15 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 
-from .backends import BACKENDS, DEFAULT_BATCH_SIZE, open_writer
+from .backends import (
+    DEFAULT_BACKEND,
+    DEFAULT_BATCH_SIZE,
+    check_backend,
+    check_batch_size,
+    open_writer,
+)
 from .datum import KEY_LIMIT, datum_prefix, encode_raw_batch, record_keys
-from .errors import BackendError, Mnist2dbError
+from .errors import Mnist2dbError
 from .fsutil import TEMP_MARK
 from .idx import LABELS_MAGIC, check_pair
 from .idxreader import IdxReader, open_idx
@@ -25,7 +31,7 @@ from .recipe import Recipe, iter_records, metadata_for, write_metadata
 from .staging import remove_stale_staging, staged_database
 from .startup import NamedTuple
 
-__all__ = ["ConvertResult", "convert", "remove_stale_staging"]
+__all__ = ["ConvertResult", "convert", "remove_stale_staging", "write_database"]
 
 
 #: Marker in the names of staging directories, so left-overs are recognisable.
@@ -73,7 +79,7 @@ def convert(
     images: str | os.PathLike[str],
     labels: str | os.PathLike[str],
     out: str | os.PathLike[str],
-    backend: str = "lmdb",
+    backend: str = DEFAULT_BACKEND,
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
     overwrite: bool = False,
@@ -127,10 +133,8 @@ def convert(
     progress = reporting(progress)
     start = time.perf_counter()
     out = os.fspath(out)
-    if backend not in BACKENDS:
-        raise BackendError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
-    if batch_size < 1:
-        raise Mnist2dbError(f"batch size must be at least 1, got {batch_size}")
+    check_backend(backend)
+    check_batch_size(batch_size)
     if not out:
         raise Mnist2dbError("the destination path is empty: name a directory to create")
     if seed is not None and not shuffle:
@@ -162,7 +166,7 @@ def convert(
                 label_reader.iter_raw_batches(batch_size),
                 strict=True,
             )
-            _write_database(
+            write_database(
                 backend,
                 staging,
                 size_hint,
@@ -210,7 +214,7 @@ def _convert_recipe(
     with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
         encode = encode_png_batch if recipe.encoded else encode_batch
         batches = iter_records(image_reader, label_reader, recipe, batch_size, spill_dir=staging)
-        _write_database(
+        write_database(
             backend,
             staging,
             size_hint,
@@ -231,7 +235,7 @@ def _convert_recipe(
     )
 
 
-def _write_database(
+def write_database(
     backend: str,
     staging: str,
     size_hint: int,
@@ -241,7 +245,8 @@ def _write_database(
 ) -> None:
     """Write ``total`` records, a batch of values at a time, under Caffe's keys into a new
     database in ``staging``: one transaction per batch, the writer aborted on any failure
-    and closed (flushed) when all are written."""
+    and closed (flushed) when all are written. The one batch writer of every database
+    mnist2db makes (:func:`convert`, :func:`mnist2db.siamese.convert_siamese`)."""
     writer = open_writer(backend, staging, size_hint=size_hint, append=total <= KEY_LIMIT)
     try:
         done = 0
