@@ -13,6 +13,10 @@ about 10% on MNIST), at random positions: for each pair the first item is drawn 
 the second uniformly among the items of the same class (a positive pair) or of the other
 classes (a negative pair).
 
+The database also holds mnist2db's ``mnist2db.json`` (:mod:`mnist2db.recipe`; a file
+beside the backend's own, never a record): the sources, the seed, the number of pairs, the
+balance and how the pairs are drawn, so ``info`` shows the seed and the run can be repeated.
+
 Images are needed in random order: they are streamed once (validated, gzip or plain, pipes
 too) into an unlinked temporary file in the staging directory and memory-mapped, so memory
 holds a batch, not the dataset; the labels (one byte per item) are held in memory.
@@ -34,6 +38,8 @@ from .progress import Progress, reporting
 if TYPE_CHECKING:
     import numpy as np
 
+    from .idx import IdxHeader
+
 
 class _SiameseResultFields(NamedTuple):
     path: str
@@ -46,7 +52,13 @@ class _SiameseResultFields(NamedTuple):
     seconds: float
 
 
-__all__ = ["SiameseResult", "convert_siamese"]
+__all__ = ["PAIRS_METHOD", "SiameseResult", "convert_siamese"]
+
+#: How the pairs are drawn from the seed, by balance (recorded in ``mnist2db.json``).
+PAIRS_METHOD = {
+    False: "PCG64(seed).random_raw, 2 words a pair: i = word % count, j = word % count",
+    True: "PCG64(seed).random_raw, 4 words a pair: first, same-class, other-class, selection",
+}
 
 
 class SiameseResult(_SiameseResultFields):
@@ -68,8 +80,8 @@ class SiameseResult(_SiameseResultFields):
         )
 
 
-def _load(images: str, labels: str, spill_dir: str) -> tuple[Any, Any, int, int]:
-    """Validate both files; return (images as a read-only memory map, labels, rows, cols)."""
+def _load(images: str, labels: str, spill_dir: str) -> tuple[Any, Any, IdxHeader, IdxHeader]:
+    """Validate both files; return (images as a read-only memory map, labels, both headers)."""
     import numpy as np
 
     from .idxreader import open_idx
@@ -85,7 +97,8 @@ def _load(images: str, labels: str, spill_dir: str) -> tuple[Any, Any, int, int]
         size = rows * cols
         batches = image_reader.iter_raw_batches(max(1, (4 << 20) // max(size, 1)))
         pixels = spill_to_map(batches, count, size, spill_dir)
-    return pixels, np.frombuffer(bytes(label_bytes), dtype=np.uint8), rows, cols
+    labels_array = np.frombuffer(bytes(label_bytes), dtype=np.uint8)
+    return pixels, labels_array, image_reader.header, label_reader.header
 
 
 class _PairDrawer:
@@ -190,10 +203,12 @@ def convert_siamese(
     elif not 0 <= seed < 1 << 64:
         raise Mnist2dbError(f"seed must be between 0 and 2**64-1, got {seed}")
     from .conversion import write_database
+    from .recipe import pairs_metadata, write_metadata
     from .staging import staged_database
 
     with staged_database(out, backend, overwrite=overwrite, inputs=(images, labels)) as staging:
-        pixels, label_array, rows, cols = _load(images, labels, staging)
+        pixels, label_array, image_header, label_header = _load(images, labels, staging)
+        rows, cols = image_header.dims[1], image_header.dims[2]
         count = len(label_array)
         if 2 * rows * cols > INT32_MAX:
             raise IdxFormatError(
@@ -219,6 +234,15 @@ def convert_siamese(
         )
         write_database(backend, staging, size_hint, batches, total, progress)
         del pixels
+        metadata = pairs_metadata(
+            image_header,
+            label_header,
+            seed=seed,
+            pairs=total,
+            balanced=balanced,
+            method=PAIRS_METHOD[balanced],
+        )
+        write_metadata(staging, metadata, out)
     return SiameseResult(
         path=out,
         backend=backend,
