@@ -31,6 +31,7 @@ __all__ = [
     "check_batch_size",
     "detect_backend",
     "open_writer",
+    "size_hint",
 ]
 
 #: The databases mnist2db writes and reads, the default first.
@@ -258,6 +259,23 @@ def check_batch_size(batch_size: int) -> None:
         from .errors import Mnist2dbError
 
         raise Mnist2dbError(f"batch size must be at least 1, got {batch_size}")
+
+
+def size_hint(records: int, value_size: int, *, streaming: bool = False) -> int:
+    """The ``size_hint`` of :func:`open_writer` for ``records`` values of ``value_size`` bytes
+    under Caffe's 8-byte keys: LMDB's pages hold small records side by side and give large
+    ones whole overflow pages; twice that for the B-tree's slack, plus 16 MiB.
+
+    ``streaming``: the count comes from a pipe's header, not checked against its size before
+    the data arrives: reserve at most 1 GiB of what it merely promises (the map grows when
+    needed).
+    """
+    record = value_size + 8 + 16
+    page = 4096
+    if record > page // 2:
+        record = -(-record // page) * page
+    hint = 2 * records * record + (16 << 20)
+    return min(hint, 1 << 30) if streaming else hint
 
 
 def open_writer(backend: str, path: str, size_hint: int = 0, append: bool = True) -> Writer:

@@ -19,6 +19,7 @@ from .backends import (
     check_backend,
     check_batch_size,
     open_writer,
+    size_hint,
 )
 from .datum import KEY_LIMIT, datum_prefix, encode_raw_batch, record_keys
 from .errors import Mnist2dbError
@@ -153,11 +154,6 @@ def convert(
         count = image_reader.header.count
         rows, cols = image_reader.header.dims[1], image_reader.header.dims[2]
         value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 3
-        size_hint = 2 * count * (_round_page(value_size + 8 + 16)) + (16 << 20)
-        if image_reader.streaming:
-            # A pipe's header is not checked against its size before the data arrives:
-            # do not reserve what it merely promises (the map grows when needed).
-            size_hint = min(size_hint, 1 << 30)
         inputs = (images, labels)
         with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
             # Raw bytes in, bytes out: no numpy and no per-record message objects.
@@ -169,10 +165,11 @@ def convert(
             write_database(
                 backend,
                 staging,
-                size_hint,
+                value_size,
                 (encode_raw_batch(images, labels, rows, cols) for images, labels in batches),
                 count,
                 progress,
+                streaming=image_reader.streaming,
             )
     return ConvertResult(
         path=out,
@@ -207,9 +204,6 @@ def _convert_recipe(
     if recipe.transpose:
         rows, cols = cols, rows
     value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 11
-    size_hint = 2 * total * (_round_page(value_size + 8 + 16)) + (16 << 20)
-    if image_reader.streaming:
-        size_hint = min(size_hint, 1 << 30)
     inputs = (image_reader.path, label_reader.path)
     with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
         encode = encode_png_batch if recipe.encoded else encode_batch
@@ -217,10 +211,11 @@ def _convert_recipe(
         write_database(
             backend,
             staging,
-            size_hint,
+            value_size,
             (encode(images, labels) for images, labels in batches),
             total,
             progress,
+            streaming=image_reader.streaming,
         )
         write_metadata(staging, metadata_for(recipe, header, label_reader.header), out)
     return ConvertResult(
@@ -238,16 +233,23 @@ def _convert_recipe(
 def write_database(
     backend: str,
     staging: str,
-    size_hint: int,
+    value_size: int,
     batches: Iterable[Sequence[bytes]],
     total: int,
     progress: Progress,
+    *,
+    streaming: bool = False,
 ) -> None:
     """Write ``total`` records, a batch of values at a time, under Caffe's keys into a new
     database in ``staging``: one transaction per batch, the writer aborted on any failure
     and closed (flushed) when all are written. The one batch writer of every database
-    mnist2db makes (:func:`convert`, :func:`mnist2db.siamese.convert_siamese`)."""
-    writer = open_writer(backend, staging, size_hint=size_hint, append=total <= KEY_LIMIT)
+    mnist2db makes (:func:`convert`, :func:`mnist2db.siamese.convert_siamese`).
+
+    ``value_size`` (bytes per value) and ``streaming`` (the count is a pipe's promise) size
+    LMDB's map (:func:`mnist2db.backends.size_hint`).
+    """
+    hint = size_hint(total, value_size, streaming=streaming)
+    writer = open_writer(backend, staging, size_hint=hint, append=total <= KEY_LIMIT)
     try:
         done = 0
         for values in batches:
@@ -259,10 +261,3 @@ def write_database(
         writer.abort()
         raise
     writer.close()
-
-
-def _round_page(size: int, page: int = 4096) -> int:
-    """LMDB packs small records into pages and gives large ones whole overflow pages."""
-    if size <= page // 2:
-        return size
-    return -(-size // page) * page

@@ -29,7 +29,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .backends import DEFAULT_BATCH_SIZE, SIAMESE_BACKEND, check_backend, check_batch_size
+from .backends import (
+    DEFAULT_BATCH_SIZE,
+    SIAMESE_BACKEND,
+    check_backend,
+    check_batch_size,
+)
 from .datum import datum_prefix, splitter
 from .errors import IdxFormatError, Mnist2dbError
 from .idx import INT32_MAX, check_pair
@@ -225,14 +230,13 @@ def convert_siamese(
             )
         drawer = _PairDrawer(label_array, seed, total, balanced)
         value_size = len(datum_prefix(2, rows, cols, 2 * rows * cols)) + 2 * rows * cols + 2
-        size_hint = 2 * total * (value_size + 8 + 16) + (16 << 20)
         if on_start is not None:
             on_start(count, rows, cols)
         positives = [0]
         batches = _pair_batches(
             pixels, label_array, drawer, rows, cols, total, batch_size, positives
         )
-        write_database(backend, staging, size_hint, batches, total, progress)
+        write_database(backend, staging, value_size, batches, total, progress)
         del pixels
         metadata = pairs_metadata(
             image_header,
