@@ -8,8 +8,17 @@ import lmdb
 import plyvel
 import pytest
 
-from mnist2db.backends import BACKENDS, detect_backend, is_database_file, open_writer
-from mnist2db.errors import BackendError
+from mnist2db.backends import (
+    BACKENDS,
+    DEFAULT_BACKEND,
+    check_backend,
+    check_batch_size,
+    detect_backend,
+    is_database_file,
+    open_writer,
+    size_hint,
+)
+from mnist2db.errors import BackendError, Mnist2dbError
 
 
 def test_lmdb_map_grows_when_full(tmp_path: Path) -> None:
@@ -84,3 +93,31 @@ def test_database_files_are_only_what_the_backend_makes(
     backend: str, name: str, owned: bool
 ) -> None:
     assert is_database_file(backend, name) is owned
+
+
+def test_the_default_backend_is_lmdb_and_unknown_ones_are_refused() -> None:
+    assert DEFAULT_BACKEND == BACKENDS[0] == "lmdb"  # Caffe's convert_mnist_data default
+    for backend in BACKENDS:
+        check_backend(backend)
+    with pytest.raises(BackendError) as info:
+        check_backend("rocksdb")
+    assert str(info.value) == "unknown backend 'rocksdb': expected one of lmdb, leveldb"
+    with pytest.raises(BackendError, match="unknown backend 'LMDB'"):
+        open_writer("LMDB", "unused")
+    check_batch_size(1)
+    with pytest.raises(Mnist2dbError) as info:
+        check_batch_size(0)
+    assert str(info.value) == "batch size must be at least 1, got 0"
+
+
+def test_size_hint_counts_lmdb_pages() -> None:
+    # A 28 x 28 MNIST Datum (797 bytes) packs into pages: key, value and node header.
+    assert size_hint(60000, 797) == 2 * 60000 * (797 + 8 + 16) + (16 << 20)
+    # A record over half a page takes whole overflow pages.
+    assert size_hint(10, 3000) == 2 * 10 * 4096 + (16 << 20)
+    assert size_hint(10, 5000) == 2 * 10 * 8192 + (16 << 20)
+    assert size_hint(0, 797) == 16 << 20
+    # A pipe's header only promises its count: at most 1 GiB is reserved for it.
+    assert size_hint(10**8, 797) > 1 << 30
+    assert size_hint(10**8, 797, streaming=True) == 1 << 30
+    assert size_hint(10, 797, streaming=True) == size_hint(10, 797)

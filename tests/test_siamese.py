@@ -3,6 +3,7 @@ interrupts, the drop-in convert_mnist_siamese_data and scripts/create_mnist_siam
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -15,12 +16,13 @@ import pytest
 from click.testing import CliRunner
 from helpers import write_idx
 
-from mnist2db.backends import detect_backend
+from mnist2db.backends import detect_backend, is_database_file
 from mnist2db.cli import cli
 from mnist2db.datum import decode_datum
 from mnist2db.errors import IdxFormatError, Mnist2dbError, OutputExistsError
 from mnist2db.readers import open_reader
-from mnist2db.siamese import convert_siamese
+from mnist2db.recipe import METADATA_NAME
+from mnist2db.siamese import PAIRS_METHOD, convert_siamese
 
 ROOT = Path(__file__).resolve().parent.parent
 SIAMESE_ENTRY = [sys.executable, "-c", "from mnist2db.compat import siamese_main; siamese_main()"]
@@ -249,3 +251,91 @@ def test_create_mnist_siamese_script(tmp_path: Path) -> None:
     )
     assert records(train) == records(tmp_path / "ref")
     shutil.rmtree(tmp_path / "ref")
+
+
+def test_the_database_records_what_made_it(mnist_pair, tmp_path: Path) -> None:
+    """mnist2db.json holds the sources, seed, pairs and balance: info shows them, the same
+    arguments give the same records again; it is a file, never a record."""
+    ipath, lpath, images, labels = mnist_pair(60, 3, 3)
+    for backend in ("leveldb", "lmdb"):
+        out = tmp_path / backend
+        convert_siamese(ipath, lpath, out, backend=backend, seed=77, pairs=41, balanced=True)
+        meta = json.loads((out / METADATA_NAME).read_text())
+        assert meta["source"] == {
+            "images": str(ipath),
+            "labels": str(lpath),
+            "items": 60,
+            "label_magic": "0x00000801",
+        }
+        assert meta["pairs"] == {
+            "count": 41,
+            "seed": 77,
+            "balanced": True,
+            "method": PAIRS_METHOD[True],
+        }
+        # Every key the backend holds is a pair record (Caffe's DataLayer reads them all).
+        assert check_pairs(out, images, labels) == (41, 20)
+        assert sorted(os.listdir(out)) == sorted(
+            [METADATA_NAME, *(n for n in os.listdir(out) if is_database_file(backend, n))]
+        )
+    shown = CliRunner().invoke(cli, ["info", str(tmp_path / "lmdb")])
+    assert shown.exit_code == 0, shown.output
+    assert f"source      {ipath} + {lpath} (60 items)\n" in shown.stdout
+    assert (
+        f"pairs       41 balanced (half same-class), seed 77 ({PAIRS_METHOD[True]})\n"
+        in shown.stdout
+    )
+    repeat = "repeat      mnist2db siamese --seed 77 --pairs 41 --balanced IMAGES LABELS OUT_DB\n"
+    assert repeat in shown.stdout
+    again = CliRunner().invoke(
+        cli,
+        ["siamese", "-q", "--seed", "77", "--pairs", "41", "--balanced", "--backend", "lmdb"]
+        + [str(ipath), str(lpath), str(tmp_path / "again")],
+    )
+    assert again.exit_code == 0, again.output
+    assert records(tmp_path / "again") == records(tmp_path / "lmdb")
+    uniform = convert_siamese(ipath, lpath, tmp_path / "uniform", seed=5)
+    meta = json.loads((tmp_path / "uniform" / METADATA_NAME).read_text())
+    assert meta["pairs"] == {
+        "count": 60,
+        "seed": 5,
+        "balanced": False,
+        "method": PAIRS_METHOD[False],
+    }
+    assert uniform.seed == 5
+    # Its records are pairs, not source items: verify and export say so in one line.
+    for command in (
+        ["verify", str(tmp_path / "uniform"), str(ipath), str(lpath)],
+        ["export", str(tmp_path / "uniform"), str(tmp_path / "exported")],
+    ):
+        refused = CliRunner().invoke(cli, command)
+        assert (refused.exit_code, refused.stderr) == (
+            1,
+            f"Error: {tmp_path / 'uniform'}: a siamese pair database (60 pairs, seed 5): "
+            "its records are pairs of source items, not source items\n",
+        )
+    assert not (tmp_path / "exported").exists()
+
+
+def test_a_failure_while_writing_aborts_and_leaves_nothing(mnist_pair, tmp_path: Path) -> None:
+    """The shared batch writer aborts on any failure: no database, no staging left."""
+    ipath, lpath, *_ = mnist_pair(100, 3, 3)
+
+    class Stop(Exception):
+        pass
+
+    seen: list[int] = []
+
+    def progress(done: int, total: int) -> None:
+        seen.append(done)
+        if done >= 40:
+            raise Stop
+
+    for backend in ("leveldb", "lmdb"):
+        with pytest.raises(Stop):
+            convert_siamese(
+                ipath, lpath, tmp_path / backend, backend=backend, batch_size=20, progress=progress
+            )
+        assert seen == [20, 40]
+        seen.clear()
+    assert sorted(os.listdir(tmp_path)) == sorted([ipath.name, lpath.name])

@@ -63,7 +63,7 @@ def parse_convert(args: list[str]) -> dict[str, object] | None:
 
 
 def _run_convert(options: dict[str, object]) -> int:
-    from .backends import DEFAULT_BATCH_SIZE
+    from .backends import DEFAULT_BACKEND, DEFAULT_BATCH_SIZE
     from .conversion import convert
     from .errors import Mnist2dbError
 
@@ -73,7 +73,7 @@ def _run_convert(options: dict[str, object]) -> int:
             str(options["images"]),
             str(options["labels"]),
             str(options["out"]),
-            backend=str(options.get("backend", "lmdb")),
+            backend=str(options.get("backend", DEFAULT_BACKEND)),
             batch_size=int(options.get("batch_size", DEFAULT_BATCH_SIZE)),  # type: ignore[call-overload]
             overwrite=bool(options.get("overwrite", False)),
         )

@@ -22,15 +22,25 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKENDS",
+    "DEFAULT_BACKEND",
     "DEFAULT_BATCH_SIZE",
+    "SIAMESE_BACKEND",
     "DATABASE_FILES",
     "Writer",
+    "check_backend",
+    "check_batch_size",
     "detect_backend",
     "open_writer",
+    "size_hint",
 ]
 
 #: The databases mnist2db writes and reads, the default first.
 BACKENDS = ("lmdb", "leveldb")
+#: The backend every writer uses unless told (Caffe's convert_mnist_data: ``--backend=lmdb``).
+DEFAULT_BACKEND = BACKENDS[0]
+#: The backend of siamese pair databases unless told: Caffe's convert_mnist_siamese_data
+#: writes LevelDB only, and its example's net reads LevelDB.
+SIAMESE_BACKEND = "leveldb"
 #: Records per transaction (LMDB) or write batch (LevelDB), as Caffe's convert_mnist_data commits.
 DEFAULT_BATCH_SIZE = 1000
 
@@ -237,6 +247,37 @@ class LeveldbWriter:
         self._db.close()
 
 
+def check_backend(backend: str) -> None:
+    """Raises BackendError unless ``backend`` is one of :data:`BACKENDS`."""
+    if backend not in BACKENDS:
+        raise BackendError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+
+
+def check_batch_size(batch_size: int) -> None:
+    """Raises Mnist2dbError unless a writer's ``batch_size`` is at least 1."""
+    if batch_size < 1:
+        from .errors import Mnist2dbError
+
+        raise Mnist2dbError(f"batch size must be at least 1, got {batch_size}")
+
+
+def size_hint(records: int, value_size: int, *, streaming: bool = False) -> int:
+    """The ``size_hint`` of :func:`open_writer` for ``records`` values of ``value_size`` bytes
+    under Caffe's 8-byte keys: LMDB's pages hold small records side by side and give large
+    ones whole overflow pages; twice that for the B-tree's slack, plus 16 MiB.
+
+    ``streaming``: the count comes from a pipe's header, not checked against its size before
+    the data arrives: reserve at most 1 GiB of what it merely promises (the map grows when
+    needed).
+    """
+    record = value_size + 8 + 16
+    page = 4096
+    if record > page // 2:
+        record = -(-record // page) * page
+    hint = 2 * records * record + (16 << 20)
+    return min(hint, 1 << 30) if streaming else hint
+
+
 def open_writer(backend: str, path: str, size_hint: int = 0, append: bool = True) -> Writer:
     """Create a new, empty database of ``backend`` in the directory ``path``.
 
@@ -251,9 +292,8 @@ def open_writer(backend: str, path: str, size_hint: int = 0, append: bool = True
     """
     if backend == "lmdb":
         return LmdbWriter(path, size_hint, append=append)
-    if backend == "leveldb":
-        return LeveldbWriter(path)
-    raise BackendError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    check_backend(backend)
+    return LeveldbWriter(path)
 
 
 def detect_backend(path: str | os.PathLike[str]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from .backends import BACKENDS
+from .backends import BACKENDS, SIAMESE_BACKEND
 from .cliutil import library_errors, progress_reporter
 from .options import (
     quiet_option,
@@ -52,7 +52,7 @@ def mean(db: str, out: str | None, overwrite: bool, quiet: bool) -> None:
 @click.option(
     "--backend",
     type=click.Choice(BACKENDS, case_sensitive=False),
-    default="leveldb",
+    default=SIAMESE_BACKEND,
     show_default=True,
     help="Database to write (Caffe's siamese example reads LevelDB).",
 )

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 
 from . import __version__
-from .backends import BACKENDS, DEFAULT_BATCH_SIZE
+from .backends import BACKENDS, DEFAULT_BACKEND, DEFAULT_BATCH_SIZE, SIAMESE_BACKEND
 from .gflags import Flag, FlagError, ParsedArgs, parse_command_line, usage_text
 from .startup import TYPE_CHECKING
 
@@ -72,7 +72,7 @@ def _at_least_one(value: object) -> bool:
 
 #: The flags of convert_mnist_data (examples/mnist/convert_mnist_data.cpp).
 FLAGS: dict[str, Flag] = {
-    "backend": Flag("backend", "string", "lmdb", "The backend for storing the result"),
+    "backend": Flag("backend", "string", DEFAULT_BACKEND, "The backend for storing the result"),
     "batch_size": Flag(
         "batch_size",
         "int32",
@@ -90,13 +90,16 @@ FLAGS: dict[str, Flag] = {
 
 MEAN_FLAGS: dict[str, Flag] = {
     "backend": Flag(
-        "backend", "string", "lmdb", "The backend {leveldb, lmdb} containing the images"
+        "backend", "string", DEFAULT_BACKEND, "The backend {leveldb, lmdb} containing the images"
     ),
 }
 
 SIAMESE_FLAGS: dict[str, Flag] = {
     "backend": Flag(
-        "backend", "string", "leveldb", "The backend for storing the result (mnist2db extension)"
+        "backend",
+        "string",
+        SIAMESE_BACKEND,
+        "The backend for storing the result (mnist2db extension)",
     ),
     "seed": Flag(
         "seed", "int64", -1, "Seed of the pair draws; -1: a fresh one each run (mnist2db extension)"

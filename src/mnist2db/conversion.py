@@ -13,9 +13,16 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 
-from .backends import BACKENDS, DEFAULT_BATCH_SIZE, open_writer
+from .backends import (
+    DEFAULT_BACKEND,
+    DEFAULT_BATCH_SIZE,
+    check_backend,
+    check_batch_size,
+    open_writer,
+    size_hint,
+)
 from .datum import KEY_LIMIT, datum_prefix, encode_raw_batch, record_keys
-from .errors import BackendError, Mnist2dbError
+from .errors import Mnist2dbError
 from .fsutil import TEMP_MARK
 from .idx import LABELS_MAGIC, check_pair
 from .idxreader import IdxReader, open_idx
@@ -25,7 +32,7 @@ from .recipe import Recipe, iter_records, metadata_for, write_metadata
 from .staging import remove_stale_staging, staged_database
 from .startup import NamedTuple
 
-__all__ = ["ConvertResult", "convert", "remove_stale_staging"]
+__all__ = ["ConvertResult", "convert", "remove_stale_staging", "write_database"]
 
 
 #: Marker in the names of staging directories, so left-overs are recognisable.
@@ -73,7 +80,7 @@ def convert(
     images: str | os.PathLike[str],
     labels: str | os.PathLike[str],
     out: str | os.PathLike[str],
-    backend: str = "lmdb",
+    backend: str = DEFAULT_BACKEND,
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
     overwrite: bool = False,
@@ -127,10 +134,8 @@ def convert(
     progress = reporting(progress)
     start = time.perf_counter()
     out = os.fspath(out)
-    if backend not in BACKENDS:
-        raise BackendError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
-    if batch_size < 1:
-        raise Mnist2dbError(f"batch size must be at least 1, got {batch_size}")
+    check_backend(backend)
+    check_batch_size(batch_size)
     if not out:
         raise Mnist2dbError("the destination path is empty: name a directory to create")
     if seed is not None and not shuffle:
@@ -149,11 +154,6 @@ def convert(
         count = image_reader.header.count
         rows, cols = image_reader.header.dims[1], image_reader.header.dims[2]
         value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 3
-        size_hint = 2 * count * (_round_page(value_size + 8 + 16)) + (16 << 20)
-        if image_reader.streaming:
-            # A pipe's header is not checked against its size before the data arrives:
-            # do not reserve what it merely promises (the map grows when needed).
-            size_hint = min(size_hint, 1 << 30)
         inputs = (images, labels)
         with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
             # Raw bytes in, bytes out: no numpy and no per-record message objects.
@@ -162,13 +162,14 @@ def convert(
                 label_reader.iter_raw_batches(batch_size),
                 strict=True,
             )
-            _write_database(
+            write_database(
                 backend,
                 staging,
-                size_hint,
+                value_size,
                 (encode_raw_batch(images, labels, rows, cols) for images, labels in batches),
                 count,
                 progress,
+                streaming=image_reader.streaming,
             )
     return ConvertResult(
         path=out,
@@ -203,20 +204,18 @@ def _convert_recipe(
     if recipe.transpose:
         rows, cols = cols, rows
     value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 11
-    size_hint = 2 * total * (_round_page(value_size + 8 + 16)) + (16 << 20)
-    if image_reader.streaming:
-        size_hint = min(size_hint, 1 << 30)
     inputs = (image_reader.path, label_reader.path)
     with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
         encode = encode_png_batch if recipe.encoded else encode_batch
         batches = iter_records(image_reader, label_reader, recipe, batch_size, spill_dir=staging)
-        _write_database(
+        write_database(
             backend,
             staging,
-            size_hint,
+            value_size,
             (encode(images, labels) for images, labels in batches),
             total,
             progress,
+            streaming=image_reader.streaming,
         )
         write_metadata(staging, metadata_for(recipe, header, label_reader.header), out)
     return ConvertResult(
@@ -231,18 +230,26 @@ def _convert_recipe(
     )
 
 
-def _write_database(
+def write_database(
     backend: str,
     staging: str,
-    size_hint: int,
+    value_size: int,
     batches: Iterable[Sequence[bytes]],
     total: int,
     progress: Progress,
+    *,
+    streaming: bool = False,
 ) -> None:
     """Write ``total`` records, a batch of values at a time, under Caffe's keys into a new
     database in ``staging``: one transaction per batch, the writer aborted on any failure
-    and closed (flushed) when all are written."""
-    writer = open_writer(backend, staging, size_hint=size_hint, append=total <= KEY_LIMIT)
+    and closed (flushed) when all are written. The one batch writer of every database
+    mnist2db makes (:func:`convert`, :func:`mnist2db.siamese.convert_siamese`).
+
+    ``value_size`` (bytes per value) and ``streaming`` (the count is a pipe's promise) size
+    LMDB's map (:func:`mnist2db.backends.size_hint`).
+    """
+    hint = size_hint(total, value_size, streaming=streaming)
+    writer = open_writer(backend, staging, size_hint=hint, append=total <= KEY_LIMIT)
     try:
         done = 0
         for values in batches:
@@ -254,10 +261,3 @@ def _write_database(
         writer.abort()
         raise
     writer.close()
-
-
-def _round_page(size: int, page: int = 4096) -> int:
-    """LMDB packs small records into pages and gives large ones whole overflow pages."""
-    if size <= page // 2:
-        return size
-    return -(-size // page) * page

@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .backends import DEFAULT_BACKEND
 from .datasets import DEFAULT_DATASET, Dataset, default_data_dir, default_out_dir, get_dataset
 from .errors import IdxFormatError
 from .progress import NamedProgress, labelled, named_reporting
@@ -34,7 +35,7 @@ def create_databases(
     dataset: str | Dataset = DEFAULT_DATASET,
     data_dir: str | os.PathLike[str] | None = None,
     out_dir: str | os.PathLike[str] | None = None,
-    backend: str = "lmdb",
+    backend: str = DEFAULT_BACKEND,
     *,
     overwrite: bool = False,
     batch_size: int | None = None,

@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .backends import DEFAULT_BATCH_SIZE
+from .backends import DEFAULT_BATCH_SIZE, check_batch_size
 from .datum import encode_varint, key_text
 from .errors import Mnist2dbError, OutputExistsError
 from .pngdatum import decoded_datum
@@ -121,8 +121,7 @@ def compute_mean(
     import numpy as np
 
     path = os.fspath(path)
-    if batch_size < 1:
-        raise Mnist2dbError(f"batch size must be at least 1, got {batch_size}")
+    check_batch_size(batch_size)
     from .backends import detect_backend
 
     backend = backend or detect_backend(path)

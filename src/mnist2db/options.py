@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from .backends import BACKENDS
+from .backends import BACKENDS, DEFAULT_BACKEND
 from .datasets import DATASET_NAMES, DEFAULT_DATASET
 
 __all__ = [
@@ -43,7 +43,7 @@ class Path(click.Path):
 backend_option = click.option(
     "--backend",
     type=click.Choice(BACKENDS, case_sensitive=False),
-    default="lmdb",
+    default=DEFAULT_BACKEND,
     show_default=True,
     help="Database to write.",
 )

@@ -13,12 +13,14 @@ The options (all off by default, when ``convert`` writes exactly Caffe's records
   ``00000000…``: the permutation is ``argsort`` of ``count`` raw 64-bit words of numpy's
   PCG64 seeded with ``seed`` (a stream numpy keeps stable across versions).
 
-A database written with any option holds one more file, :data:`METADATA_NAME`, beside the
-backend's own files and never among its records (Caffe's DataLayer reads every key of the
+A database written with any option, and every siamese pair database, holds one more file,
+:data:`METADATA_NAME`, beside the backend's own files and never among its records (Caffe's DataLayer reads every key of the
 main database; LMDB and LevelDB both ignore a foreign file in their directory). It records
 the options and the source, so ``verify`` and ``export`` map records back to source items
 and ``info`` can say what the database holds. The permutation is not stored: the seed and
-the method give it back.
+the method give it back. A pair database records its seed, pair count and balance
+(:func:`pairs_metadata`) instead of conversion options: its records are pairs of source
+items, so ``verify`` and ``export`` refuse it, and ``info`` shows how to make it again.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ __all__ = [
     "Recipe",
     "check_range",
     "iter_records",
+    "pairs_metadata",
     "permutation",
     "read_metadata",
     "write_metadata",
@@ -235,9 +238,8 @@ def _select(
 # -- the metadata file -------------------------------------------------------------------------
 
 
-def metadata_for(recipe: Recipe, images: IdxHeader, labels: IdxHeader) -> dict[str, Any]:
-    """What :func:`write_metadata` records for a conversion of ``images`` and ``labels``."""
-    stop = images.count if recipe.count is None else recipe.offset + recipe.count
+def _source(images: IdxHeader, labels: IdxHeader) -> dict[str, Any]:
+    """The metadata's ``format``, ``version`` and ``source``: what every database records."""
     return {
         "format": _FORMAT,
         "version": _VERSION,
@@ -247,6 +249,14 @@ def metadata_for(recipe: Recipe, images: IdxHeader, labels: IdxHeader) -> dict[s
             "items": images.count,
             "label_magic": f"0x{labels.magic:08x}",
         },
+    }
+
+
+def metadata_for(recipe: Recipe, images: IdxHeader, labels: IdxHeader) -> dict[str, Any]:
+    """What :func:`write_metadata` records for a conversion of ``images`` and ``labels``."""
+    stop = images.count if recipe.count is None else recipe.offset + recipe.count
+    return {
+        **_source(images, labels),
         "offset": recipe.offset,
         "count": stop - recipe.offset,
         "transpose": recipe.transpose,
@@ -254,6 +264,25 @@ def metadata_for(recipe: Recipe, images: IdxHeader, labels: IdxHeader) -> dict[s
         "shuffle": None if recipe.seed is None else {"seed": recipe.seed, "method": SHUFFLE_METHOD},
         "encoded": recipe.encoded,
     }
+
+
+def pairs_metadata(
+    images: IdxHeader, labels: IdxHeader, *, seed: int, pairs: int, balanced: bool, method: str
+) -> dict[str, Any]:
+    """What :func:`write_metadata` records for a siamese pair database of ``images`` and
+    ``labels`` (:mod:`mnist2db.siamese`, which names its draws' ``method``)."""
+    return {
+        **_source(images, labels),
+        "pairs": {"count": pairs, "seed": seed, "balanced": balanced, "method": method},
+    }
+
+
+def _pairs_of(metadata: dict[str, Any]) -> tuple[int, int, bool, str] | None:
+    """``(count, seed, balanced, method)`` of a pair database's metadata, else None."""
+    pairs = metadata.get("pairs")
+    if pairs is None:
+        return None
+    return int(pairs["count"]), int(pairs["seed"]), bool(pairs["balanced"]), str(pairs["method"])
 
 
 def write_metadata(directory: str, metadata: dict[str, Any], out: str) -> None:
@@ -275,8 +304,8 @@ def write_metadata(directory: str, metadata: dict[str, Any], out: str) -> None:
         raise BackendError(f"{out}: cannot write {METADATA_NAME}: {exc.strerror or exc}") from None
 
 
-def read_metadata(db: str | os.PathLike[str]) -> tuple[Recipe, dict[str, Any]] | None:
-    """The recipe and metadata recorded in database ``db``, or None for a plain database.
+def _load_metadata(db: str | os.PathLike[str]) -> tuple[str, dict[str, Any]] | None:
+    """``(path, metadata)`` of database ``db``'s metadata file, or None if it has none.
 
     Raises:
         Mnist2dbError: the file is there but is not mnist2db's metadata.
@@ -294,6 +323,41 @@ def read_metadata(db: str | os.PathLike[str]) -> tuple[Recipe, dict[str, Any]] |
     try:
         if metadata["format"] != _FORMAT or metadata["version"] != _VERSION:
             raise ValueError("unknown format or version")
+        int(metadata["source"]["items"])
+        _pairs_of(metadata)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise Mnist2dbError(f"{path}: not mnist2db's metadata ({exc})") from None
+    return path, metadata
+
+
+def read_metadata(db: str | os.PathLike[str]) -> tuple[Recipe, dict[str, Any]] | None:
+    """The recipe and metadata recorded in converted database ``db``, or None for a plain
+    database.
+
+    Raises:
+        Mnist2dbError: the file is there but is not mnist2db's metadata, or ``db`` is a
+            siamese pair database (its records are not source items).
+    """
+    loaded = _load_metadata(db)
+    if loaded is None:
+        return None
+    path, metadata = loaded
+    pairs = _pairs_of(metadata)
+    if pairs is not None:
+        raise Mnist2dbError(
+            f"{os.fspath(db)}: a siamese pair database ({pairs[0]} pairs, seed {pairs[1]}): "
+            "its records are pairs of source items, not source items"
+        )
+    return _recipe_of(path, metadata), metadata
+
+
+def _recipe_of(path: str, metadata: dict[str, Any]) -> Recipe:
+    """The conversion options recorded in ``metadata`` (read from ``path``).
+
+    Raises:
+        Mnist2dbError: they are not mnist2db's.
+    """
+    try:
         shuffle = metadata["shuffle"]
         if shuffle is not None and shuffle["method"] != SHUFFLE_METHOD:
             raise ValueError(f"unknown shuffle method {shuffle['method']!r}")
@@ -307,10 +371,9 @@ def read_metadata(db: str | os.PathLike[str]) -> tuple[Recipe, dict[str, Any]] |
         )
         if recipe.encoded not in (None, "png"):
             raise ValueError(f"unknown encoding {recipe.encoded!r}")
-        int(metadata["source"]["items"])
     except (KeyError, TypeError, ValueError) as exc:
         raise Mnist2dbError(f"{path}: not mnist2db's metadata ({exc})") from None
-    return recipe, metadata
+    return recipe
 
 
 def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
@@ -319,16 +382,24 @@ def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
     Raises:
         Mnist2dbError: its metadata file is not mnist2db's.
     """
-    found = read_metadata(db)
-    if found is None:
+    loaded = _load_metadata(db)
+    if loaded is None:
         return [
             ("orientation", f"{orientation(False)} (no {METADATA_NAME}: written without options)")
         ]
-    recipe, metadata = found
-    source = metadata["source"]
+    source = loaded[1]["source"]
     items = int(source["items"])
     names = f"{shown(source['images'])} + {shown(source['labels'])}"
     lines = [("source", f"{names} ({items} items)")]
+    pairs = _pairs_of(loaded[1])
+    if pairs is not None:
+        count, seed, balanced, method = pairs
+        kind = "balanced (half same-class)" if balanced else "uniform (as Caffe)"
+        again = f"--seed {seed} --pairs {count}" + (" --balanced" if balanced else "")
+        lines.append(("pairs", f"{count} {kind}, seed {seed} ({method})"))
+        lines.append(("repeat", f"mnist2db siamese {again} IMAGES LABELS OUT_DB"))
+        return lines
+    recipe = _recipe_of(*loaded)
     if recipe.offset or recipe.count != items:
         last = recipe.offset + (recipe.count or 0) - 1
         lines.append(("items", f"{recipe.offset} … {last} of the source ({recipe.count})"))

@@ -13,6 +13,10 @@ about 10% on MNIST), at random positions: for each pair the first item is drawn 
 the second uniformly among the items of the same class (a positive pair) or of the other
 classes (a negative pair).
 
+The database also holds mnist2db's ``mnist2db.json`` (:mod:`mnist2db.recipe`; a file
+beside the backend's own, never a record): the sources, the seed, the number of pairs, the
+balance and how the pairs are drawn, so ``info`` shows the seed and the run can be repeated.
+
 Images are needed in random order: they are streamed once (validated, gzip or plain, pipes
 too) into an unlinked temporary file in the staging directory and memory-mapped, so memory
 holds a batch, not the dataset; the labels (one byte per item) are held in memory.
@@ -20,13 +24,17 @@ holds a batch, not the dataset; the labels (one byte per item) are held in memor
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .backends import DEFAULT_BATCH_SIZE
+from .backends import (
+    DEFAULT_BATCH_SIZE,
+    SIAMESE_BACKEND,
+    check_backend,
+    check_batch_size,
+)
 from .datum import datum_prefix, splitter
 from .errors import IdxFormatError, Mnist2dbError
 from .idx import INT32_MAX, check_pair
@@ -35,7 +43,7 @@ from .progress import Progress, reporting
 if TYPE_CHECKING:
     import numpy as np
 
-    from .backends import Writer
+    from .idx import IdxHeader
 
 
 class _SiameseResultFields(NamedTuple):
@@ -49,9 +57,13 @@ class _SiameseResultFields(NamedTuple):
     seconds: float
 
 
-__all__ = ["SiameseResult", "convert_siamese"]
+__all__ = ["PAIRS_METHOD", "SiameseResult", "convert_siamese"]
 
-DEFAULT_BACKEND = "leveldb"  # Caffe's tool writes LevelDB only
+#: How the pairs are drawn from the seed, by balance (recorded in ``mnist2db.json``).
+PAIRS_METHOD = {
+    False: "PCG64(seed).random_raw, 2 words a pair: i = word % count, j = word % count",
+    True: "PCG64(seed).random_raw, 4 words a pair: first, same-class, other-class, selection",
+}
 
 
 class SiameseResult(_SiameseResultFields):
@@ -73,38 +85,8 @@ class SiameseResult(_SiameseResultFields):
         )
 
 
-@contextlib.contextmanager
-def _staged_database(
-    out: str, backend: str, overwrite: bool, inputs: tuple[str, ...]
-) -> Iterator[tuple[str, Callable[..., Writer]]]:
-    """``(staging directory, open_writer)`` for a new database that appears at ``out`` only
-    when complete: the staging and placement of :func:`mnist2db.convert`, used from here only.
-
-    The writer is opened by the caller (once the inputs are read, when its size is known) and
-    must be closed by it; on any exception it is aborted and the staging directory removed.
-    """
-    from .backends import open_writer
-    from .datum import KEY_LIMIT
-    from .staging import staged_database
-
-    opened: list[Writer] = []
-
-    def open_staged(backend: str, size_hint: int, count: int) -> Writer:
-        writer = open_writer(backend, staging, size_hint=size_hint, append=count <= KEY_LIMIT)
-        opened.append(writer)
-        return writer
-
-    with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
-        try:
-            yield staging, open_staged
-        except BaseException:
-            for writer in opened:
-                writer.abort()
-            raise
-
-
-def _load(images: str, labels: str, spill_dir: str) -> tuple[Any, Any, int, int]:
-    """Validate both files; return (images as a read-only memory map, labels, rows, cols)."""
+def _load(images: str, labels: str, spill_dir: str) -> tuple[Any, Any, IdxHeader, IdxHeader]:
+    """Validate both files; return (images as a read-only memory map, labels, both headers)."""
     import numpy as np
 
     from .idxreader import open_idx
@@ -120,7 +102,8 @@ def _load(images: str, labels: str, spill_dir: str) -> tuple[Any, Any, int, int]
         size = rows * cols
         batches = image_reader.iter_raw_batches(max(1, (4 << 20) // max(size, 1)))
         pixels = spill_to_map(batches, count, size, spill_dir)
-    return pixels, np.frombuffer(bytes(label_bytes), dtype=np.uint8), rows, cols
+    labels_array = np.frombuffer(bytes(label_bytes), dtype=np.uint8)
+    return pixels, labels_array, image_reader.header, label_reader.header
 
 
 class _PairDrawer:
@@ -177,7 +160,7 @@ def convert_siamese(
     images: str | os.PathLike[str],
     labels: str | os.PathLike[str],
     out: str | os.PathLike[str],
-    backend: str = DEFAULT_BACKEND,
+    backend: str = SIAMESE_BACKEND,
     *,
     seed: int | None = None,
     pairs: int | None = None,
@@ -213,26 +196,24 @@ def convert_siamese(
     progress = reporting(progress)
     import numpy as np
 
-    from .backends import BACKENDS
-    from .datum import record_keys
-
     start_time = time.perf_counter()
     out = os.fspath(out)
     images, labels = os.fspath(images), os.fspath(labels)
-    if backend not in BACKENDS:
-        from .errors import BackendError
-
-        raise BackendError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
-    if batch_size < 1:
-        raise Mnist2dbError(f"batch size must be at least 1, got {batch_size}")
+    check_backend(backend)
+    check_batch_size(batch_size)
     if pairs is not None and pairs < 0:
         raise Mnist2dbError(f"the number of pairs must be at least 0, got {pairs}")
     if seed is None:
         seed = int.from_bytes(os.urandom(8), "little")
     elif not 0 <= seed < 1 << 64:
         raise Mnist2dbError(f"seed must be between 0 and 2**64-1, got {seed}")
-    with _staged_database(out, backend, overwrite, (images, labels)) as (staging, open_staged):
-        pixels, label_array, rows, cols = _load(images, labels, staging)
+    from .conversion import write_database
+    from .recipe import pairs_metadata, write_metadata
+    from .staging import staged_database
+
+    with staged_database(out, backend, overwrite=overwrite, inputs=(images, labels)) as staging:
+        pixels, label_array, image_header, label_header = _load(images, labels, staging)
+        rows, cols = image_header.dims[1], image_header.dims[2]
         count = len(label_array)
         if 2 * rows * cols > INT32_MAX:
             raise IdxFormatError(
@@ -249,38 +230,64 @@ def convert_siamese(
             )
         drawer = _PairDrawer(label_array, seed, total, balanced)
         value_size = len(datum_prefix(2, rows, cols, 2 * rows * cols)) + 2 * rows * cols + 2
-        writer = open_staged(backend, 2 * total * (value_size + 8 + 16) + (16 << 20), total)
         if on_start is not None:
             on_start(count, rows, cols)
-        size = rows * cols
-        prefix = np.frombuffer(datum_prefix(2, rows, cols, 2 * size), dtype=np.uint8)
-        head = len(prefix)
-        length = head + 2 * size + 2
-        done = positives = 0
-        while done < total:
-            n = min(batch_size, total - done)
-            first, second = drawer.draw(n)
-            same = (label_array[first] == label_array[second]).astype(np.uint8)
-            matrix = np.empty((n, length), dtype=np.uint8)
-            matrix[:, :head] = prefix
-            matrix[:, head : head + size] = pixels[first]
-            matrix[:, head + size : head + 2 * size] = pixels[second]
-            matrix[:, head + 2 * size] = 0x28  # field 5 (label), varint
-            matrix[:, head + 2 * size + 1] = same
-            values = splitter(length, n).unpack(matrix.tobytes())
-            writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))
-            positives += int(same.sum())
-            done += n
-            progress(done, total)
+        positives = [0]
+        batches = _pair_batches(
+            pixels, label_array, drawer, rows, cols, total, batch_size, positives
+        )
+        write_database(backend, staging, value_size, batches, total, progress)
         del pixels
-        writer.close()
+        metadata = pairs_metadata(
+            image_header,
+            label_header,
+            seed=seed,
+            pairs=total,
+            balanced=balanced,
+            method=PAIRS_METHOD[balanced],
+        )
+        write_metadata(staging, metadata, out)
     return SiameseResult(
         path=out,
         backend=backend,
         count=total,
-        positives=positives,
+        positives=positives[0],
         rows=rows,
         cols=cols,
         seed=seed,
         seconds=time.perf_counter() - start_time,
     )
+
+
+def _pair_batches(
+    pixels: np.ndarray,
+    labels: np.ndarray,
+    drawer: _PairDrawer,
+    rows: int,
+    cols: int,
+    total: int,
+    batch_size: int,
+    positives: list[int],
+) -> Iterator[Sequence[bytes]]:
+    """The values of ``total`` pair records, ``batch_size`` at a time, in key order; the
+    same-class pairs are counted into ``positives[0]``."""
+    import numpy as np
+
+    size = rows * cols
+    prefix = np.frombuffer(datum_prefix(2, rows, cols, 2 * size), dtype=np.uint8)
+    head = len(prefix)
+    length = head + 2 * size + 2
+    done = 0
+    while done < total:
+        n = min(batch_size, total - done)
+        first, second = drawer.draw(n)
+        same = (labels[first] == labels[second]).astype(np.uint8)
+        matrix = np.empty((n, length), dtype=np.uint8)
+        matrix[:, :head] = prefix
+        matrix[:, head : head + size] = pixels[first]
+        matrix[:, head + size : head + 2 * size] = pixels[second]
+        matrix[:, head + 2 * size] = 0x28  # field 5 (label), varint
+        matrix[:, head + 2 * size + 1] = same
+        positives[0] += int(same.sum())
+        yield splitter(length, n).unpack(matrix.tobytes())
+        done += n
