@@ -321,9 +321,9 @@ def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
     """
     found = read_metadata(db)
     if found is None:
-        return [
-            ("orientation", f"{orientation(False)} (no {METADATA_NAME}: written without options)")
-        ]
+        # Without it the database may be ours without options, or Caffe's, or anyone's:
+        # its orientation, order and range are not known, so none is claimed.
+        return [("options", f"not recorded (no {METADATA_NAME})")]
     recipe, metadata = found
     source = metadata["source"]
     items = int(source["items"])
