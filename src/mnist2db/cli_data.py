@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .cliutil import library_errors, progress_reporter
+from .cliutil import echo, library_errors, progress_reporter
 from .options import (
     Path,
     label_column_option,
@@ -119,7 +119,7 @@ def show(
                     [r.image for r in selected], captions, png, overwrite=overwrite
                 )
                 shown = len(selected)
-                click.echo(f"Wrote {png}: {shown} images, {width} × {height} pixels.", err=True)
+                echo(f"Wrote {png}: {shown} images, {width} × {height} pixels.", err=True)
             else:
                 for record in records:
                     _check_drawable(source, record)
@@ -127,15 +127,13 @@ def show(
                     if record.key is not None:
                         head += f"  key {key_text(record.key)}"
                     head += f"  label {record.label if record.label is not None else '-'}"
-                    click.echo(head)
+                    echo(head)
                     for line in image_to_text(record.image, threshold=threshold, ascii=ascii_):
-                        click.echo(line)
-                    click.echo()
+                        echo(line)
+                    echo()
                     shown += 1
     if shown < count:
-        click.echo(
-            f"Showed {shown} of {count} requested: {source} ends at {total} records.", err=True
-        )
+        echo(f"Showed {shown} of {count} requested: {source} ends at {total} records.", err=True)
 
 
 @click.command()
@@ -158,9 +156,9 @@ def info(path: str) -> None:
     with library_errors():
         described = db_info(path) if os.path.isdir(path) else idx_info(path)
         for name, value in described.rows():
-            click.echo(f"{name:<12}{value}")
+            echo(f"{name:<12}{value}")
         problem = described.problem
-        click.echo(f"{'valid':<12}{'yes' if problem is None else 'no'}")
+        echo(f"{'valid':<12}{'yes' if problem is None else 'no'}")
     if problem is not None:
         raise click.ClickException(f"{path}: {problem}")
 
@@ -185,7 +183,7 @@ def verify(db: str, images: str, labels: str, quiet: bool) -> None:
     with library_errors(), progress_reporter("Verifying", quiet) as progress:
         result = verify_db(db, images, labels, progress=progress)
     if not quiet:
-        click.echo(f"OK: {db} holds the {result.count} records of {images} and {labels}.")
+        echo(f"OK: {db} holds the {result.count} records of {images} and {labels}.")
 
 
 @click.command()
@@ -214,10 +212,10 @@ def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bo
     with library_errors(), progress_reporter("Exporting", quiet) as progress:
         result = export_db(db, out_dir, prefix=prefix, overwrite=overwrite, progress=progress)
     if not quiet:
-        click.echo(
+        echo(
             f"Wrote {result.images} and {result.labels} ({result.count} items, "
             f"{result.rows} × {result.cols}).",
             err=True,
         )
         for note in result.notes:
-            click.echo(f"  {note}", err=True)
+            echo(f"  {note}", err=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from .errors import IdxFormatError, Mnist2dbError
+from .errors import IdxFormatError, Mnist2dbError, printable
 from .idx import QMNIST_LABELS_MAGIC
 from .startup import TYPE_CHECKING, NamedTuple
 
@@ -327,7 +327,7 @@ def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
     recipe, metadata = found
     source = metadata["source"]
     items = int(source["items"])
-    names = f"{shown(source['images'])} + {shown(source['labels'])}"
+    names = f"{printable(source['images'])} + {printable(source['labels'])}"
     lines = [("source", f"{names} ({items} items)")]
     if recipe.offset or recipe.count != items:
         last = recipe.offset + (recipe.count or 0) - 1
@@ -346,11 +346,6 @@ def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
     if recipe.encoded is not None:
         lines.append(("encoded", f"{recipe.encoded.upper()} images in Datum.data (encoded: true)"))
     return lines
-
-
-def shown(path: str) -> str:
-    """A recorded path as it can be printed: bytes that are not UTF-8 as ``\\xNN``."""
-    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def orientation(transpose: bool) -> str:
