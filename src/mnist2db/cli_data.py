@@ -18,7 +18,8 @@ from .options import (
 
 
 def _check_drawable(source: str, record: Any) -> None:
-    """Name the source and the record when an image cannot be drawn (float or 2-channel data)."""
+    """Name the source and the record when an image cannot be drawn (float pixels, or 4 or
+    more channels)."""
     from .errors import RenderError
     from .render import image_to_gray
 
@@ -79,7 +80,7 @@ def show(
 
     from .datum import key_text
     from .pairs import check_file_target
-    from .render import check_canvas, image_to_text, write_png_grid
+    from .render import check_canvas, drawn_size, image_to_text, write_png_grid
     from .selection import select_records
 
     if png is not None and (threshold is not None or ascii_):
@@ -110,7 +111,7 @@ def show(
                 for record in records:
                     _check_drawable(source, record)
                     if not selected:  # the grid is held in memory: bound it before filling it
-                        check_canvas(png, min(count, total - offset), *record.image.shape[1:])
+                        check_canvas(png, min(count, total - offset), *drawn_size(record.image))
                     selected.append(record)
                 captions = [
                     f"#{r.index}: {r.label if r.label is not None else '-'}" for r in selected
