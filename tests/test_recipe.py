@@ -295,6 +295,21 @@ def test_shuffled_transposed_subset_round_trips_through_verify_and_export(
     assert (tmp_path / "out/sub-labels-idx1-ubyte").read_bytes() == idx_bytes(labels[100:1250])
 
 
+def test_a_range_of_no_items_is_named_as_none(tmp_path: Path, mnist_pair: Pair) -> None:
+    # --offset at the end (or --count 0) writes 0 records; "items 5 … 4" read as a bug.
+    from mnist2db.export import export_db
+
+    images_path, labels_path, _, _ = mnist_pair(5, rows=3, cols=3)
+    db = tmp_path / "db"
+    mnist2db.convert(images_path, labels_path, db, offset=5)
+    info: Any = run("info", str(db))
+    assert info.exit_code == 0, info.output
+    assert "items       none, from 5 of the source (0)\n" in info.stdout
+    result = export_db(db, tmp_path / "out", prefix="none")
+    assert result.count == 0
+    assert result.notes[0] == f"items none, from 5 of {images_path}"
+
+
 def test_full_shuffle_exports_the_source_byte_for_byte(tmp_path: Path, mnist_pair: Pair) -> None:
     from mnist2db.export import export_db
 

@@ -29,7 +29,7 @@ from .pairs import check_file_target, place_together, recover_together
 from .pngdatum import datum_encoding, decoded_datum
 from .progress import Progress, reporting
 from .readers import shared_reader
-from .recipe import Recipe, permutation, read_metadata
+from .recipe import Recipe, item_range, permutation, read_metadata
 
 __all__ = ["ExportResult", "default_prefix", "export_db"]
 
@@ -155,8 +155,7 @@ def _notes(recipe: Recipe, found: tuple[Recipe, dict[str, Any]] | None) -> tuple
     if found is None:
         return ()
     source = found[1]["source"]
-    last = recipe.offset + (recipe.count or 0) - 1
-    notes = [f"items {recipe.offset} … {last} of {printable(source['images'])}"]
+    notes = [f"items {item_range(recipe)} of {printable(source['images'])}"]
     if recipe.seed is not None:
         notes.append(f"put back in source order (shuffle seed {recipe.seed})")
     if recipe.transpose:

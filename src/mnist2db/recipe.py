@@ -330,8 +330,7 @@ def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
     names = f"{printable(source['images'])} + {printable(source['labels'])}"
     lines = [("source", f"{names} ({items} items)")]
     if recipe.offset or recipe.count != items:
-        last = recipe.offset + (recipe.count or 0) - 1
-        lines.append(("items", f"{recipe.offset} … {last} of the source ({recipe.count})"))
+        lines.append(("items", f"{item_range(recipe)} of the source ({recipe.count})"))
     lines.append(("orientation", orientation(recipe.transpose)))
     if source["label_magic"] == f"0x{QMNIST_LABELS_MAGIC:08x}":
         lines.append(("label", f"column {recipe.label_column} of the idx2-int label rows"))
@@ -346,6 +345,14 @@ def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
     if recipe.encoded is not None:
         lines.append(("encoded", f"{recipe.encoded.upper()} images in Datum.data (encoded: true)"))
     return lines
+
+
+def item_range(recipe: Recipe) -> str:
+    """The source items a recipe takes, as ``info`` and ``export`` name them:
+    ``"100 … 1249"``, or ``"none, from 10000"`` for a count of 0."""
+    if recipe.count == 0:
+        return f"none, from {recipe.offset}"
+    return f"{recipe.offset} … {recipe.offset + (recipe.count or 0) - 1}"
 
 
 def orientation(transpose: bool) -> str:
