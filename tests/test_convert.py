@@ -236,6 +236,42 @@ def test_overwrite_names_a_directory_holding_only_the_metadata(
     assert (husk / "mnist2db.json").read_text() == "{}"
 
 
+def test_overwrite_names_a_leveldb_database_another_process_holds(
+    mnist_pair, tmp_path: Path
+) -> None:
+    """Busy, not foreign: "does not open as a LevelDB database" would send the user astray."""
+    import subprocess
+    import sys
+
+    ipath, lpath, *_ = mnist_pair(5)
+    out = tmp_path / "db"
+    convert(ipath, lpath, out, backend="leveldb")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import plyvel, sys; db = plyvel.DB(sys.argv[1]); print('held', flush=True); "
+            "sys.stdin.read()",
+            str(out),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(OutputExistsError) as info:
+            convert(ipath, lpath, out, backend="leveldb", overwrite=True)
+        assert str(info.value) == (
+            f"{out}: is a LevelDB database another process has open (IO error: lock "
+            f"{out}/LOCK: Resource temporarily unavailable); refusing to replace it while "
+            "it is in use"
+        )
+    finally:
+        holder.communicate("")
+    assert len(list(iter_db(out))) == 5
+
+
 @pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
 def test_overwrite_keeps_a_database_files_only_lookalike(
     mnist_pair, tmp_path: Path, backend: str

@@ -55,6 +55,11 @@ _LEVELDB_HINT = (
 )
 
 
+def held_elsewhere(reason: str) -> bool:
+    """True if LevelDB's ``reason`` for not opening is another process holding its lock."""
+    return "lock" in reason.lower() and "temporarily unavailable" in reason.lower()
+
+
 class _Handle:
     """One open database in this process (see the design notes above)."""
 
@@ -99,8 +104,9 @@ class _Handle:
             hint = ""
             # EAGAIN on LOCK: another process holds the database ("already held by process"
             # cannot happen here: the table opens each database once per process).
-            if "lock" in text.lower() and "temporarily unavailable" in text.lower():
-                hint = f" ({_LEVELDB_HINT})"
+            if held_elsewhere(text):
+                # Named first: `mnist2db info` users have no DataLoader to tune.
+                hint = f" (another process has it open; {_LEVELDB_HINT})"
             raise BackendError(f"{self.path}: cannot open LevelDB database: {text}{hint}") from exc
 
     # -- fork --------------------------------------------------------------------------------

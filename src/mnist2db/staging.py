@@ -181,9 +181,14 @@ def check_replaceable(out: str, backend: str) -> None:
             f"{out}: holds only {METADATA_NAME}, not {name} database (its files are missing); "
             "refusing to replace it (remove it, or choose another name)"
         )
-    from .readers import probe_database  # off the start-up path: only an existing `out`
+    from .readers import held_elsewhere, probe_database  # off the start-up path
 
     reason: str | None = probe_database(backend, out)
+    if reason is not None and held_elsewhere(reason):
+        raise OutputExistsError(
+            f"{out}: is {name} database another process has open ({reason}); refusing to "
+            "replace it while it is in use"
+        )
     if reason is not None:
         raise OutputExistsError(
             f"{out}: does not open as {name} database ({reason}); refusing to replace it"
