@@ -605,3 +605,32 @@ def test_any_recipe_round_trips_through_convert_and_export(
     if selected:
         assert (work / "out/x-images-idx3-ubyte").read_bytes() == idx_bytes(images[offset:stop])
     assert (work / "out/x-labels-idx1-ubyte").read_bytes() == idx_bytes(labels[offset:stop])
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"{bad", "not JSON: Expecting property name enclosed in double quotes, line 1 column 2"),
+        (b"\xff\xfe", "not UTF-8 text: byte 0xff at offset 0"),
+        (b"[1]", "its JSON is not an object"),
+        (b'{"format": "mnist2db database metadata", "version": 1}', "no field 'shuffle'"),
+        (None, "Is a directory"),
+    ],
+)
+def test_a_damaged_metadata_file_is_named_in_plain_words(
+    tmp_path: Path, mnist_pair: Pair, content: bytes | None, why: str
+) -> None:
+    images_path, labels_path, _, _ = mnist_pair(3, rows=2, cols=2)
+    db = tmp_path / "db"
+    mnist2db.convert(images_path, labels_path, db, count=2)
+    meta = db / "mnist2db.json"
+    meta.unlink()
+    if content is None:
+        meta.mkdir()
+    else:
+        meta.write_bytes(content)
+    result: Any = run("info", str(db))
+    assert result.exit_code == 1
+    verb = "cannot read mnist2db's metadata: " if content is None else "not mnist2db's metadata ("
+    close = "" if content is None else ")"
+    assert result.stderr == f"Error: {meta}: {verb}{why}{close}\n"

@@ -289,9 +289,23 @@ def read_metadata(db: str | os.PathLike[str]) -> tuple[Recipe, dict[str, Any]] |
             metadata = json.load(f)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
-        raise Mnist2dbError(f"{path}: cannot read mnist2db's metadata: {exc}") from None
+    except OSError as exc:
+        raise Mnist2dbError(
+            f"{path}: cannot read mnist2db's metadata: {exc.strerror or exc}"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise Mnist2dbError(
+            f"{path}: not mnist2db's metadata (not JSON: {exc.msg}, line {exc.lineno} "
+            f"column {exc.colno})"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise Mnist2dbError(
+            f"{path}: not mnist2db's metadata (not UTF-8 text: byte 0x{exc.object[exc.start]:02x} "
+            f"at offset {exc.start})"
+        ) from None
     try:
+        if not isinstance(metadata, dict):
+            raise ValueError("its JSON is not an object")
         if metadata["format"] != _FORMAT or metadata["version"] != _VERSION:
             raise ValueError("unknown format or version")
         shuffle = metadata["shuffle"]
@@ -308,7 +322,13 @@ def read_metadata(db: str | os.PathLike[str]) -> tuple[Recipe, dict[str, Any]] |
         if recipe.encoded not in (None, "png"):
             raise ValueError(f"unknown encoding {recipe.encoded!r}")
         int(metadata["source"]["items"])
-    except (KeyError, TypeError, ValueError) as exc:
+    except KeyError as exc:
+        raise Mnist2dbError(f"{path}: not mnist2db's metadata (no field {exc})") from None
+    except TypeError:
+        raise Mnist2dbError(
+            f"{path}: not mnist2db's metadata (a field of the wrong type)"
+        ) from None
+    except ValueError as exc:
         raise Mnist2dbError(f"{path}: not mnist2db's metadata ({exc})") from None
     return recipe, metadata
 
