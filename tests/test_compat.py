@@ -423,3 +423,18 @@ def test_a_piped_input_logs_caffes_lines_first_and_its_errors_name_it(
     assert "/dev/fd/" not in cut.stderr
     assert cut.stderr.splitlines()[-1].split("] ", 1)[1].startswith("/dev/stdin: truncated")
     assert not (tmp_path / "cut").exists()
+
+
+def test_a_flag_value_that_is_not_utf8_is_shown_as_its_bytes(tmp_path: Path) -> None:
+    # Quoted with repr() the value would read '\udcff'; the byte is 0xff.
+    flags = tmp_path / "bad.flags"
+    flags.write_bytes(b"--backend=\xff\n")
+    done = subprocess.run(
+        [*ENTRY, f"--flagfile={flags}", "a", "b", "c"], capture_output=True, check=False
+    )
+    assert done.returncode == 1
+    assert (
+        done.stderr.decode()
+        .splitlines()[-1]
+        .endswith("] unknown backend '\\xff': expected one of lmdb, leveldb")
+    )
