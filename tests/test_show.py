@@ -232,6 +232,13 @@ def test_labels_option_with_a_database(tiny: tuple[Path, Path], tmp_path: Path) 
     result = run("show", db, "--labels", labels)
     assert result.exit_code == 2
     assert "--labels is for an IDX image file" in result.stderr
+    # Silently ignored, --label-column 2 would suggest the labels shown are column 2's.
+    column = run("show", db, "--label-column", "2")
+    assert column.exit_code == 2
+    assert column.stderr.endswith(
+        "Error: --label-column picks a column of an idx2-int label file; a database holds "
+        "its labels\n"
+    )
 
 
 @pytest.mark.parametrize("png", [False, True])

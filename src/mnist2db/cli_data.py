@@ -89,6 +89,10 @@ def show(
         )
     if labels is not None and os.path.isdir(source):
         raise click.UsageError("--labels is for an IDX image file; a database holds its labels")
+    if label_column and os.path.isdir(source):
+        raise click.UsageError(
+            "--label-column picks a column of an idx2-int label file; a database holds its labels"
+        )
     if threshold is not None and ascii_:
         raise click.UsageError("--threshold prints 0/1 digits: it does not combine with --ascii")
     with library_errors():
