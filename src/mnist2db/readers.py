@@ -355,13 +355,18 @@ def iter_db(
 
     Raises:
         BackendError: the path is not a database of either backend.
-        DatumError: a value is not a Datum.
+        DatumError: a value is not a Datum (the database and the key named).
     """
-    from .datum import decode_datum
+    from .datum import decode_datum, key_text
+    from .errors import DatumError
 
     with open_reader(path, backend) as reader:
         for key, value in reader:
-            yield bytes(key), decode_datum(value)
+            try:
+                datum = decode_datum(value)
+            except DatumError as exc:
+                raise DatumError(f"{os.fspath(path)}: key {key_text(key)}: {exc}") from None
+            yield bytes(key), datum
 
 
 def probe_database(backend: str, path: str) -> str | None:
