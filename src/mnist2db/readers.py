@@ -281,12 +281,55 @@ class DbReader:
                 step = cursor.iterprev if reverse else cursor.iternext
                 yield from step(keys=True, values=not keys_only)
             else:
+                # Checksums verified: without, a damaged block whose bytes still decode
+                # (no compression, or damage snappy misses) is read as if it were data.
+                # plyvel's iterator then just stops at the damage (it does not check the
+                # iterator's status): an end before the database's own end is that.
+                last: bytes | None = None
                 with self.handle.db().iterator(
-                    start=start, include_value=not keys_only, reverse=reverse
+                    start=start,
+                    include_value=not keys_only,
+                    reverse=reverse,
+                    verify_checksums=True,
                 ) as records:
-                    yield from records
+                    for record in records:
+                        last = record if keys_only else record[0]
+                        yield record
+                self._check_leveldb_end(start, last, reverse)
         except self._errors() as exc:
             raise self._failed(exc) from exc
+
+    def _check_leveldb_end(self, start: bytes | None, last: bytes | None, reverse: bool) -> None:
+        """Raise if a checksummed LevelDB iteration ended before the database's end."""
+        db = self.handle.db()
+        # The key a complete iteration ends at: forward, the last key (if at or past
+        # `start`); in reverse, the first key at or past `start`.
+        with db.iterator(
+            start=start if reverse else None, include_value=False, reverse=not reverse
+        ) as ends:
+            end = next(ends, None)
+        if end is not None and not reverse and start is not None and end < start:
+            end = None
+        if end is None or last == end:
+            return
+        # The key after the last one read, found without checksums, read with them.
+        with db.iterator(
+            start=None if reverse else last,
+            stop=last if reverse else None,
+            include_value=False,
+            include_start=last is None,
+            reverse=reverse,
+        ) as rest:
+            following = next(rest, None)
+        if following is not None:
+            db.get(following, verify_checksums=True)  # raises CorruptionError, as expected
+        from .datum import key_text
+
+        where = "its first record" if last is None else f"key {key_text(last)}"
+        raise BackendError(
+            f"{self.path}: leveldb read stopped at {where}, before its last record "
+            "(a damaged table file?)"
+        )
 
     def iter_keys(self) -> Iterator[bytes]:
         """The keys in order, without reading the values."""
@@ -298,7 +341,7 @@ class DbReader:
             if self.backend == "lmdb":
                 value = self.handle.txn().get(key)
             else:
-                value = self.handle.db().get(key)
+                value = self.handle.db().get(key, verify_checksums=True)
         except self._errors() as exc:
             raise self._failed(exc) from exc
         return None if value is None else bytes(value)
