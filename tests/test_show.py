@@ -358,5 +358,9 @@ def test_a_siamese_pair_database_is_shown_side_by_side(tmp_path: Path) -> None:
     png = tmp_path / "pairs.png"
     drawn = CliRunner().invoke(cli, ["show", str(db), "--count", "2", "--png", str(png)])
     assert drawn.exit_code == 0, drawn.output
+    one = CliRunner().invoke(
+        cli, ["show", str(db), "--count", "1", "--png", str(tmp_path / "one.png")]
+    )
+    assert one.stderr == f"Wrote {tmp_path / 'one.png'}: 1 image, 23 × 31 pixels.\n"
     with Image.open(png) as grid:
         assert grid.size == (2 * (2 * 2 + 1) * 3 + 3 * 4, 4 * 2 + 14 + 3 * 3)

@@ -124,7 +124,8 @@ def show(
                     [r.image for r in selected], captions, png, overwrite=overwrite
                 )
                 shown = len(selected)
-                echo(f"Wrote {png}: {shown} images, {width} × {height} pixels.", err=True)
+                noun = "image" if shown == 1 else "images"
+                echo(f"Wrote {png}: {shown} {noun}, {width} × {height} pixels.", err=True)
             else:
                 for record in records:
                     _check_drawable(source, record)
