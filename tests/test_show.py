@@ -364,3 +364,14 @@ def test_a_siamese_pair_database_is_shown_side_by_side(tmp_path: Path) -> None:
     assert one.stderr == f"Wrote {tmp_path / 'one.png'}: 1 image, 23 × 31 pixels.\n"
     with Image.open(png) as grid:
         assert grid.size == (2 * (2 * 2 + 1) * 3 + 3 * 4, 4 * 2 + 14 + 3 * 3)
+
+
+def test_png_into_a_missing_directory_is_refused_before_reading(
+    tiny: tuple[Path, Path], tmp_path: Path
+) -> None:
+    images, _ = tiny
+    target = tmp_path / "nodir" / "x.png"
+    result = run("show", images, "--png", target)
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {target}: no directory {target.parent} to write it in\n"
+    assert not target.parent.exists()

@@ -112,7 +112,7 @@ def export_db(
     if os.path.isdir(out):
         recover_together([images_out, labels_out])
     for target in (images_out, labels_out):
-        check_file_target(target, overwrite)
+        check_file_target(target, overwrite, makes_parents=True)
     found = read_metadata(db_path)
     recipe = Recipe() if found is None else found[0]
     with shared_reader(db_path) as reader:
