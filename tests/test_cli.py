@@ -469,3 +469,33 @@ def test_convert_refuses_inputs_inside_the_destination(tmp_path: Path) -> None:
     assert (done.returncode, done.stderr) == (1, result.stderr)
     assert images.read_bytes() == files["images"].read_bytes()
     assert labels.read_bytes() == files["labels"].read_bytes()
+
+
+def test_paths_that_are_not_utf8_are_shown_as_their_bytes(mnist_pair, tmp_path: Path) -> None:
+    # A path byte that is not UTF-8 (0xe9, Latin-1 é) must read \xe9 on both streams, never
+    # Python's surrogate \udce9 nor a raw byte a terminal mangles.
+    import os
+
+    images, labels, _, _ = mnist_pair(3, 4, 4)
+    folder = tmp_path / os.fsdecode(b"caf\xe9")
+    folder.mkdir()
+    db = folder / "db"
+
+    def tool(*args: object) -> subprocess.CompletedProcess[bytes]:
+        command = [sys.executable, "-m", "mnist2db", *map(str, args)]
+        return subprocess.run(command, capture_output=True, check=False)
+
+    shown = str(tmp_path).encode() + b"/caf\\xe9"
+    made = tool("convert", images, labels, db)
+    assert made.returncode == 0, made.stderr
+    described = tool("info", db)
+    assert described.stdout.splitlines()[0] == b"database    " + shown + b"/db"
+    again = tool("convert", images, labels, db)
+    assert again.returncode == 1
+    assert (
+        again.stderr
+        == b"Error: " + shown + b"/db: already exists (use --overwrite to replace it)\n"
+    )
+    missing = tool("info", folder / "nope")
+    assert missing.returncode == 1
+    assert missing.stderr == b"Error: " + shown + b"/nope: no such file\n"

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mnist2db.backends import detect_backend
@@ -363,3 +364,77 @@ def test_glog_prefix_and_flags(mnist_pair, tmp_path: Path) -> None:
     )
     assert (done.returncode, done.stderr) == (0, "")
     assert (tmp_path / "c" / "data.mdb").exists()
+
+
+# -- pipes: the same early checks as for files ----------------------------------------------
+
+
+def _piped(args: list[str], data: bytes, cwd: Path) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [*ENTRY, *args], input=data, capture_output=True, cwd=cwd, check=False, timeout=60
+    )
+    return subprocess.CompletedProcess(
+        done.args, done.returncode, done.stdout.decode(), done.stderr.decode()
+    )
+
+
+def test_a_piped_idx2_int_label_file_is_refused_as_caffe_refuses_it(
+    mnist_pair, tmp_path: Path
+) -> None:
+    # Caffe's reader takes only magic 2049 labels; a QMNIST idx2-int file through
+    # /dev/stdin must be refused as the same file on disk is, before anything is written.
+    import gzip
+
+    from helpers import write_idx
+
+    images, _, _, _ = mnist_pair(4, 3, 3)
+    rows = write_idx(tmp_path / "q-labels-idx2-int", np.zeros((4, 8), dtype=">i4"))
+    for data in (rows.read_bytes(), gzip.compress(rows.read_bytes())):
+        done = _piped([str(images), "/dev/stdin", "db"], data, tmp_path)
+        assert done.returncode == 1
+        assert done.stderr.splitlines()[-1].endswith(
+            "] /dev/stdin: magic 0x00000c02, expected 0x00000801 (uint8 labels, 1 dimension)"
+        )
+        assert "Opened" not in done.stderr
+        assert not (tmp_path / "db").exists()
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [images.name, "train-labels-idx1-ubyte", rows.name]
+        )
+
+
+def test_a_piped_input_logs_caffes_lines_first_and_its_errors_name_it(
+    mnist_pair, tmp_path: Path
+) -> None:
+    images, labels, array, label_array = mnist_pair(5, 4, 4)
+    done = _piped(["/dev/stdin", str(labels), "db"], images.read_bytes(), tmp_path)
+    assert done.returncode == 0, done.stderr
+    logged = [line.split("] ", 1)[1] for line in done.stderr.splitlines()]
+    assert logged == [
+        "Opened lmdb db",
+        "A total of 5 items.",
+        "Rows: 4 Cols: 4",
+        "Processed 5 files.",
+    ]
+    with open_reader(str(tmp_path / "db")) as reader:
+        records = list(reader)
+    assert [r[0] for r in records] == [b"%08d" % i for i in range(5)]
+    cut = _piped(["/dev/stdin", str(labels), "cut"], images.read_bytes()[:-3], tmp_path)
+    assert cut.returncode == 1
+    assert "/dev/fd/" not in cut.stderr
+    assert cut.stderr.splitlines()[-1].split("] ", 1)[1].startswith("/dev/stdin: truncated")
+    assert not (tmp_path / "cut").exists()
+
+
+def test_a_flag_value_that_is_not_utf8_is_shown_as_its_bytes(tmp_path: Path) -> None:
+    # Quoted with repr() the value would read '\udcff'; the byte is 0xff.
+    flags = tmp_path / "bad.flags"
+    flags.write_bytes(b"--backend=\xff\n")
+    done = subprocess.run(
+        [*ENTRY, f"--flagfile={flags}", "a", "b", "c"], capture_output=True, check=False
+    )
+    assert done.returncode == 1
+    assert (
+        done.stderr.decode()
+        .splitlines()[-1]
+        .endswith("] unknown backend '\\xff': expected one of lmdb, leveldb")
+    )

@@ -132,13 +132,12 @@ def test_overwrite_never_replaces_the_other_backend(
     other = "leveldb" if backend == "lmdb" else "lmdb"
     convert(ipath, lpath, out, backend=other)
     before = sorted(p.name for p in out.iterdir())
-    name = {"lmdb": "an LMDB", "leveldb": "a LevelDB"}[backend]
-    first = {"lmdb": "000003.log", "leveldb": "data.mdb"}[backend]  # first in name order
+    name = {"lmdb": "an LMDB", "leveldb": "a LevelDB"}
     with pytest.raises(OutputExistsError) as info:
         convert(ipath, lpath, out, backend=backend, overwrite=True)
     assert str(info.value) == (
-        f"{out}: holds '{first}' (a file), which is not part of {name} database; "
-        f"refusing to replace it (--overwrite replaces only {name} database)"
+        f"{out}: it is {name[other]} database (use --backend {other}, or remove it); "
+        f"--overwrite replaces only {name[backend]} database"
     )
     assert sorted(p.name for p in out.iterdir()) == before
     assert len(list(iter_db(out))) == 5
@@ -215,6 +214,62 @@ def test_overwrite_keeps_a_directory_that_only_looks_like_a_database(
     assert (proj / "thesis.tex").read_text() == "important"
     assert sorted(p.name for p in proj.iterdir()) == sorted([marker, "thesis.tex"])
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_overwrite_names_a_directory_holding_only_the_metadata(
+    mnist_pair, tmp_path: Path, backend: str
+) -> None:
+    """Only mnist2db.json left (the database files deleted): say so, not an ENOENT."""
+    ipath, lpath, *_ = mnist_pair(5)
+    husk = tmp_path / "husk"
+    husk.mkdir()
+    (husk / "mnist2db.json").write_text("{}")
+    name = {"lmdb": "an LMDB", "leveldb": "a LevelDB"}[backend]
+    with pytest.raises(OutputExistsError) as info:
+        convert(ipath, lpath, husk, backend=backend, overwrite=True)
+    assert str(info.value) == (
+        f"{husk}: holds only mnist2db.json, not {name} database (its files are missing); "
+        "refusing to replace it (remove it, or choose another name)"
+    )
+    assert [p.name for p in husk.iterdir()] == ["mnist2db.json"]
+    assert (husk / "mnist2db.json").read_text() == "{}"
+
+
+def test_overwrite_names_a_leveldb_database_another_process_holds(
+    mnist_pair, tmp_path: Path
+) -> None:
+    """Busy, not foreign: "does not open as a LevelDB database" would send the user astray."""
+    import subprocess
+    import sys
+
+    ipath, lpath, *_ = mnist_pair(5)
+    out = tmp_path / "db"
+    convert(ipath, lpath, out, backend="leveldb")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import plyvel, sys; db = plyvel.DB(sys.argv[1]); print('held', flush=True); "
+            "sys.stdin.read()",
+            str(out),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(OutputExistsError) as info:
+            convert(ipath, lpath, out, backend="leveldb", overwrite=True)
+        assert str(info.value) == (
+            f"{out}: is a LevelDB database another process has open (IO error: lock "
+            f"{out}/LOCK: Resource temporarily unavailable); refusing to replace it while "
+            "it is in use"
+        )
+    finally:
+        holder.communicate("")
+    assert len(list(iter_db(out))) == 5
 
 
 @pytest.mark.parametrize("backend", ["lmdb", "leveldb"])

@@ -219,7 +219,8 @@ def test_leveldb_held_by_another_process_names_the_limit(mnist_pair, tmp_path: P
             open_db(path)
         assert str(info.value) == (
             f"{path}: cannot open LevelDB database: IO error: lock {path}/LOCK: Resource "
-            "temporarily unavailable (LevelDB admits one process at a time: read it with "
+            "temporarily unavailable (another process has it open; LevelDB admits one "
+            "process at a time: read it with "
             "num_workers=0 (in the process that opened it), or convert it to LMDB (mnist2db "
             "convert --backend lmdb), which any number of processes can read)"
         )

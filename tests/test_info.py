@@ -112,6 +112,16 @@ def test_info_database(mnist_pair, tmp_path: Path, backend: str) -> None:
     assert lines[-2:] == [f"size        {size} bytes on disk", "valid       yes"]
 
 
+def test_info_without_metadata_claims_no_orientation(mnist_pair, tmp_path: Path) -> None:
+    # Caffe's databases and siamese ones hold no mnist2db.json: how their images were
+    # oriented, ordered or cut is not known, so info must not claim "as the source stores it".
+    db, *_ = converted(mnist_pair, tmp_path)
+    result = run("info", db)
+    assert result.exit_code == 0, result.output
+    assert "orientation" not in result.stdout
+    assert "options     not recorded (no mnist2db.json)\n" in result.stdout
+
+
 def test_info_database_with_a_broken_record(mnist_pair, tmp_path: Path) -> None:
     db, *_ = converted(mnist_pair, tmp_path)
     rewrite_lmdb(db, lambda txn: txn.put(b"00000004", b"\xff\xff\xff"))

@@ -154,6 +154,19 @@ def test_errors(mnist_pair, tmp_path: Path) -> None:
     )
 
 
+def test_a_value_that_is_not_a_datum_names_the_database_and_key(tmp_path: Path) -> None:
+    # An LMDB with a named sub-database holds the sub-database's name as a key of the main one.
+    env = lmdb.open(str(tmp_path / "named"), map_size=1 << 20, max_dbs=1)
+    sub = env.open_db(b"sub")
+    with env.begin(write=True) as txn:
+        txn.put(b"a", b"b", db=sub)
+    env.close()
+    result = CliRunner().invoke(cli, ["mean", str(tmp_path / "named")])
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: {tmp_path / 'named'}: key sub: value of ")
+    assert " bytes is not a Datum: " in result.stderr
+
+
 def test_write_mean_is_atomic_and_refuses_existing(mnist_pair, tmp_path: Path) -> None:
     ipath, lpath, images, _ = mnist_pair(4, 2, 2)
     convert(ipath, lpath, tmp_path / "db")

@@ -220,3 +220,54 @@ def test_a_database_replaced_under_the_same_name_is_read_anew(mnist_pair, tmp_pa
         assert len(new) == 9 and new[8][1] == 8 and np.array_equal(new[0][0][0], images2[0])
     assert len(old) == 6 and old[5][1] == int(first_labels[5])
     old.close()
+
+
+# -- a damaged LevelDB table is an error, never data ---------------------------------------
+
+
+def _damaged_leveldb(path: Path, records: int = 5) -> Path:
+    """A LevelDB without compression (nothing but the block checksum to notice damage) whose
+    first record's pixels have one byte changed in its table file."""
+    from mnist2db.datum_pb2 import Datum
+
+    db = plyvel.DB(str(path), create_if_missing=True, compression=None)
+    for i in range(records):
+        datum = Datum(channels=1, height=4, width=4, data=bytes([7]) * 16, label=i)
+        db.put(b"%08d" % i, datum.SerializeToString())
+    db.compact_range()
+    db.close()
+    (table,) = path.glob("*.ldb")
+    data = bytearray(table.read_bytes())
+    data[data.index(bytes([7]) * 16) + 3] = 9
+    table.write_bytes(bytes(data))
+    return path
+
+
+def test_a_damaged_leveldb_block_is_an_error_not_data(tmp_path: Path) -> None:
+    path = _damaged_leveldb(tmp_path / "damaged")
+    message = f"{path}: leveldb read failed: Corruption: block checksum mismatch"
+    with pytest.raises(BackendError) as caught:
+        list(mnist2db.iter_db(path))
+    assert str(caught.value) == message
+    with pytest.raises(BackendError) as caught:
+        db_info(path)
+    assert str(caught.value) == message
+    with pytest.raises(BackendError) as caught, open_db(path) as dataset:
+        dataset[0]
+    assert str(caught.value) == message
+
+
+def test_a_healthy_leveldb_read_from_any_start_is_not_called_damaged(
+    mnist_pair, tmp_path: Path
+) -> None:
+    from mnist2db.readers import open_reader
+
+    images, labels, _, _ = mnist_pair(6, 2, 2)
+    convert(images, labels, tmp_path / "db", backend="leveldb")
+    with open_reader(tmp_path / "db") as reader:
+        assert [k for k, _ in reader.iter_from(b"00000004")] == [b"00000004", b"00000005"]
+        assert list(reader.iter_from(b"00000009")) == []
+        assert list(reader.iter_from(b"0")) == list(reader)
+        assert len(list(reader)) == 6
+        assert reader.first_key() == b"00000000"
+        assert reader.last_key() == b"00000005"

@@ -295,6 +295,21 @@ def test_shuffled_transposed_subset_round_trips_through_verify_and_export(
     assert (tmp_path / "out/sub-labels-idx1-ubyte").read_bytes() == idx_bytes(labels[100:1250])
 
 
+def test_a_range_of_no_items_is_named_as_none(tmp_path: Path, mnist_pair: Pair) -> None:
+    # --offset at the end (or --count 0) writes 0 records; "items 5 … 4" read as a bug.
+    from mnist2db.export import export_db
+
+    images_path, labels_path, _, _ = mnist_pair(5, rows=3, cols=3)
+    db = tmp_path / "db"
+    mnist2db.convert(images_path, labels_path, db, offset=5)
+    info: Any = run("info", str(db))
+    assert info.exit_code == 0, info.output
+    assert "items       none, from 5 of the source (0)\n" in info.stdout
+    result = export_db(db, tmp_path / "out", prefix="none")
+    assert result.count == 0
+    assert result.notes[0] == f"items none, from 5 of {images_path}"
+
+
 def test_full_shuffle_exports_the_source_byte_for_byte(tmp_path: Path, mnist_pair: Pair) -> None:
     from mnist2db.export import export_db
 
@@ -590,3 +605,32 @@ def test_any_recipe_round_trips_through_convert_and_export(
     if selected:
         assert (work / "out/x-images-idx3-ubyte").read_bytes() == idx_bytes(images[offset:stop])
     assert (work / "out/x-labels-idx1-ubyte").read_bytes() == idx_bytes(labels[offset:stop])
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"{bad", "not JSON: Expecting property name enclosed in double quotes, line 1 column 2"),
+        (b"\xff\xfe", "not UTF-8 text: byte 0xff at offset 0"),
+        (b"[1]", "its JSON is not an object"),
+        (b'{"format": "mnist2db database metadata", "version": 1}', "no field 'source'"),
+        (None, "Is a directory"),
+    ],
+)
+def test_a_damaged_metadata_file_is_named_in_plain_words(
+    tmp_path: Path, mnist_pair: Pair, content: bytes | None, why: str
+) -> None:
+    images_path, labels_path, _, _ = mnist_pair(3, rows=2, cols=2)
+    db = tmp_path / "db"
+    mnist2db.convert(images_path, labels_path, db, count=2)
+    meta = db / "mnist2db.json"
+    meta.unlink()
+    if content is None:
+        meta.mkdir()
+    else:
+        meta.write_bytes(content)
+    result: Any = run("info", str(db))
+    assert result.exit_code == 1
+    verb = "cannot read mnist2db's metadata: " if content is None else "not mnist2db's metadata ("
+    close = "" if content is None else ")"
+    assert result.stderr == f"Error: {meta}: {verb}{why}{close}\n"

@@ -17,6 +17,7 @@ from mnist2db.render import (
     SHADE_RAMP,
     cell_origin,
     check_canvas,
+    drawn_size,
     grid_layout,
     image_to_gray,
     image_to_text,
@@ -50,12 +51,19 @@ def test_three_channels_are_bgr_reduced_to_luminance() -> None:
     assert image_to_gray(image).tolist() == [[29, 150, 76]]
 
 
+def test_two_channels_are_drawn_side_by_side() -> None:
+    # A siamese pair: channel 0 on the left, channel 1 on the right, a grey column between.
+    image = np.array([[[1, 2], [3, 4]], [[5, 6], [7, 8]]], dtype=np.uint8)
+    assert image_to_gray(image).tolist() == [[1, 2, 128, 5, 6], [3, 4, 128, 7, 8]]
+    assert drawn_size(np.zeros((2, 28, 28), dtype=np.uint8)) == (28, 57)
+
+
 @pytest.mark.parametrize(
     ("image", "message"),
     [
         (
-            np.zeros((2, 3, 3), dtype=np.uint8),
-            "cannot draw an image with 2 channels (expected 1 or 3)",
+            np.zeros((4, 3, 3), dtype=np.uint8),
+            "cannot draw an image with 4 channels (expected 1, 2 or 3)",
         ),
         (np.zeros((1, 3, 3), dtype=np.float64), "cannot draw float64 pixels: expected uint8"),
         (

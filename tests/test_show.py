@@ -232,6 +232,13 @@ def test_labels_option_with_a_database(tiny: tuple[Path, Path], tmp_path: Path) 
     result = run("show", db, "--labels", labels)
     assert result.exit_code == 2
     assert "--labels is for an IDX image file" in result.stderr
+    # Silently ignored, --label-column 2 would suggest the labels shown are column 2's.
+    column = run("show", db, "--label-column", "2")
+    assert column.exit_code == 2
+    assert column.stderr.endswith(
+        "Error: --label-column picks a column of an idx2-int label file; a database holds "
+        "its labels\n"
+    )
 
 
 @pytest.mark.parametrize("png", [False, True])
@@ -327,3 +334,44 @@ def test_png_never_replaces_an_input(tiny: tuple[Path, Path]) -> None:
             f"Error: {target}: is the input {target}; refusing to replace it\n"
         )
     assert (images.read_bytes(), labels.read_bytes()) == before
+
+
+def test_a_siamese_pair_database_is_shown_side_by_side(tmp_path: Path) -> None:
+    from mnist2db.siamese import convert_siamese
+
+    images = np.zeros((4, 3, 2), dtype=np.uint8)
+    for i in range(4):
+        images[i, 0, 0] = 255 if i % 2 else 0  # odd items: top-left pixel on
+    ipath = write_idx(tmp_path / "p-images-idx3-ubyte", images)
+    lpath = write_idx(tmp_path / "p-labels-idx1-ubyte", np.array([1, 1, 2, 2], dtype=np.uint8))
+    db = tmp_path / "pairs"
+    convert_siamese(ipath, lpath, db, backend="lmdb", seed=3)
+    from mnist2db import open_db
+
+    with open_db(db) as pairs:
+        image, label = pairs[0]
+    text = CliRunner().invoke(cli, ["show", str(db), "--count", "1", "--threshold", "10"])
+    assert text.exit_code == 0, text.output
+    left, right = np.asarray(image)[0], np.asarray(image)[1]
+    rows = [" ".join(str(int(v > 10)) for v in [*left[r], 128, *right[r]]) for r in range(3)]
+    assert text.stdout == f"#0  key 00000000  label {label}\n" + "\n".join(rows) + "\n\n"
+    png = tmp_path / "pairs.png"
+    drawn = CliRunner().invoke(cli, ["show", str(db), "--count", "2", "--png", str(png)])
+    assert drawn.exit_code == 0, drawn.output
+    one = CliRunner().invoke(
+        cli, ["show", str(db), "--count", "1", "--png", str(tmp_path / "one.png")]
+    )
+    assert one.stderr == f"Wrote {tmp_path / 'one.png'}: 1 image, 23 × 31 pixels.\n"
+    with Image.open(png) as grid:
+        assert grid.size == (2 * (2 * 2 + 1) * 3 + 3 * 4, 4 * 2 + 14 + 3 * 3)
+
+
+def test_png_into_a_missing_directory_is_refused_before_reading(
+    tiny: tuple[Path, Path], tmp_path: Path
+) -> None:
+    images, _ = tiny
+    target = tmp_path / "nodir" / "x.png"
+    result = run("show", images, "--png", target)
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {target}: no directory {target.parent} to write it in\n"
+    assert not target.parent.exists()

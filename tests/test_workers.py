@@ -103,7 +103,7 @@ def test_workers_read_every_record(databases, backend: str, method: str) -> None
         else:
             message = (
                 f"{path}: cannot open LevelDB database: IO error: lock {path}/LOCK: Resource "
-                f"temporarily unavailable ({HINT})"
+                f"temporarily unavailable (another process has it open; {HINT})"
             )
         assert [(kind, text) for kind, text, _ in results] == [
             ("BackendError(Mnist2dbError)", message)

@@ -16,7 +16,7 @@ from .backends import DEFAULT_BATCH_SIZE
 from .cli_caffe import mean, siamese
 from .cli_data import export, info, show, verify
 from .cli_fetch import create, fetch
-from .cliutil import check_seed, library_errors, progress_reporter
+from .cliutil import check_seed, echo, library_errors, progress_reporter
 from .interrupt import run
 from .options import (
     Path,
@@ -98,7 +98,7 @@ def convert(
             **options,
         )
     if not quiet:
-        click.echo(result.summary(), err=True)
+        echo(result.summary(), err=True)
 
 
 def main(args: list[str] | None = None, prog_name: str | None = None) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from .backends import BACKENDS, SIAMESE_BACKEND
-from .cliutil import library_errors, progress_reporter
+from .cliutil import echo, library_errors, progress_reporter
 from .options import (
     quiet_option,
 )
@@ -32,17 +32,15 @@ def mean(db: str, out: str | None, overwrite: bool, quiet: bool) -> None:
         result = compute_mean(db)
         written = None if out is None else write_mean(result, out, overwrite=overwrite)
     channels = " × ".join(map(str, result.mean.shape))
-    click.echo(f"{db}: {result.count} records of {channels} (channels × height × width)")
+    echo(f"{db}: {result.count} records of {channels} (channels × height × width)")
     for c, (m, s) in enumerate(zip(result.channel_means, result.channel_stds, strict=True)):
-        click.echo(
-            f"channel {c}: mean {m:.4f} std {s:.4f} (0-255); {m / 255:.4f} {s / 255:.4f} (0-1)"
-        )
+        echo(f"channel {c}: mean {m:.4f} std {s:.4f} (0-255); {m / 255:.4f} {s / 255:.4f} (0-1)")
     means = ", ".join(f"{m / 255:.4f}" for m in result.channel_means)
     stds = ", ".join(f"{s / 255:.4f}" for s in result.channel_stds)
     comma = "," if len(result.channel_means) == 1 else ""
-    click.echo(f"Normalize(mean=({means}{comma}), std=({stds}{comma}))")
+    echo(f"Normalize(mean=({means}{comma}), std=({stds}{comma}))")
     if out is not None and not quiet:
-        click.echo(f"Wrote {out} ({written} bytes).", err=True)
+        echo(f"Wrote {out} ({written} bytes).", err=True)
 
 
 @click.command()
@@ -105,4 +103,4 @@ def siamese(
             progress=progress,
         )
     if not quiet:
-        click.echo(result.summary(), err=True)
+        echo(result.summary(), err=True)

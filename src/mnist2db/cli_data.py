@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .cliutil import library_errors, progress_reporter
+from .cliutil import echo, library_errors, progress_reporter
 from .options import (
     Path,
     label_column_option,
@@ -18,7 +18,8 @@ from .options import (
 
 
 def _check_drawable(source: str, record: Any) -> None:
-    """Name the source and the record when an image cannot be drawn (float or 2-channel data)."""
+    """Name the source and the record when an image cannot be drawn (float pixels, or 4 or
+    more channels)."""
     from .errors import RenderError
     from .render import image_to_gray
 
@@ -79,7 +80,7 @@ def show(
 
     from .datum import key_text
     from .pairs import check_file_target
-    from .render import check_canvas, image_to_text, write_png_grid
+    from .render import check_canvas, drawn_size, image_to_text, write_png_grid
     from .selection import select_records
 
     if png is not None and (threshold is not None or ascii_):
@@ -88,6 +89,10 @@ def show(
         )
     if labels is not None and os.path.isdir(source):
         raise click.UsageError("--labels is for an IDX image file; a database holds its labels")
+    if label_column and os.path.isdir(source):
+        raise click.UsageError(
+            "--label-column picks a column of an idx2-int label file; a database holds its labels"
+        )
     if threshold is not None and ascii_:
         raise click.UsageError("--threshold prints 0/1 digits: it does not combine with --ascii")
     with library_errors():
@@ -110,7 +115,7 @@ def show(
                 for record in records:
                     _check_drawable(source, record)
                     if not selected:  # the grid is held in memory: bound it before filling it
-                        check_canvas(png, min(count, total - offset), *record.image.shape[1:])
+                        check_canvas(png, min(count, total - offset), *drawn_size(record.image))
                     selected.append(record)
                 captions = [
                     f"#{r.index}: {r.label if r.label is not None else '-'}" for r in selected
@@ -119,7 +124,8 @@ def show(
                     [r.image for r in selected], captions, png, overwrite=overwrite
                 )
                 shown = len(selected)
-                click.echo(f"Wrote {png}: {shown} images, {width} × {height} pixels.", err=True)
+                noun = "image" if shown == 1 else "images"
+                echo(f"Wrote {png}: {shown} {noun}, {width} × {height} pixels.", err=True)
             else:
                 for record in records:
                     _check_drawable(source, record)
@@ -127,15 +133,13 @@ def show(
                     if record.key is not None:
                         head += f"  key {key_text(record.key)}"
                     head += f"  label {record.label if record.label is not None else '-'}"
-                    click.echo(head)
+                    echo(head)
                     for line in image_to_text(record.image, threshold=threshold, ascii=ascii_):
-                        click.echo(line)
-                    click.echo()
+                        echo(line)
+                    echo()
                     shown += 1
     if shown < count:
-        click.echo(
-            f"Showed {shown} of {count} requested: {source} ends at {total} records.", err=True
-        )
+        echo(f"Showed {shown} of {count} requested: {source} ends at {total} records.", err=True)
 
 
 @click.command()
@@ -158,9 +162,9 @@ def info(path: str) -> None:
     with library_errors():
         described = db_info(path) if os.path.isdir(path) else idx_info(path)
         for name, value in described.rows():
-            click.echo(f"{name:<12}{value}")
+            echo(f"{name:<12}{value}")
         problem = described.problem
-        click.echo(f"{'valid':<12}{'yes' if problem is None else 'no'}")
+        echo(f"{'valid':<12}{'yes' if problem is None else 'no'}")
     if problem is not None:
         raise click.ClickException(f"{path}: {problem}")
 
@@ -185,7 +189,7 @@ def verify(db: str, images: str, labels: str, quiet: bool) -> None:
     with library_errors(), progress_reporter("Verifying", quiet) as progress:
         result = verify_db(db, images, labels, progress=progress)
     if not quiet:
-        click.echo(f"OK: {db} holds the {result.count} records of {images} and {labels}.")
+        echo(f"OK: {db} holds the {result.count} records of {images} and {labels}.")
 
 
 @click.command()
@@ -214,10 +218,10 @@ def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bo
     with library_errors(), progress_reporter("Exporting", quiet) as progress:
         result = export_db(db, out_dir, prefix=prefix, overwrite=overwrite, progress=progress)
     if not quiet:
-        click.echo(
+        echo(
             f"Wrote {result.images} and {result.labels} ({result.count} items, "
             f"{result.rows} × {result.cols}).",
             err=True,
         )
         for note in result.notes:
-            click.echo(f"  {note}", err=True)
+            echo(f"  {note}", err=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .cliutil import ProgressBars, check_seed, human_bytes, library_errors
+from .cliutil import ProgressBars, check_seed, echo, human_bytes, library_errors
 from .options import (
     backend_option,
     data_dir_option,
@@ -98,7 +98,7 @@ def fetch(
     def done(item: Any) -> None:
         bar.close()
         if not quiet:
-            click.echo(_fetched_line(item), err=True)
+            echo(_fetched_line(item), err=True)
 
     with library_errors():
         try:
@@ -118,7 +118,7 @@ def fetch(
             bar.close()
     if not quiet:
         where = os.path.dirname(results[0].path) if results else data_dir
-        click.echo(f"{dataset}: {len(results)} files ready in {where}", err=True)
+        echo(f"{dataset}: {len(results)} files ready in {where}", err=True)
 
 
 @click.command()
@@ -166,14 +166,14 @@ def create(
     check_seed(options)
     note = orientation_note(dataset, as_stored)
     if note and not quiet:
-        click.echo(note, err=True)
+        echo(note, err=True)
 
     bar = ProgressBars(quiet, in_bytes=False)
 
     def done(result: Any) -> None:
         bar.close()
         if not quiet:
-            click.echo(
+            echo(
                 f"Wrote {result.path} ({result.backend}): {result.count} records of "
                 f"{result.rows}x{result.cols} in {result.seconds:.2f} s."
                 + ("" if result.seed is None else f" Shuffled with seed {result.seed}."),

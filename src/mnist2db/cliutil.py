@@ -12,7 +12,22 @@ import click
 
 from .progress import Progress, labelled
 
-__all__ = ["ProgressBars", "check_seed", "human_bytes", "library_errors", "progress_reporter"]
+__all__ = [
+    "ProgressBars",
+    "check_seed",
+    "echo",
+    "human_bytes",
+    "library_errors",
+    "progress_reporter",
+]
+
+
+def echo(message: str = "", err: bool = False) -> None:
+    """``click.echo`` of a line that may name a path: its bytes that are not UTF-8 shown as
+    ``\\xNN`` (:func:`mnist2db.errors.printable`), never as ``\\udcNN`` or raw bytes."""
+    from .errors import printable
+
+    click.echo(printable(message), err=err)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ the usage on stderr and exits 2; a failure of the work is one ``E…`` line and 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import sys
@@ -186,6 +187,7 @@ def _regular(path: str) -> bool:
 
 def _convert_mnist_data(parsed: ParsedArgs, logger: Logger) -> None:
     from .conversion import convert
+    from .errors import Mnist2dbError
     from .idx import check_pair
     from .idxreader import read_header
 
@@ -198,27 +200,45 @@ def _convert_mnist_data(parsed: ParsedArgs, logger: Logger) -> None:
         logger.log("I", "convert_mnist_data.cpp:88", f"A total of {count} items.")
         logger.log("I", "convert_mnist_data.cpp:89", f"Rows: {rows} Cols: {cols}")
 
-    # Caffe logs these lines once the database is open, before the first record. The
-    # headers of regular files are read first for that; a pipe can be read only once, so
-    # for one the lines follow the conversion instead (in the same order).
-    early = (
-        backend in BACKENDS
-        and _regular(image_file)
-        and _regular(label_file)
-        and (overwrite or not os.path.lexists(db_path))
-    )
-    if early:
-        images, labels = read_header(image_file), read_header(label_file)
-        check_pair(images, labels)
-        log_start(images.count, images.dims[1], images.dims[2])
-    result = convert(
-        image_file,
-        label_file,
-        db_path,
-        backend=backend,
-        batch_size=int(parsed["batch_size"]),  # type: ignore[call-overload]
-        overwrite=overwrite,
-    )
+    # Caffe logs these lines once the database is open, before the first record, and
+    # refuses a pair its reader would not take (an idx2-int label file among them) before
+    # writing anything. A pipe's header is read ahead for that and its bytes relayed on
+    # (:mod:`mnist2db.pipepeek`): a pipe can be read only once.
+    early = backend in BACKENDS and (overwrite or not os.path.lexists(db_path))
+    with contextlib.ExitStack() as stack:
+        sources: list[str] = []
+        relays: dict[str, str] = {}
+        headers = []
+        for path in (image_file, label_file):
+            if not early or _regular(path):
+                sources.append(path)
+                if early:
+                    headers.append(read_header(path))
+                continue
+            from .pipepeek import peek_pipe  # only for a pipe: threading stays off the fast path
+
+            header, relayed = stack.enter_context(peek_pipe(path))
+            headers.append(header)
+            sources.append(relayed)
+            relays[relayed] = path
+        if early:
+            check_pair(headers[0], headers[1])
+            log_start(headers[0].count, headers[0].dims[1], headers[0].dims[2])
+        try:
+            result = convert(
+                sources[0],
+                sources[1],
+                db_path,
+                backend=backend,
+                batch_size=int(parsed["batch_size"]),  # type: ignore[call-overload]
+                overwrite=overwrite,
+            )
+        except Mnist2dbError as exc:
+            message = str(exc)
+            for relayed, path in relays.items():
+                message = message.replace(relayed, path)
+            exc.args = (message,)
+            raise
     if not early:
         log_start(result.count, result.rows, result.cols)
     logger.log("I", "convert_mnist_data.cpp:108", f"Processed {result.count} files.")

@@ -18,11 +18,26 @@ __all__ = [
     "RecordIndexError",
     "RenderError",
     "VerifyError",
+    "printable",
 ]
+
+
+def printable(text: str) -> str:
+    """``text`` as it can be printed: a path's bytes that are not UTF-8 (which Python holds
+    as surrogates, ``\\udce9``) shown as the bytes they are, ``\\xe9``. The one place that
+    does it: every library message passes through it, and the CLI's own path lines."""
+    import re
+
+    shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    # A message that quoted such a path with repr() already spells the surrogate out.
+    return re.sub(r"\\udc([89a-f][0-9a-f])", r"\\x\1", shown)
 
 
 class Mnist2dbError(Exception):
     """Root of every error mnist2db raises on purpose; its message is one line for the user."""
+
+    def __str__(self) -> str:
+        return printable(super().__str__())
 
 
 class IdxFormatError(Mnist2dbError):
@@ -58,7 +73,7 @@ class MissingKeyError(Mnist2dbError, KeyError):
 
     def __str__(self) -> str:
         # KeyError quotes its argument; the message is a sentence, keep it as written.
-        return str(self.args[0]) if self.args else ""
+        return printable(str(self.args[0])) if self.args else ""
 
 
 class VerifyError(Mnist2dbError):

@@ -22,14 +22,14 @@ from typing import Any
 
 from .backends import DEFAULT_BATCH_SIZE as _BATCH
 from .datum import decode_datum, key_text
-from .errors import DatumError, Mnist2dbError, OutputExistsError
+from .errors import DatumError, Mnist2dbError, OutputExistsError, printable
 from .fsutil import AtomicFile, make_parents, remove_made
 from .idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
 from .pairs import check_file_target, place_together, recover_together
 from .pngdatum import datum_encoding, decoded_datum
 from .progress import Progress, reporting
 from .readers import shared_reader
-from .recipe import Recipe, permutation, read_metadata, shown
+from .recipe import Recipe, item_range, permutation, read_metadata
 
 __all__ = ["ExportResult", "default_prefix", "export_db"]
 
@@ -112,7 +112,7 @@ def export_db(
     if os.path.isdir(out):
         recover_together([images_out, labels_out])
     for target in (images_out, labels_out):
-        check_file_target(target, overwrite)
+        check_file_target(target, overwrite, makes_parents=True)
     found = read_metadata(db_path)
     recipe = Recipe() if found is None else found[0]
     with shared_reader(db_path) as reader:
@@ -155,8 +155,7 @@ def _notes(recipe: Recipe, found: tuple[Recipe, dict[str, Any]] | None) -> tuple
     if found is None:
         return ()
     source = found[1]["source"]
-    last = recipe.offset + (recipe.count or 0) - 1
-    notes = [f"items {recipe.offset} … {last} of {shown(source['images'])}"]
+    notes = [f"items {item_range(recipe)} of {printable(source['images'])}"]
     if recipe.seed is not None:
         notes.append(f"put back in source order (shuffle seed {recipe.seed})")
     if recipe.transpose:

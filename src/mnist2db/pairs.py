@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import staging
-from .errors import OutputExistsError
+from .errors import Mnist2dbError, OutputExistsError
 from .fsutil import TEMP_MARK, fsync_dir, owner_pid, pid_alive, remove_stale, temp_prefix
 from .staging import _symlink_refusal
 
@@ -32,19 +32,28 @@ _PAIR_MARK = ".mnist2db-pair-"
 _OLD_MARK = ".mnist2db-old-"
 
 
-def check_file_target(path: str, overwrite: bool, inputs: Sequence[str] = ()) -> None:
+def check_file_target(
+    path: str, overwrite: bool, inputs: Sequence[str] = (), *, makes_parents: bool = False
+) -> None:
     """Raise unless a finished file may be moved to ``path`` (refused before any work).
+
+    ``makes_parents``: the caller creates a missing directory (``export``); otherwise a
+    directory that does not exist is refused here, not after the work.
 
     Raises:
         OutputExistsError: ``path`` exists and ``overwrite`` is false, or it is anything
             but a regular file (a directory, a symbolic link, a FIFO, ...), or one of
             ``inputs``.
+        Mnist2dbError: its directory does not exist (and ``makes_parents`` is false).
     """
     if not path:
         raise OutputExistsError("the output path is empty: name a file to create")
     if os.path.islink(path):
         raise _symlink_refusal(path)
     if not os.path.lexists(path):
+        parent = os.path.dirname(path)
+        if parent and not makes_parents and not os.path.isdir(parent):
+            raise Mnist2dbError(f"{path}: no directory {parent} to write it in")
         return
     for source in inputs:
         if os.path.exists(source) and os.path.samefile(source, path):

@@ -55,6 +55,11 @@ _LEVELDB_HINT = (
 )
 
 
+def held_elsewhere(reason: str) -> bool:
+    """True if LevelDB's ``reason`` for not opening is another process holding its lock."""
+    return "lock" in reason.lower() and "temporarily unavailable" in reason.lower()
+
+
 class _Handle:
     """One open database in this process (see the design notes above)."""
 
@@ -99,8 +104,9 @@ class _Handle:
             hint = ""
             # EAGAIN on LOCK: another process holds the database ("already held by process"
             # cannot happen here: the table opens each database once per process).
-            if "lock" in text.lower() and "temporarily unavailable" in text.lower():
-                hint = f" ({_LEVELDB_HINT})"
+            if held_elsewhere(text):
+                # Named first: `mnist2db info` users have no DataLoader to tune.
+                hint = f" (another process has it open; {_LEVELDB_HINT})"
             raise BackendError(f"{self.path}: cannot open LevelDB database: {text}{hint}") from exc
 
     # -- fork --------------------------------------------------------------------------------
@@ -275,12 +281,55 @@ class DbReader:
                 step = cursor.iterprev if reverse else cursor.iternext
                 yield from step(keys=True, values=not keys_only)
             else:
+                # Checksums verified: without, a damaged block whose bytes still decode
+                # (no compression, or damage snappy misses) is read as if it were data.
+                # plyvel's iterator then just stops at the damage (it does not check the
+                # iterator's status): an end before the database's own end is that.
+                last: bytes | None = None
                 with self.handle.db().iterator(
-                    start=start, include_value=not keys_only, reverse=reverse
+                    start=start,
+                    include_value=not keys_only,
+                    reverse=reverse,
+                    verify_checksums=True,
                 ) as records:
-                    yield from records
+                    for record in records:
+                        last = record if keys_only else record[0]
+                        yield record
+                self._check_leveldb_end(start, last, reverse)
         except self._errors() as exc:
             raise self._failed(exc) from exc
+
+    def _check_leveldb_end(self, start: bytes | None, last: bytes | None, reverse: bool) -> None:
+        """Raise if a checksummed LevelDB iteration ended before the database's end."""
+        db = self.handle.db()
+        # The key a complete iteration ends at: forward, the last key (if at or past
+        # `start`); in reverse, the first key at or past `start`.
+        with db.iterator(
+            start=start if reverse else None, include_value=False, reverse=not reverse
+        ) as ends:
+            end = next(ends, None)
+        if end is not None and not reverse and start is not None and end < start:
+            end = None
+        if end is None or last == end:
+            return
+        # The key after the last one read, found without checksums, read with them.
+        with db.iterator(
+            start=None if reverse else last,
+            stop=last if reverse else None,
+            include_value=False,
+            include_start=last is None,
+            reverse=reverse,
+        ) as rest:
+            following = next(rest, None)
+        if following is not None:
+            db.get(following, verify_checksums=True)  # raises CorruptionError, as expected
+        from .datum import key_text
+
+        where = "its first record" if last is None else f"key {key_text(last)}"
+        raise BackendError(
+            f"{self.path}: leveldb read stopped at {where}, before its last record "
+            "(a damaged table file?)"
+        )
 
     def iter_keys(self) -> Iterator[bytes]:
         """The keys in order, without reading the values."""
@@ -292,7 +341,7 @@ class DbReader:
             if self.backend == "lmdb":
                 value = self.handle.txn().get(key)
             else:
-                value = self.handle.db().get(key)
+                value = self.handle.db().get(key, verify_checksums=True)
         except self._errors() as exc:
             raise self._failed(exc) from exc
         return None if value is None else bytes(value)
@@ -349,13 +398,18 @@ def iter_db(
 
     Raises:
         BackendError: the path is not a database of either backend.
-        DatumError: a value is not a Datum.
+        DatumError: a value is not a Datum (the database and the key named).
     """
-    from .datum import decode_datum
+    from .datum import decode_datum, key_text
+    from .errors import DatumError
 
     with open_reader(path, backend) as reader:
         for key, value in reader:
-            yield bytes(key), decode_datum(value)
+            try:
+                datum = decode_datum(value)
+            except DatumError as exc:
+                raise DatumError(f"{os.fspath(path)}: key {key_text(key)}: {exc}") from None
+            yield bytes(key), datum
 
 
 def probe_database(backend: str, path: str) -> str | None:

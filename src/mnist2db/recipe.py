@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from .errors import IdxFormatError, Mnist2dbError
+from .errors import IdxFormatError, Mnist2dbError, printable
 from .idx import QMNIST_LABELS_MAGIC
 from .startup import TYPE_CHECKING, NamedTuple
 
@@ -318,16 +318,39 @@ def _load_metadata(db: str | os.PathLike[str]) -> tuple[str, dict[str, Any]] | N
             metadata = json.load(f)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
-        raise Mnist2dbError(f"{path}: cannot read mnist2db's metadata: {exc}") from None
+    except OSError as exc:
+        raise Mnist2dbError(
+            f"{path}: cannot read mnist2db's metadata: {exc.strerror or exc}"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise Mnist2dbError(
+            f"{path}: not mnist2db's metadata (not JSON: {exc.msg}, line {exc.lineno} "
+            f"column {exc.colno})"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise Mnist2dbError(
+            f"{path}: not mnist2db's metadata (not UTF-8 text: byte 0x{exc.object[exc.start]:02x} "
+            f"at offset {exc.start})"
+        ) from None
     try:
+        if not isinstance(metadata, dict):
+            raise ValueError("its JSON is not an object")
         if metadata["format"] != _FORMAT or metadata["version"] != _VERSION:
             raise ValueError("unknown format or version")
         int(metadata["source"]["items"])
         _pairs_of(metadata)
     except (KeyError, TypeError, ValueError) as exc:
-        raise Mnist2dbError(f"{path}: not mnist2db's metadata ({exc})") from None
+        raise _not_metadata(path, exc) from None
     return path, metadata
+
+
+def _not_metadata(path: str, exc: Exception) -> Mnist2dbError:
+    """The error for a metadata file that is not mnist2db's, in plain words."""
+    if isinstance(exc, KeyError):
+        return Mnist2dbError(f"{path}: not mnist2db's metadata (no field {exc})")
+    if isinstance(exc, TypeError):
+        return Mnist2dbError(f"{path}: not mnist2db's metadata (a field of the wrong type)")
+    return Mnist2dbError(f"{path}: not mnist2db's metadata ({exc})")
 
 
 def read_metadata(db: str | os.PathLike[str]) -> tuple[Recipe, dict[str, Any]] | None:
@@ -372,7 +395,7 @@ def _recipe_of(path: str, metadata: dict[str, Any]) -> Recipe:
         if recipe.encoded not in (None, "png"):
             raise ValueError(f"unknown encoding {recipe.encoded!r}")
     except (KeyError, TypeError, ValueError) as exc:
-        raise Mnist2dbError(f"{path}: not mnist2db's metadata ({exc})") from None
+        raise _not_metadata(path, exc) from None
     return recipe
 
 
@@ -384,12 +407,12 @@ def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
     """
     loaded = _load_metadata(db)
     if loaded is None:
-        return [
-            ("orientation", f"{orientation(False)} (no {METADATA_NAME}: written without options)")
-        ]
+        # Without it the database may be ours without options, or Caffe's, or anyone's:
+        # its orientation, order and range are not known, so none is claimed.
+        return [("options", f"not recorded (no {METADATA_NAME})")]
     source = loaded[1]["source"]
     items = int(source["items"])
-    names = f"{shown(source['images'])} + {shown(source['labels'])}"
+    names = f"{printable(source['images'])} + {printable(source['labels'])}"
     lines = [("source", f"{names} ({items} items)")]
     pairs = _pairs_of(loaded[1])
     if pairs is not None:
@@ -401,8 +424,7 @@ def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
         return lines
     recipe = _recipe_of(*loaded)
     if recipe.offset or recipe.count != items:
-        last = recipe.offset + (recipe.count or 0) - 1
-        lines.append(("items", f"{recipe.offset} … {last} of the source ({recipe.count})"))
+        lines.append(("items", f"{item_range(recipe)} of the source ({recipe.count})"))
     lines.append(("orientation", orientation(recipe.transpose)))
     if source["label_magic"] == f"0x{QMNIST_LABELS_MAGIC:08x}":
         lines.append(("label", f"column {recipe.label_column} of the idx2-int label rows"))
@@ -419,9 +441,12 @@ def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
     return lines
 
 
-def shown(path: str) -> str:
-    """A recorded path as it can be printed: bytes that are not UTF-8 as ``\\xNN``."""
-    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+def item_range(recipe: Recipe) -> str:
+    """The source items a recipe takes, as ``info`` and ``export`` name them:
+    ``"100 … 1249"``, or ``"none, from 10000"`` for a count of 0."""
+    if recipe.count == 0:
+        return f"none, from {recipe.offset}"
+    return f"{recipe.offset} … {recipe.offset + (recipe.count or 0) - 1}"
 
 
 def orientation(transpose: bool) -> str:

@@ -26,6 +26,7 @@ __all__ = [
     "ASCII_RAMP",
     "SHADE_RAMP",
     "check_canvas",
+    "drawn_size",
     "grid_layout",
     "image_to_gray",
     "image_to_text",
@@ -41,6 +42,10 @@ SCALE = 3
 PAD = 4
 LABEL_HEIGHT = 14
 MAX_COLUMNS = 10
+#: A 2-channel image (a siamese pair) is drawn as its channels side by side, separated by
+#: PAIR_GAP columns of this grey: visible on MNIST's black background and on white.
+PAIR_GAP = 1
+PAIR_DIVIDER = 128
 #: The largest PNG canvas drawn, in pixels (one byte each, in memory until written):
 #: 1000 MNIST digits take 9 million.
 MAX_PNG_PIXELS = 64_000_000
@@ -49,7 +54,9 @@ MAX_PNG_PIXELS = 64_000_000
 def image_to_gray(image: np.ndarray) -> np.ndarray:
     """A ``(height, width)`` uint8 view of a ``(channels, height, width)`` image.
 
-    One channel is taken as is; three are Caffe's BGR order, reduced to luminance.
+    One channel is taken as is; three are Caffe's BGR order, reduced to luminance; two
+    (a siamese pair) are drawn side by side, ``width`` apart plus a :data:`PAIR_GAP`-pixel
+    grey divider, so a drawn pair is ``2 * width + PAIR_GAP`` wide.
 
     Raises:
         RenderError: another number of channels, or a non-uint8 image.
@@ -67,7 +74,22 @@ def image_to_gray(image: np.ndarray) -> np.ndarray:
         blue, green, red = (image[i].astype(np.float32) for i in range(3))
         gray = np.rint(0.299 * red + 0.587 * green + 0.114 * blue).astype(np.uint8)
         return gray
-    raise RenderError(f"cannot draw an image with {image.shape[0]} channels (expected 1 or 3)")
+    if image.shape[0] == 2:
+        divider = np.full((image.shape[1], PAIR_GAP), PAIR_DIVIDER, dtype=np.uint8)
+        gray = np.concatenate([image[0], divider, image[1]], axis=1)
+        return gray
+    raise RenderError(f"cannot draw an image with {image.shape[0]} channels (expected 1, 2 or 3)")
+
+
+def drawn_size(image: np.ndarray) -> tuple[int, int]:
+    """``(height, width)`` of ``image`` as drawn (a pair is drawn twice as wide, see
+    :func:`image_to_gray`), known before drawing it.
+
+    Raises:
+        RenderError: as :func:`image_to_gray`.
+    """
+    height, width = image_to_gray(image).shape
+    return height, width
 
 
 def image_to_text(

@@ -53,6 +53,9 @@ _LOW_SPACE = 1 << 20
 
 _RENAME_NOREPLACE = 1
 
+#: How messages name each backend's database ("… is an LMDB database").
+_A_DATABASE = {"lmdb": "an LMDB", "leveldb": "a LevelDB"}
+
 
 def is_owned_file(backend: str, name: str) -> bool:
     """True for a file a ``backend`` database directory may hold: the backend's, or ours."""
@@ -143,7 +146,7 @@ def check_replaceable(out: str, backend: str) -> None:
             ``backend`` does not create (the first one, in name order, is named), or does
             not open as a ``backend`` database.
     """
-    name = {"lmdb": "an LMDB", "leveldb": "a LevelDB"}.get(backend, backend)
+    name = _A_DATABASE.get(backend, backend)
     if os.path.islink(out):
         raise _symlink_refusal(out)
     if not os.path.isdir(out):
@@ -158,6 +161,7 @@ def check_replaceable(out: str, backend: str) -> None:
         ) from None
     if not entries:
         return  # an empty directory: nothing in it to lose
+    _refuse_other_backend(out, backend, entries)
     for entry in entries:
         if not entry.is_file(follow_symlinks=False) or not is_owned_file(backend, entry.name):
             if entry.is_symlink():
@@ -172,13 +176,41 @@ def check_replaceable(out: str, backend: str) -> None:
                 f"{out}: holds {entry.name!r} ({kind}), which is not part of {name} "
                 f"database; refusing to replace it (--overwrite replaces only {name} database)"
             )
-    from .readers import probe_database  # off the start-up path: only an existing `out`
+    if not any(is_database_file(backend, entry.name) for entry in entries):
+        raise OutputExistsError(
+            f"{out}: holds only {METADATA_NAME}, not {name} database (its files are missing); "
+            "refusing to replace it (remove it, or choose another name)"
+        )
+    from .readers import held_elsewhere, probe_database  # off the start-up path
 
     reason: str | None = probe_database(backend, out)
+    if reason is not None and held_elsewhere(reason):
+        raise OutputExistsError(
+            f"{out}: is {name} database another process has open ({reason}); refusing to "
+            "replace it while it is in use"
+        )
     if reason is not None:
         raise OutputExistsError(
             f"{out}: does not open as {name} database ({reason}); refusing to replace it"
         )
+
+
+def _refuse_other_backend(out: str, backend: str, entries: list[os.DirEntry[str]]) -> None:
+    """A directory that is a database of another backend is named as one: the user most
+    likely meant that backend (a wrong ``--backend``), not that it holds foreign files."""
+    for other in BACKENDS:
+        if other == backend:
+            continue
+        files = [e.name for e in entries if e.is_file(follow_symlinks=False)]
+        if (
+            len(files) == len(entries)
+            and any(is_database_file(other, f) for f in files)
+            and all(is_owned_file(other, f) for f in files)
+        ):
+            raise OutputExistsError(
+                f"{out}: it is {_A_DATABASE[other]} database (use --backend {other}, or "
+                f"remove it); --overwrite replaces only {_A_DATABASE[backend]} database"
+            )
 
 
 def _identity(path: str) -> tuple[int, int] | None:
