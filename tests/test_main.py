@@ -3,6 +3,7 @@ as the click command does (output, messages, exit codes, records)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -211,3 +212,21 @@ def test_memory_does_not_grow_with_the_dataset(tmp_path: Path) -> None:
             ]
         )
     assert peaks[40000] - peaks[4000] < 12 * 1024, peaks
+
+
+def test_launcher_prints_a_non_utf8_path_as_its_bytes(mnist_pair, tmp_path: Path) -> None:
+    """The fast path's summary names a database whose name is not UTF-8 as click's does:
+    the byte spelled out (\\xe9), never a surrogate (\\udce9)."""
+    ipath, lpath, _, _ = mnist_pair(3)
+    lines = []
+    for name, launcher in ((b"fast", LAUNCH), (b"click", "from mnist2db.cli import main; main()")):
+        out = os.fsdecode(b"caf\xe9_" + name)
+        done = subprocess.run(
+            [sys.executable, "-c", launcher, "convert", str(ipath), str(lpath), out],
+            capture_output=True,
+            cwd=tmp_path,
+            check=True,
+        )
+        lines.append(done.stderr.decode().splitlines()[-1].rsplit(" in ", 1)[0])
+        assert os.path.isdir(os.path.join(os.fsencode(tmp_path), b"caf\xe9_" + name))
+    assert lines == [r"Wrote caf\xe9_fast (lmdb)", r"Wrote caf\xe9_click (lmdb)"]

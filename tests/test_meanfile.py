@@ -177,7 +177,7 @@ def test_write_mean_is_atomic_and_refuses_existing(mnist_pair, tmp_path: Path) -
         write_mean(result, out)
     assert out.read_bytes() == b"user data"
     (tmp_path / "dir").mkdir()
-    with pytest.raises(Mnist2dbError, match="is not a regular file"):
+    with pytest.raises(Mnist2dbError, match="is a directory; refusing to replace it"):
         write_mean(result, tmp_path / "dir", overwrite=True)
     assert write_mean(result, out, overwrite=True) == 10 + 16
     assert out.read_bytes() == blobproto_bytes(result.mean)
@@ -247,3 +247,28 @@ def test_compute_image_mean_drop_in(mnist_pair, tmp_path: Path) -> None:
     )
     assert usage.returncode == 2
     assert "compute_image_mean [FLAGS] INPUT_DB [OUTPUT_FILE]" in usage.stderr
+
+
+@pytest.mark.parametrize("entry", ["mnist2db", "compute_image_mean"])
+def test_a_bad_mean_target_fails_before_the_database_is_read(
+    entry: str, mnist_pair, tmp_path: Path
+) -> None:
+    """The target is checked first: a database that cannot be read is never reached."""
+    broken = tmp_path / "db"
+    broken.mkdir()
+    (broken / "data.mdb").write_bytes(b"not an LMDB file")  # reading it would fail
+    target = tmp_path / "nodir" / "mean.binaryproto"
+    if entry == "mnist2db":
+        result = CliRunner().invoke(cli, ["mean", str(broken), str(target)])
+        code, stderr = result.exit_code, result.stderr
+    else:
+        done = subprocess.run(
+            [sys.executable, "-c", "from mnist2db.compat import mean_main; mean_main()",
+             str(broken), str(target)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        code, stderr = done.returncode, done.stderr
+    assert code == 1
+    assert stderr.rstrip().endswith(f"{target}: no directory {target.parent} to write it in")
+    assert stderr.count("\n") == 1
+    assert not (tmp_path / "nodir").exists()

@@ -26,9 +26,11 @@ def mean(db: str, out: str | None, overwrite: bool, quiet: bool) -> None:
 
     Example: mnist2db mean examples/mnist/mnist_train_lmdb examples/mnist/mean.binaryproto
     """
-    from .meanfile import compute_mean, write_mean
+    from .meanfile import check_mean_target, compute_mean, write_mean
 
     with library_errors():
+        if out is not None:
+            check_mean_target(out, overwrite)
         result = compute_mean(db)
         written = None if out is None else write_mean(result, out, overwrite=overwrite)
     channels = " × ".join(map(str, result.mean.shape))

@@ -262,17 +262,18 @@ def run(argv: list[str], argv0: str = PROG) -> int:
 
 
 def _compute_image_mean(parsed: ParsedArgs, logger: Logger) -> None:
-    from .backends import detect_backend
+    from .backends import check_backend, detect_backend
     from .errors import BackendError
-    from .meanfile import compute_mean, write_mean
+    from .meanfile import check_mean_target, compute_mean, write_mean
 
     backend = str(parsed["backend"])
     db_path = parsed.positional[0]
-    if backend not in BACKENDS:
-        raise BackendError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    check_backend(backend)
     found = detect_backend(db_path)
     if found != backend:
         raise BackendError(f"{db_path}: is a {found} database (use --backend={found})")
+    if len(parsed.positional) == 2:
+        check_mean_target(parsed.positional[1], overwrite=True)
     logger.log("I", OPENED_AT[backend], f"Opened {backend} {db_path}")
     logger.log("I", "compute_image_mean.cpp:70", "Starting iteration")
 

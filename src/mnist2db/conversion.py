@@ -22,7 +22,7 @@ from .backends import (
     size_hint,
 )
 from .datum import KEY_LIMIT, datum_prefix, encode_raw_batch, record_keys
-from .errors import Mnist2dbError
+from .errors import Mnist2dbError, printable
 from .fsutil import TEMP_MARK
 from .idx import LABELS_MAGIC, check_pair
 from .idxreader import IdxReader, open_idx
@@ -69,7 +69,7 @@ class ConvertResult(_ConvertResultFields):
             f"A total of {self.count} items.\n"
             f"Rows: {self.rows} Cols: {self.cols}\n"
             f"Processed {self.count} files.\n{extra}"
-            f"Wrote {self.path} ({self.backend}) in {self.seconds:.2f} s."
+            f"Wrote {printable(self.path)} ({self.backend}) in {self.seconds:.2f} s."
         )
 
 

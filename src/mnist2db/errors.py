@@ -26,9 +26,11 @@ def printable(text: str) -> str:
     """``text`` as it can be printed: a path's bytes that are not UTF-8 (which Python holds
     as surrogates, ``\\udce9``) shown as the bytes they are, ``\\xe9``. The one place that
     does it: every library message passes through it, and the CLI's own path lines."""
+    shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if "\\udc" not in shown:
+        return shown  # the usual case, without importing re on the fast path
     import re
 
-    shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     # A message that quoted such a path with repr() already spells the surrogate out.
     return re.sub(r"\\udc([89a-f][0-9a-f])", r"\\x\1", shown)
 

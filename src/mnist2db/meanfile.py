@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .backends import DEFAULT_BATCH_SIZE, check_batch_size
 from .datum import encode_varint, key_text
-from .errors import Mnist2dbError, OutputExistsError
+from .errors import Mnist2dbError
 from .pngdatum import decoded_datum
 from .progress import Progress, reporting
 
@@ -201,6 +201,19 @@ def blobproto_bytes(mean: np.ndarray) -> bytes:
     return head + body
 
 
+def check_mean_target(out: str | os.PathLike[str], overwrite: bool = False) -> None:
+    """Raise unless the mean may be written to ``out``: call it before computing the mean,
+    so that a bad target fails at once, not after reading the whole database.
+
+    Raises:
+        OutputExistsError: ``out`` exists and ``overwrite`` is false, or it is not a file.
+        Mnist2dbError: its directory does not exist.
+    """
+    from .pairs import check_file_target
+
+    check_file_target(os.fspath(out), overwrite)
+
+
 def write_mean(
     result: MeanResult,
     out: str | os.PathLike[str],
@@ -226,13 +239,7 @@ def write_mean(
     from .fsutil import AtomicFile
 
     out = os.fspath(out)
-    if os.path.lexists(out):
-        if not overwrite:
-            raise OutputExistsError(f"{out}: already exists (use --overwrite to replace it)")
-        if os.path.islink(out) or not os.path.isfile(out):
-            raise OutputExistsError(
-                f"{out}: exists and is not a regular file; refusing to replace it"
-            )
+    check_mean_target(out, overwrite)
     if npy is None:
         npy = out.endswith(".npy")
     if npy:

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from .backends import BACKENDS, backend_message, detect_backend
+from .backends import backend_message, check_backend, detect_backend
 from .errors import BackendError
 
 __all__ = ["LMDB_READ_OPTIONS", "DbReader", "iter_db", "open_reader", "shared_reader"]
@@ -77,9 +77,7 @@ class _Handle:
         elif backend == "leveldb":
             self._open_leveldb()
         else:
-            raise BackendError(
-                f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}"
-            )
+            check_backend(backend)
         self.pid = os.getpid()
 
     def _open_lmdb(self) -> None:
@@ -232,10 +230,7 @@ class DbReader:
     def __init__(self, path: str | os.PathLike[str], backend: str | None = None) -> None:
         self.path = os.fspath(path)
         self.backend = backend or detect_backend(self.path)
-        if self.backend not in BACKENDS:
-            raise BackendError(
-                f"unknown backend {self.backend!r}: expected one of {', '.join(BACKENDS)}"
-            )
+        check_backend(self.backend)
         self._handle: _Handle | None = _acquire(self.path, self.backend)
 
     @property

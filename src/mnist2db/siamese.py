@@ -36,7 +36,7 @@ from .backends import (
     check_batch_size,
 )
 from .datum import datum_prefix, splitter
-from .errors import IdxFormatError, Mnist2dbError
+from .errors import IdxFormatError, Mnist2dbError, printable
 from .idx import INT32_MAX, check_pair
 from .progress import Progress, reporting
 
@@ -81,7 +81,7 @@ class SiameseResult(_SiameseResultFields):
         return (
             f"A total of {self.count} pairs of {self.rows} × {self.cols} images "
             f"({self.positives} same-class, {share:.1f}%), seed {self.seed}.\n"
-            f"Wrote {self.path} ({self.backend}) in {self.seconds:.2f} s."
+            f"Wrote {printable(self.path)} ({self.backend}) in {self.seconds:.2f} s."
         )
 
 

@@ -26,7 +26,7 @@ import errno
 import os
 from collections.abc import Callable, Iterable, Iterator
 
-from .backends import BACKENDS, is_database_file
+from .backends import BACKENDS, check_backend, is_database_file
 from .errors import BackendError, OutputExistsError
 from .fsutil import (
     fsync_dir,
@@ -385,8 +385,7 @@ def staged_database(
         BackendError: unknown backend, or the directory cannot be written or moved.
     """
     out = os.fspath(out)
-    if backend not in BACKENDS:
-        raise BackendError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    check_backend(backend)
     inputs = list(inputs)
     _check_destination(out, backend, overwrite, inputs)
     parent = os.path.dirname(os.path.abspath(out))
