@@ -124,3 +124,16 @@ def write_lmdb(path: Path, records: dict[bytes, bytes]) -> Path:
             txn.put(key, value)
     env.close()
     return path
+
+
+def write_raw_db(path: Path, backend: str, records: dict[bytes, bytes]) -> Path:
+    """A database of exactly ``records``, written with the backend's own library (not mnist2db)."""
+    if backend == "lmdb":
+        return write_lmdb(path, records)
+    import plyvel
+
+    db = plyvel.DB(str(path), create_if_missing=True)
+    for key, value in records.items():
+        db.put(key, value)
+    db.close()
+    return path

@@ -11,6 +11,7 @@ import lmdb
 import numpy as np
 import plyvel
 import pytest
+from helpers import write_raw_db
 
 import mnist2db
 from mnist2db import BackendError, Mnist2dbError, convert, open_db
@@ -283,23 +284,9 @@ def test_keys_that_only_look_like_caffe_keys_are_indexed_in_key_order(
 ) -> None:
     """Same count, first and last key as Caffe's sequence, but 00000002 replaced by
     00000003x: indexing must agree with iteration (key order) and never fail."""
-    import lmdb
-    import plyvel
-
     keys = [b"00000000", b"00000001", b"00000003", b"00000003x", b"00000004"]
     values = [mnist2db.encode_datum(bytes([i]) * 4, 1, 2, 2, i) for i in range(5)]
-    path = tmp_path / "db"
-    if backend == "lmdb":
-        env = lmdb.open(str(path), map_size=1 << 20)
-        with env.begin(write=True) as txn:
-            for key, value in zip(keys, values, strict=True):
-                txn.put(key, value)
-        env.close()
-    else:
-        db = plyvel.DB(str(path), create_if_missing=True)
-        for key, value in zip(keys, values, strict=True):
-            db.put(key, value)
-        db.close()
+    path = write_raw_db(tmp_path / "db", backend, dict(zip(keys, values, strict=True)))
     with open_db(path) as dataset:
         # Backwards: an index must not depend on which records were read before.
         by_index = [dataset[i][1] for i in reversed(range(len(dataset)))][::-1]

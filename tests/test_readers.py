@@ -6,10 +6,10 @@ import io
 import os
 from pathlib import Path
 
-import lmdb
 import numpy as np
 import plyvel
 import pytest
+from helpers import write_raw_db
 from PIL import Image
 
 import mnist2db
@@ -22,18 +22,7 @@ from mnist2db.verify import verify_db
 
 
 def write_db(path: Path, backend: str, values: list[bytes]) -> None:
-    keys = [b"%08d" % i for i in range(len(values))]
-    if backend == "lmdb":
-        env = lmdb.open(str(path), map_size=1 << 22)
-        with env.begin(write=True) as txn:
-            for key, value in zip(keys, values, strict=True):
-                txn.put(key, value)
-        env.close()
-    else:
-        db = plyvel.DB(str(path), create_if_missing=True)
-        for key, value in zip(keys, values, strict=True):
-            db.put(key, value)
-        db.close()
+    write_raw_db(path, backend, {b"%08d" % i: value for i, value in enumerate(values)})
 
 
 def png(array: np.ndarray) -> bytes:
