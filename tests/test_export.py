@@ -60,6 +60,21 @@ def test_export_default_prefix(mnist_pair, tmp_path: Path) -> None:
     assert (tmp_path / "out" / "t10k-labels-idx1-ubyte").read_bytes() == labels.read_bytes()
 
 
+@pytest.mark.parametrize("prefix", ["../escaped", "sub/name", ""])
+def test_export_prefix_is_a_name_not_a_path(prefix: str, mnist_pair, tmp_path: Path) -> None:
+    """The files go into OUT_DIR and nowhere else: a prefix with '/' (or none) is refused
+    before anything is written."""
+    images, labels, _, _ = mnist_pair(3)
+    convert(images, labels, tmp_path / "db")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = run("export", tmp_path / "db", tmp_path / "out", "--prefix", prefix)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: --prefix {prefix!r}: a file name prefix, without '/' (OUT_DIR is the folder)\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no out/, nothing escaped
+
+
 def test_export_never_replaces_files_unasked(mnist_pair, tmp_path: Path) -> None:
     db, images, labels, _, _ = converted(mnist_pair, tmp_path)
     out = tmp_path / "out"

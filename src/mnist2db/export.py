@@ -102,6 +102,11 @@ def export_db(
     if not out:
         raise OutputExistsError("the output directory is empty: name a directory")
     stem = prefix if prefix is not None else default_prefix(db_path)
+    if not stem or os.sep in stem:
+        # The files go into out_dir and nowhere else: a prefix is a name, not a path.
+        raise Mnist2dbError(
+            f"--prefix {stem!r}: a file name prefix, without '/' (OUT_DIR is the folder)"
+        )
     images_out = os.path.join(out, f"{stem}-images-idx3-ubyte")
     labels_out = os.path.join(out, f"{stem}-labels-idx1-ubyte")
     real_db = os.path.realpath(db_path)
