@@ -18,11 +18,15 @@ def test_all_is_pinned() -> None:
         "DownloadError",
         "IdxFormatError",
         "IdxHeader",
+        "MeanResult",
         "Mnist2dbError",
         "OutputExistsError",
+        "SiameseResult",
         "__version__",
         "array_to_datum",
+        "compute_mean",
         "convert",
+        "convert_siamese",
         "datum_to_array",
         "decode_datum",
         "detect_backend",
@@ -33,6 +37,7 @@ def test_all_is_pinned() -> None:
         "open_reader",
         "read_header",
         "read_idx",
+        "write_mean",
     ]
 
 

@@ -35,6 +35,11 @@ _LAZY = {
     "open_reader": "readers",
     "DatumDataset": "dataset",
     "open_db": "dataset",
+    "MeanResult": "meanfile",
+    "compute_mean": "meanfile",
+    "write_mean": "meanfile",
+    "SiameseResult": "siamese",
+    "convert_siamese": "siamese",
 }
 
 __all__ = sorted([*_LAZY, "__version__"])
@@ -59,7 +64,9 @@ if TYPE_CHECKING:
     )
     from .idx import IdxHeader
     from .idxreader import open_idx, read_header, read_idx
+    from .meanfile import MeanResult, compute_mean, write_mean
     from .readers import iter_db, open_reader
+    from .siamese import SiameseResult, convert_siamese
 
 
 def __getattr__(name: str) -> Any:
