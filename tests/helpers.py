@@ -4,9 +4,11 @@ real Caffe writes from it)."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
@@ -137,3 +139,21 @@ def write_raw_db(path: Path, backend: str, records: dict[bytes, bytes]) -> Path:
         db.put(key, value)
     db.close()
     return path
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A real small file system at ``mount`` (created), unmounted afterwards: a real full disk.
+    Skips the test where mounting is not allowed (not root, or no mount namespace)."""
+    import subprocess
+
+    mount.mkdir(exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

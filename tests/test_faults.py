@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import make_images, make_labels, write_idx
+from helpers import make_images, make_labels, mounted_tmpfs, write_idx
 
 from mnist2db.backends import detect_backend
 from mnist2db.cli import cli
@@ -315,20 +315,8 @@ def test_file_size_limit_gives_one_error_and_no_leftovers(tmp_path: Path, data: 
 
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "small"
-    mount.mkdir()
-    try:
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
-            check=True,
-            capture_output=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "4m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 @pytest.mark.parametrize("backend", ["lmdb", "leveldb"])

@@ -7,15 +7,14 @@ in a child process, a small tmpfs when root can mount one.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import mounted_tmpfs
 from test_fetch import Server, gz, listing, server, small_files, start_server  # noqa: F401
 
 from mnist2db.datasets import FILE_NAMES
@@ -99,20 +98,8 @@ def test_file_size_limit_is_a_write_failure_not_the_mirrors(
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 64 KiB tmpfs (root only): a real full disk."""
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode(errors='replace').strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "tmpfs", "64k") as mount:
         yield mount
-    finally:
-        with contextlib.suppress(OSError):
-            subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_full_disk_is_a_write_failure_not_the_mirrors(small_tmpfs: Path, tmp_path: Path) -> None:

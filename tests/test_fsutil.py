@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from helpers import mounted_tmpfs
 
 from mnist2db.fsutil import AtomicFile, mkdtemp_beside, remove_stale, temp_prefix
 
@@ -92,16 +93,7 @@ def test_temp_prefix_hashes_long_names() -> None:
 
 def test_discard_unlinks_even_when_closing_fails(tmp_path: Path) -> None:
     """Issue 10, item 4: on a full disk close() flushes, fails, and the unlink never ran."""
-    import subprocess
-
-    mount = tmp_path / "small"
-    mount.mkdir()
-    try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-                       check=True, capture_output=True)  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "1m") as mount:
         target = mount / "out.bin"
         with pytest.raises(OSError) as info, AtomicFile(str(target)) as f:
             f.write(b"x" * 100_000)  # buffered: fits
@@ -117,8 +109,6 @@ def test_discard_unlinks_even_when_closing_fails(tmp_path: Path) -> None:
         with AtomicFile(str(target)) as f:
             f.stream.write(b"pending")  # in the buffer, not yet on the full disk
         assert os.listdir(mount) == ["filler"]
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 def test_make_parents_reports_and_removes_what_it_made(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import idx_bytes, make_images, write_idx
+from helpers import idx_bytes, make_images, mounted_tmpfs, write_idx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -538,20 +538,8 @@ def test_any_path_bytes_are_recorded_and_shown(tmp_path: Path) -> None:
 def test_shuffle_on_a_full_disk_is_one_line_and_leaves_nothing(
     tmp_path: Path, mnist_pair: Pair, backend: str
 ) -> None:
-    import subprocess
-
     images_path, labels_path, _, _ = mnist_pair(6000)  # 4.7 MB of pixels to spill
-    mount = tmp_path / "small"
-    mount.mkdir()
-    try:
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
-            check=True,
-            capture_output=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "4m") as mount:
         result: Any = run(
             "convert", "-q", "--shuffle", f"--backend={backend}",
             str(images_path), str(labels_path), str(mount / "db"),
@@ -565,8 +553,6 @@ def test_shuffle_on_a_full_disk_is_one_line_and_leaves_nothing(
             "No space left on device\n"
         )
         assert os.listdir(mount) == []
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 @settings(
