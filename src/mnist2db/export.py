@@ -183,30 +183,27 @@ def _write_pair(
     progress: Progress,
     recipe: Recipe,
 ) -> int:
+    """Write both files under temporary names and place them together; returns the count.
+
+    Records in key order are written in turn; a shuffled database's records go back to
+    the positions of the source items they hold. Labels (one byte a record) are collected
+    and written after the images.
+    """
     import numpy as np
 
-    if recipe.seed is not None:
-        return _write_unshuffled(reader, db_path, targets, total, rows, cols, progress, recipe)
     with AtomicFile(targets[0]) as image_target, AtomicFile(targets[1]) as label_target:
         stored = (cols, rows) if recipe.transpose else (rows, cols)
-        image_target.write(pack_header(IMAGES_MAGIC, total, *stored))
+        head = pack_header(IMAGES_MAGIC, total, *stored)
+        image_target.write(head)
+        labels = np.zeros(total, dtype=np.uint8)
+        records = _records(reader, db_path, rows, cols)
+        if recipe.seed is None:
+            count = _write_in_order(records, image_target, labels, progress, recipe, total)
+        else:
+            count = _write_unshuffled(records, image_target, labels, progress, recipe, total,
+                                      len(head), rows * cols)  # fmt: skip
         label_target.write(pack_header(LABELS_MAGIC, total))
-        labels = np.empty(_BATCH, dtype=np.uint8)
-        pending: list[bytes] = []
-        count = 0
-        for datum in _records(reader, db_path, rows, cols):
-            labels[len(pending)] = datum.label
-            pending.append(
-                _untransposed(datum.data, rows, cols) if recipe.transpose else datum.data
-            )
-            count += 1
-            if len(pending) == _BATCH:
-                image_target.write(b"".join(pending))
-                label_target.write(labels[: len(pending)].tobytes())
-                pending.clear()
-                progress(count, total)
-        image_target.write(b"".join(pending))
-        label_target.write(labels[: len(pending)].tobytes())
+        label_target.write(labels.tobytes())
         if count != total:
             raise DatumError(
                 f"{db_path}: read {count} records, the database reported {total} "
@@ -214,6 +211,30 @@ def _write_pair(
             )
         # Both complete: only now do they reach their names, together.
         place_together([image_target, label_target])
+    return count
+
+
+def _write_in_order(
+    records: Iterator[Any],
+    image_target: AtomicFile,
+    labels: Any,
+    progress: Progress,
+    recipe: Recipe,
+    total: int,
+) -> int:
+    """Append each record's pixels in key order; returns how many records there were."""
+    pending: list[bytes] = []
+    count = 0
+    for datum in records:
+        if count < total:
+            labels[count] = datum.label
+        pending.append(_image_bytes(datum, recipe))
+        count += 1
+        if len(pending) == _BATCH:
+            image_target.write(b"".join(pending))
+            pending.clear()
+            progress(count, total)
+    image_target.write(b"".join(pending))
     return count
 
 
@@ -244,52 +265,41 @@ def _untransposed(data: bytes, rows: int, cols: int) -> bytes:
 
 
 def _write_unshuffled(
-    reader: Any,
-    db_path: str,
-    targets: tuple[str, str],
-    total: int,
-    rows: int,
-    cols: int,
+    records: Iterator[Any],
+    image_target: AtomicFile,
+    labels: Any,
     progress: Progress,
     recipe: Recipe,
+    total: int,
+    head_size: int,
+    size: int,
 ) -> int:
     """Write each record at the position of the source item it holds (the permutation drawn
-    again from the recorded seed): random writes into the image file, labels in memory."""
-    import numpy as np
-
+    again from the recorded seed): random writes into the image file."""
     order = permutation(recipe.seed or 0, total)
-    size = rows * cols
-    with AtomicFile(targets[0]) as image_target, AtomicFile(targets[1]) as label_target:
-        stored = (cols, rows) if recipe.transpose else (rows, cols)
-        head = pack_header(IMAGES_MAGIC, total, *stored)
-        image_target.write(head)
-        labels = np.zeros(total, dtype=np.uint8)
-        count = 0
-        try:
-            image_target.stream.flush()
-            fd = image_target.stream.fileno()
-            for datum in _records(reader, db_path, rows, cols):
-                if count >= total:
-                    count += 1
-                    break
-                data = _untransposed(datum.data, rows, cols) if recipe.transpose else datum.data
-                position = int(order[count])
-                os.pwrite(fd, data, len(head) + position * size)
-                labels[position] = datum.label
+    count = 0
+    try:
+        image_target.stream.flush()
+        fd = image_target.stream.fileno()
+        for datum in records:
+            if count >= total:
                 count += 1
-                if count % _BATCH == 0:
-                    progress(count, total)
-            # The file's length is set once: a database of no records leaves no hole to fill.
-            os.ftruncate(fd, len(head) + total * size)
-            os.lseek(fd, 0, os.SEEK_END)
-        except OSError as exc:
-            raise OSError(exc.errno, exc.strerror, targets[0]) from None
-        label_target.write(pack_header(LABELS_MAGIC, total))
-        label_target.write(labels.tobytes())
-        if count != total:
-            raise DatumError(
-                f"{db_path}: read {count} records, the database reported {total} "
-                "(was it changed while exporting?)"
-            )
-        place_together([image_target, label_target])
+                break
+            position = int(order[count])
+            os.pwrite(fd, _image_bytes(datum, recipe), head_size + position * size)
+            labels[position] = datum.label
+            count += 1
+            if count % _BATCH == 0:
+                progress(count, total)
+        # The file's length is set once: a database of no records leaves no hole to fill.
+        os.ftruncate(fd, head_size + total * size)
+        os.lseek(fd, 0, os.SEEK_END)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, image_target.path) from None
     return count
+
+
+def _image_bytes(datum: Any, recipe: Recipe) -> bytes:
+    """A record's pixels as the source stores them (transposed back if it was transposed)."""
+    rows, cols = datum.height, datum.width
+    return _untransposed(datum.data, rows, cols) if recipe.transpose else bytes(datum.data)
