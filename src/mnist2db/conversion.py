@@ -30,7 +30,10 @@ from .pngdatum import check_encoding
 from .progress import Progress, reporting
 from .recipe import Recipe, iter_records, metadata_for, write_metadata
 from .staging import remove_stale_staging, staged_database
-from .startup import NamedTuple
+from .startup import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from .fsutil import PathArg
 
 __all__ = ["ConvertResult", "convert", "remove_stale_staging", "write_database"]
 
@@ -77,9 +80,9 @@ class ConvertResult(_ConvertResultFields):
 
 
 def convert(
-    images: str | os.PathLike[str],
-    labels: str | os.PathLike[str],
-    out: str | os.PathLike[str],
+    images: PathArg,
+    labels: PathArg,
+    out: PathArg,
     backend: str = DEFAULT_BACKEND,
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -133,7 +136,7 @@ def convert(
     """
     progress = reporting(progress)
     start = time.perf_counter()
-    out = os.fspath(out)
+    images, labels, out = os.fsdecode(images), os.fsdecode(labels), os.fsdecode(out)
     check_backend(backend)
     check_batch_size(batch_size)
     if not out:
