@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from helpers import converted, rewrite_lmdb, write_idx, write_lmdb
 
 from mnist2db import array_to_datum, convert
-from mnist2db.cli import cli
+from mnist2db.cli.app import cli
 from mnist2db.export import default_prefix
 
 

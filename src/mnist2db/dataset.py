@@ -18,7 +18,7 @@ Records in the layout of the first record (same shape, raw uint8 pixels, a label
 to 127: every MNIST record) are read without protobuf, straight from the stored bytes;
 any other record goes through protobuf.
 
-Processes and threads: see :mod:`mnist2db.readers`. A pickled dataset carries no handle
+Processes and threads: see :mod:`mnist2db.storage.readers`. A pickled dataset carries no handle
 and opens its own on first use (spawn, forkserver); a forked child reopens LMDB on first
 use; LevelDB admits one process at a time, so a worker process reading a LevelDB database
 that its parent holds fails with one :class:`~mnist2db.errors.BackendError` saying what
@@ -32,10 +32,10 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from .backends import detect_backend
-from .datum import KEY_LIMIT, datum_to_array, decode_datum, record_key
-from .errors import DatumError, MissingKeyError, Mnist2dbError, RecordIndexError
-from .readers import DbReader
+from mnist2db.errors import DatumError, MissingKeyError, Mnist2dbError, RecordIndexError
+from mnist2db.formats.datum import KEY_LIMIT, datum_to_array, decode_datum, record_key
+from mnist2db.storage.backends import detect_backend
+from mnist2db.storage.readers import DbReader
 
 if TYPE_CHECKING:
     import numpy as np
@@ -53,7 +53,7 @@ _uint8: Any = None
 def _layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | None:
     """``(length, prefix, shape, pixels offset)`` of a record in Caffe's fixed layout
     (``channels, height, width, data, label`` with a one-byte label), else None."""
-    from .datum import datum_prefix, encode_datum
+    from mnist2db.formats.datum import datum_prefix, encode_datum
 
     try:
         datum = decode_datum(value)
@@ -71,8 +71,8 @@ def _layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | None
 
 
 def _decode_image(data: bytes, where: str) -> np.ndarray:
-    """An encoded Datum's image as Caffe's data layer decodes it (see :mod:`mnist2db.pngdatum`)."""
-    from .pngdatum import decode_image
+    """An encoded Datum's image as Caffe's data layer decodes it (see :mod:`mnist2db.formats.png`)."""
+    from mnist2db.formats.png import decode_image
 
     return decode_image(data, where)
 
@@ -139,7 +139,7 @@ class DatumDataset:
 
             self._errors = (plyvel.Error,)
 
-    # -- the handle, shared by the process (mnist2db.readers) ----------------------------
+    # -- the handle, shared by the process (mnist2db.storage.readers) ----------------------------
 
     def _open(self) -> DbReader:
         if self._reader is None:
@@ -212,7 +212,7 @@ class DatumDataset:
             else:
                 value = self._open().handle.db().get(key)
         except self._errors as exc:
-            from .backends import backend_message
+            from mnist2db.storage.backends import backend_message
 
             raise self._failed(exc, backend_message(exc)) from exc
         if value is None:
@@ -220,7 +220,7 @@ class DatumDataset:
         return value  # type: ignore[no-any-return]
 
     def _failed(self, exc: Exception, text: str) -> Mnist2dbError:
-        from .errors import BackendError
+        from mnist2db.errors import BackendError
 
         return BackendError(f"{self.path}: {self.backend} read failed: {text}")
 
@@ -281,7 +281,7 @@ class DatumDataset:
             except (AttributeError, TypeError):
                 pass
             except self._errors as exc:
-                from .backends import backend_message
+                from mnist2db.storage.backends import backend_message
 
                 raise self._failed(exc, backend_message(exc)) from exc
         if isinstance(index, slice):
@@ -305,7 +305,7 @@ class DatumDataset:
                 try:
                     values = list(map(get, keys))
                 except self._errors as exc:
-                    from .backends import backend_message
+                    from mnist2db.storage.backends import backend_message
 
                     raise self._failed(exc, backend_message(exc)) from exc
                 if None not in values:

@@ -7,7 +7,7 @@ offset+count-1`` as the source stores them. The label file holds the Datum label
 uint8 (idx1): for a QMNIST source, the column the database was written with, not the
 source's idx2-int rows (the other seven columns are not in the database).
 
-The two files appear together or not at all (:mod:`mnist2db.pairs`): both targets are
+The two files appear together or not at all (:mod:`mnist2db.storage.placement`): both targets are
 checked before any work, both are written under temporary names, and both are placed, the
 first put back if the second cannot be.
 """
@@ -20,17 +20,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .backends import DEFAULT_BATCH_SIZE as _BATCH
-from .datum import decode_datum, key_text
-from .errors import DatumError, Mnist2dbError, OutputExistsError, printable
-from .fsutil import AtomicFile, make_parents, remove_made
-from .idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
-from .pairs import check_file_target, place_together, recover_together
-from .pngdatum import datum_encoding, decoded_datum
-from .progress import Progress, reporting
-from .readers import shared_reader
-from .recipe import Recipe, item_range, permutation, read_metadata
-from .staging import check_apart
+from mnist2db.errors import DatumError, Mnist2dbError, OutputExistsError, printable
+from mnist2db.formats.datum import decode_datum, key_text
+from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
+from mnist2db.formats.png import datum_encoding, decoded_datum
+from mnist2db.progress import Progress, reporting
+from mnist2db.recipe import Recipe, item_range, permutation, read_metadata
+from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
+from mnist2db.storage.files import AtomicFile, make_parents, remove_made
+from mnist2db.storage.placement import check_file_target, place_together, recover_together
+from mnist2db.storage.readers import shared_reader
+from mnist2db.storage.staging import check_apart
 
 __all__ = ["ExportResult", "default_prefix", "export_db"]
 

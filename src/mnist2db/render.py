@@ -15,14 +15,14 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .errors import RenderError
-from .fsutil import AtomicFile
-from .pairs import check_file_target
+from mnist2db.errors import RenderError
+from mnist2db.storage.files import AtomicFile
+from mnist2db.storage.placement import check_file_target
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .fsutil import PathArg
+    from mnist2db.storage.files import PathArg
 
 __all__ = [
     "ASCII_RAMP",

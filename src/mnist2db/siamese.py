@@ -29,22 +29,22 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .backends import (
+from mnist2db.errors import IdxFormatError, Mnist2dbError, printable
+from mnist2db.formats.datum import datum_prefix, splitter
+from mnist2db.formats.idx import INT32_MAX, check_pair
+from mnist2db.progress import Progress, reporting
+from mnist2db.storage.backends import (
     DEFAULT_BATCH_SIZE,
     SIAMESE_BACKEND,
     check_backend,
     check_batch_size,
 )
-from .datum import datum_prefix, splitter
-from .errors import IdxFormatError, Mnist2dbError, printable
-from .idx import INT32_MAX, check_pair
-from .progress import Progress, reporting
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .fsutil import PathArg
-    from .idx import IdxHeader
+    from mnist2db.formats.idx import IdxHeader
+    from mnist2db.storage.files import PathArg
 
 
 class _SiameseResultFields(NamedTuple):
@@ -90,8 +90,8 @@ def _load(images: str, labels: str, spill_dir: str) -> tuple[Any, Any, IdxHeader
     """Validate both files; return (images as a read-only memory map, labels, both headers)."""
     import numpy as np
 
-    from .idxreader import open_idx
-    from .spill import spill_to_map
+    from mnist2db.formats.idx_reader import open_idx
+    from mnist2db.storage.spill import spill_to_map
 
     with open_idx(images) as image_reader, open_idx(labels) as label_reader:
         check_pair(image_reader.header, label_reader.header)
@@ -207,9 +207,9 @@ def convert_siamese(
         seed = int.from_bytes(os.urandom(8), "little")
     elif not 0 <= seed < 1 << 64:
         raise Mnist2dbError(f"seed must be between 0 and 2**64-1, got {seed}")
-    from .conversion import write_database
-    from .recipe import pairs_metadata, write_metadata
-    from .staging import staged_database
+    from mnist2db.conversion import write_database
+    from mnist2db.recipe import pairs_metadata, write_metadata
+    from mnist2db.storage.staging import staged_database
 
     with staged_database(out, backend, overwrite=overwrite, inputs=(images, labels)) as staging:
         pixels, label_array, image_header, label_header = _load(images, labels, staging)

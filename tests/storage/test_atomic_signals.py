@@ -38,7 +38,7 @@ def hooked(*args, **kwargs):
 
 setattr(os, where, hooked)
 sys.argv = ["mnist2db", *argv]
-from mnist2db.cli import main
+from mnist2db.cli.app import main
 main(prog_name="mnist2db")
 """
 

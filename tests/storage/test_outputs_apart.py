@@ -14,12 +14,16 @@ from helpers import make_images, make_labels, mounted_tmpfs, write_idx
 
 from mnist2db import convert
 from mnist2db.errors import Mnist2dbError, OutputExistsError
-from mnist2db.meanfile import compute_mean, write_mean
+from mnist2db.mean import compute_mean, write_mean
 from mnist2db.render import write_png_grid
 from mnist2db.siamese import convert_siamese
 
 MNIST2DB = [sys.executable, "-m", "mnist2db"]
-MEAN_TOOL = [sys.executable, "-c", "from mnist2db.compat import mean_main; mean_main()"]
+MEAN_TOOL = [
+    sys.executable,
+    "-c",
+    "from mnist2db.caffe_tools.drop_ins import mean_main; mean_main()",
+]
 
 
 def _run(argv: list[object], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -196,7 +200,7 @@ def test_a_destination_through_a_missing_directory_is_refused_up_front(
     argv = (
         [*MNIST2DB, "convert"]
         if front == "mnist2db"
-        else [sys.executable, "-c", "from mnist2db.compat import main; main()"]
+        else [sys.executable, "-c", "from mnist2db.caffe_tools.drop_ins import main; main()"]
     )
     done = _run([*argv, images, labels, "nodir/../db"], cwd=work)
     assert done.returncode == 1
