@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from mnist2db.errors import Mnist2dbError, printable
-from mnist2db.fastpath import NamedTuple
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
 from mnist2db.formats.datum import KEY_LIMIT, datum_prefix, encode_raw_batch, record_keys
 from mnist2db.formats.idx import LABELS_MAGIC, check_pair
 from mnist2db.formats.idx_reader import IdxReader, open_idx
@@ -31,6 +31,9 @@ from mnist2db.storage.backends import (
 )
 from mnist2db.storage.files import TEMP_MARK
 from mnist2db.storage.staging import remove_stale_staging, staged_database
+
+if TYPE_CHECKING:
+    from mnist2db.storage.files import PathArg
 
 __all__ = ["ConvertResult", "convert", "remove_stale_staging", "write_database"]
 
@@ -77,9 +80,9 @@ class ConvertResult(_ConvertResultFields):
 
 
 def convert(
-    images: str | os.PathLike[str],
-    labels: str | os.PathLike[str],
-    out: str | os.PathLike[str],
+    images: PathArg,
+    labels: PathArg,
+    out: PathArg,
     backend: str = DEFAULT_BACKEND,
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -133,7 +136,7 @@ def convert(
     """
     progress = reporting(progress)
     start = time.perf_counter()
-    out = os.fspath(out)
+    images, labels, out = os.fsdecode(images), os.fsdecode(labels), os.fsdecode(out)
     check_backend(backend)
     check_batch_size(batch_size)
     if not out:

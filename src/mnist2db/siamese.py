@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from mnist2db.formats.idx import IdxHeader
+    from mnist2db.storage.files import PathArg
 
 
 class _SiameseResultFields(NamedTuple):
@@ -157,9 +158,9 @@ class _PairDrawer:
 
 
 def convert_siamese(
-    images: str | os.PathLike[str],
-    labels: str | os.PathLike[str],
-    out: str | os.PathLike[str],
+    images: PathArg,
+    labels: PathArg,
+    out: PathArg,
     backend: str = SIAMESE_BACKEND,
     *,
     seed: int | None = None,
@@ -197,8 +198,7 @@ def convert_siamese(
     import numpy as np
 
     start_time = time.perf_counter()
-    out = os.fspath(out)
-    images, labels = os.fspath(images), os.fspath(labels)
+    images, labels, out = os.fsdecode(images), os.fsdecode(labels), os.fsdecode(out)
     check_backend(backend)
     check_batch_size(batch_size)
     if pairs is not None and pairs < 0:

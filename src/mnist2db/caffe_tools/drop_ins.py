@@ -275,7 +275,7 @@ def _compute_image_mean(parsed: ParsedArgs, logger: Logger) -> None:
     if found != backend:
         raise BackendError(f"{db_path}: is a {found} database (use --backend={found})")
     if len(parsed.positional) == 2:
-        check_mean_target(parsed.positional[1], overwrite=True)
+        check_mean_target(parsed.positional[1], overwrite=True, inputs=[db_path])
     logger.log("I", OPENED_AT[backend], f"Opened {backend} {db_path}")
     logger.log("I", "compute_image_mean.cpp:70", "Starting iteration")
 
