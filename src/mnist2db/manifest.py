@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 
 from .fsutil import AtomicFile
-from .sink import file_digests
+from .sink import STRENGTH, file_digests, strongest
 
 __all__ = ["MANIFEST_NAME", "read_manifest", "verified_present", "write_manifest"]
 
@@ -51,20 +51,21 @@ def write_manifest(directory: str, dataset: str, entries: Mapping[str, str]) -> 
 def verified_present(
     path: str, published: Mapping[str, str], recorded: str | None, kind: str = ""
 ) -> str | None:
-    """How the file at ``path`` is verified (published digest or manifest), or None.
+    """How the file at ``path`` is verified, or None.
 
+    Where digests are published, they decide (all of them must match; the strongest is
+    named); the sha256 ``recorded`` in the manifest speaks only where nothing is published.
     ``kind`` labels the digest in the answer; default ``.gz`` for a ``.gz`` file, else
-    ``unpacked``.
+    ``unpacked``. Only a regular file is read.
     """
-    if not os.path.isfile(path):
-        return None
     digests = file_digests(path, ["sha256", *published])
     if digests is None:
         return None
     kind = kind or (".gz" if path.endswith(".gz") else "unpacked")
-    for algorithm, expected in published.items():
-        if digests.get(algorithm) == expected.lower():
-            return f"{kind} {algorithm}"
+    if published:
+        if all(digests.get(a) == d.lower() for a, d in published.items()):
+            return f"{kind} {STRENGTH[strongest(published)]}"
+        return None
     if recorded is not None and digests["sha256"] == recorded:
         return f"{kind} sha256 recorded when fetched"
     return None
