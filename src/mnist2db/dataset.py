@@ -18,7 +18,7 @@ Records in the layout of the first record (same shape, raw uint8 pixels, a label
 to 127: every MNIST record) are read without protobuf, straight from the stored bytes;
 any other record goes through protobuf.
 
-Processes and threads: see :mod:`mnist2db.readers`. A pickled dataset carries no handle
+Processes and threads: see :mod:`mnist2db.storage.readers`. A pickled dataset carries no handle
 and opens its own on first use (spawn, forkserver); a forked child reopens LMDB on first
 use; LevelDB admits one process at a time, so a worker process reading a LevelDB database
 that its parent holds fails with one :class:`~mnist2db.errors.BackendError` saying what
@@ -32,10 +32,10 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from .backends import detect_backend
-from .datum import KEY_LIMIT, datum_to_array, decode_datum, record_key
-from .errors import DatumError, MissingKeyError, Mnist2dbError, RecordIndexError
-from .readers import DbReader
+from mnist2db.errors import DatumError, MissingKeyError, Mnist2dbError, RecordIndexError
+from mnist2db.formats.datum import KEY_LIMIT, datum_to_array, decode_datum, record_key
+from mnist2db.storage.backends import detect_backend
+from mnist2db.storage.readers import DbReader
 
 if TYPE_CHECKING:
     import numpy as np
@@ -53,7 +53,7 @@ _uint8: Any = None
 def _layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | None:
     """``(length, prefix, shape, pixels offset)`` of a record in Caffe's fixed layout
     (``channels, height, width, data, label`` with a one-byte label), else None."""
-    from .datum import datum_prefix, encode_datum
+    from mnist2db.formats.datum import datum_prefix, encode_datum
 
     try:
         datum = decode_datum(value)
@@ -70,11 +70,11 @@ def _layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | None
     return len(value), prefix, shape, len(prefix)
 
 
-def _decode_image(data: bytes, where: str) -> np.ndarray:
-    """An encoded Datum's image as Caffe's data layer decodes it (see :mod:`mnist2db.pngdatum`)."""
-    from .pngdatum import decode_image
-
-    return decode_image(data, where)
+#: mnist2db.formats.png_codec's decode_image (an encoded Datum's image as Caffe's data layer
+#: decodes it) and decode_png_record, bound on first use: an import per record would
+#: cost a microsecond.
+_decode_image: Any = None
+_decode_png_record: Any = None
 
 
 class DatumDataset:
@@ -126,8 +126,11 @@ class DatumDataset:
     def _init_fast(self) -> None:
         import numpy as np
 
-        global _ndarray, _uint8
+        from mnist2db.formats.png_codec import decode_image, decode_png_record
+
+        global _ndarray, _uint8, _decode_image, _decode_png_record
         _ndarray, _uint8 = np.ndarray, np.dtype(np.uint8)
+        _decode_image, _decode_png_record = decode_image, decode_png_record
         # db[i]'s fast path: LMDB, Caffe's keys, a first record in Caffe's fixed layout.
         self._fast = self._layout if self._sequential and self.backend == "lmdb" else None
         if self.backend == "lmdb":
@@ -139,7 +142,7 @@ class DatumDataset:
 
             self._errors = (plyvel.Error,)
 
-    # -- the handle, shared by the process (mnist2db.readers) ----------------------------
+    # -- the handle, shared by the process (mnist2db.storage.readers) ----------------------------
 
     def _open(self) -> DbReader:
         if self._reader is None:
@@ -212,7 +215,7 @@ class DatumDataset:
             else:
                 value = self._open().handle.db().get(key)
         except self._errors as exc:
-            from .backends import backend_message
+            from mnist2db.storage.backends import backend_message
 
             raise self._failed(exc, backend_message(exc)) from exc
         if value is None:
@@ -220,7 +223,7 @@ class DatumDataset:
         return value  # type: ignore[no-any-return]
 
     def _failed(self, exc: Exception, text: str) -> Mnist2dbError:
-        from .errors import BackendError
+        from mnist2db.errors import BackendError
 
         return BackendError(f"{self.path}: {self.backend} read failed: {text}")
 
@@ -234,6 +237,10 @@ class DatumDataset:
             and value.startswith(layout[1])
         ):
             return _ndarray(layout[2], _uint8, bytearray(value), layout[3]), value[-1]
+        if layout is None:  # perhaps a PNG record as mnist2db writes them: no protobuf
+            record = _decode_png_record(value)
+            if record is not None:
+                return record  # type: ignore[no-any-return]
         where = f"{self.path}: key {key.decode(errors='replace')}"
         try:
             datum = decode_datum(value)
@@ -281,7 +288,7 @@ class DatumDataset:
             except (AttributeError, TypeError):
                 pass
             except self._errors as exc:
-                from .backends import backend_message
+                from mnist2db.storage.backends import backend_message
 
                 raise self._failed(exc, backend_message(exc)) from exc
         if isinstance(index, slice):
@@ -305,7 +312,7 @@ class DatumDataset:
                 try:
                     values = list(map(get, keys))
                 except self._errors as exc:
-                    from .backends import backend_message
+                    from mnist2db.storage.backends import backend_message
 
                     raise self._failed(exc, backend_message(exc)) from exc
                 if None not in values:
@@ -351,7 +358,11 @@ class DatumDataset:
                 size = shape[0] * shape[1] * shape[2]
                 images = matrix[:, offset : offset + size].reshape(n, *shape).copy()
                 return images, matrix[:, -1].astype(np.int64)
-        records = [self._decode(k, v) for k, v in zip(keys, values, strict=True)]
+        from mnist2db.formats.png_codec import (
+            decode_many,  # encoded records decode on a few threads
+        )
+
+        records = decode_many(self._decode, keys, values)
         if not records:
             shape = layout[2] if layout is not None else (0, 0, 0)
             return np.empty((0, *shape), np.uint8), np.empty(0, np.int64)
@@ -382,15 +393,13 @@ class DatumDataset:
         stop = self._length if stop is None else min(stop, self._length)
         if start >= stop:
             return
+        from mnist2db.formats.png_codec import decode_stream
+
         first_key = self.key(start)
-        index = start
-        for key, value in self._open().iter_from(first_key):
-            if index >= stop:
-                break
-            key = bytes(key)
-            image, label = self._decode(key, bytes(value))
+        # A few records at a time, so that encoded ones decode on a few threads.
+        stream = decode_stream(self._decode, self._open().iter_from(first_key), stop - start)
+        for index, (key, (image, label)) in enumerate(stream, start):
             yield index, key, image, label
-            index += 1
 
     def __repr__(self) -> str:
         return f"<DatumDataset {self.path!r} ({self.backend}, {self._length} records)>"
