@@ -402,9 +402,7 @@ class DownloadSink:
             if self._padding is None and not self._unpacker.eof:
                 raise Rejected(f"{self.packing} data ends early (after {self.received} bytes)")
         if self.declared is not None and self.unpacked != self.declared:
-            raise Rejected(
-                f"{self.unpacked} bytes, where its IDX header declares {self.declared}"
-            )
+            raise Rejected(f"{self.unpacked} bytes, where its IDX header declares {self.declared}")
         if self.resource.idx and self.packing != "zip" and self.declared is None:
             raise Rejected(f"{self.unpacked} bytes: too short for an IDX header")
         packed = {name: h.hexdigest() for name, h in self.packed_hashers.items()}

@@ -116,7 +116,7 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
     never read (it may be endless), https is never downgraded, only http(s) without
     credentials is followed, and every refusal says what it is."""
 
-    def http_error_302(  # type: ignore[override]
+    def http_error_302(
         self,
         req: urllib.request.Request,
         fp: IO[bytes],
@@ -133,7 +133,9 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
         newurl = urllib.parse.urljoin(req.full_url, location)
         refusal = _redirect_refusal(req.full_url, newurl)
         if refusal is not None:
-            raise SourceFailed(f"refused a redirect (HTTP {code}) to {shown_url(newurl)}: {refusal}")
+            raise SourceFailed(
+                f"refused a redirect (HTTP {code}) to {shown_url(newurl)}: {refusal}"
+            )
         visited: dict[str, int] = getattr(req, "redirect_dict", {})
         if newurl in visited or len(visited) >= MAX_REDIRECTS:
             raise SourceFailed(f"too many redirects (HTTP {code})")
@@ -141,7 +143,7 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
         if new is None:  # pragma: no cover - only for methods other than GET/HEAD
             raise SourceFailed(f"HTTP {code} {clean(msg)}: redirect not followed")
         new.redirect_dict = {**visited, newurl: 1}  # type: ignore[attr-defined]
-        return self.parent.open(new, timeout=req.timeout)  # type: ignore[attr-defined,no-any-return]
+        return self.parent.open(new, timeout=req.timeout)  # type: ignore[no-any-return]
 
     http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
@@ -150,9 +152,7 @@ def _opener() -> urllib.request.OpenerDirector:
     # build_opener adds a ProxyHandler reading the environment's proxies; the context
     # verifies certificates and host names (there is deliberately no way to turn that off).
     context = ssl.create_default_context()
-    return urllib.request.build_opener(
-        urllib.request.HTTPSHandler(context=context), _Redirects()
-    )
+    return urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), _Redirects())
 
 
 @dataclass
@@ -321,9 +321,7 @@ def _download_once(
                     response.headers.get("ETag") or response.headers.get("Last-Modified")
                 )
             else:
-                raise SourceFailed(
-                    f"unexpected HTTP {response.status} {clean(response.reason)}"
-                )
+                raise SourceFailed(f"unexpected HTTP {response.status} {clean(response.reason)}")
             if length is not None:
                 sink.announce(sink.received + length)  # a promise past the bound: refused now
             got = 0
@@ -361,23 +359,23 @@ def _download_once(
             raise SourceFailed(f"HTTP {code} {reason}: not a redirect mnist2db follows") from None
         raise SourceFailed(f"HTTP {code} {reason}") from None
     except urllib.error.URLError as exc:
-        reason = exc.reason
-        if isinstance(reason, ssl.SSLCertVerificationError):
+        cause = exc.reason
+        if isinstance(cause, ssl.SSLCertVerificationError):
             raise SourceFailed(
-                f"TLS certificate not valid: {clean(reason.verify_message)}"
+                f"TLS certificate not valid: {clean(cause.verify_message)}"
             ) from None
-        if isinstance(reason, SourceFailed):
-            raise reason from None
-        if isinstance(reason, TimeoutError):
+        if isinstance(cause, SourceFailed):
+            raise cause from None
+        if isinstance(cause, TimeoutError):
             raise Transient(f"timed out after {opts.timeout:g} s") from None
-        if isinstance(reason, socket.gaierror) and reason.errno != socket.EAI_AGAIN:
+        if isinstance(cause, socket.gaierror) and cause.errno != socket.EAI_AGAIN:
             # An unknown host stays unknown: no point waiting to ask again (offline machines).
-            raise SourceFailed(f"cannot connect: {reason.strerror}") from None
-        if not isinstance(reason, OSError):
+            raise SourceFailed(f"cannot connect: {cause.strerror}") from None
+        if not isinstance(cause, OSError):
             # urllib's own refusals ("no host given", "unknown url type"): asking again
             # gets the same answer.
-            raise SourceFailed(f"cannot connect: {clean(reason)}") from None
-        raise Transient(f"cannot connect: {clean(reason.strerror or reason)}") from None
+            raise SourceFailed(f"cannot connect: {clean(cause)}") from None
+        raise Transient(f"cannot connect: {clean(cause.strerror or cause)}") from None
     except TimeoutError:
         raise Transient(f"timed out after {opts.timeout:g} s") from None
     except ssl.SSLError as exc:
