@@ -103,7 +103,12 @@ SIAMESE_FLAGS: dict[str, Flag] = {
         "The backend for storing the result (mnist2db extension)",
     ),
     "seed": Flag(
-        "seed", "int64", -1, "Seed of the pair draws; -1: a fresh one each run (mnist2db extension)"
+        "seed",
+        "int64",
+        -1,
+        "Seed of the pair draws, 0 to 18446744073709551615 (every seed a run reports); "
+        "-1: a fresh one each run (mnist2db extension)",
+        bounds=(-(1 << 63), (1 << 64) - 1),
     ),
     "pairs": Flag("pairs", "int64", -1, "Number of pairs; -1: one per image (mnist2db extension)"),
     "balanced": Flag(
