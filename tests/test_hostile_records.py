@@ -51,9 +51,7 @@ NAMED = {
     ),
     "encoded junk": Datum(channels=1, height=3, width=4, data=b"junk", encoded=True, label=1),
     "encoded nothing": Datum(encoded=True, label=1),
-    "a PNG signature and nothing else": Datum(
-        data=b"\x89PNG\r\n\x1a\n", encoded=True, label=1
-    ),
+    "a PNG signature and nothing else": Datum(data=b"\x89PNG\r\n\x1a\n", encoded=True, label=1),
 }
 
 
@@ -175,7 +173,9 @@ def test_a_zero_sized_record_as_convert_writes_it_still_reads(tmp_path: Path) ->
 
 # -- the fuzz ---------------------------------------------------------------------------------
 
-SIDES = st.one_of(st.sampled_from([-(2**31), -2, -1, 0, 1, 2, 3, 4, 2**31 - 1]), st.integers(*INT32))
+SIDES = st.one_of(
+    st.sampled_from([-(2**31), -2, -1, 0, 1, 2, 3, 4, 2**31 - 1]), st.integers(*INT32)
+)
 FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32), st.just(math.nan))
 
 
