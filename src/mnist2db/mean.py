@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mnist2db.errors import Mnist2dbError
@@ -27,6 +27,8 @@ from mnist2db.storage.backends import DEFAULT_BATCH_SIZE, check_batch_size
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from mnist2db.storage.files import PathArg
 
 
 class _MeanResultFields(NamedTuple):
@@ -96,7 +98,7 @@ def _pixels(key: bytes, datum: Any, path: str) -> tuple[tuple[int, int, int], An
 
 
 def compute_mean(
-    path: str | os.PathLike[str],
+    path: PathArg,
     backend: str | None = None,
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -120,7 +122,7 @@ def compute_mean(
     progress = reporting(progress)
     import numpy as np
 
-    path = os.fspath(path)
+    path = os.fsdecode(path)
     check_batch_size(batch_size)
     from mnist2db.storage.backends import detect_backend
 
@@ -201,22 +203,31 @@ def blobproto_bytes(mean: np.ndarray) -> bytes:
     return head + body
 
 
-def check_mean_target(out: str | os.PathLike[str], overwrite: bool = False) -> None:
+def check_mean_target(
+    out: PathArg,
+    overwrite: bool = False,
+    inputs: Sequence[PathArg] = (),
+) -> None:
     """Raise unless the mean may be written to ``out``: call it before computing the mean,
     so that a bad target fails at once, not after reading the whole database.
 
+    Args:
+        inputs: the database(s) the mean is computed from: ``out`` may be neither one of
+            them nor a file inside one (:func:`mnist2db.storage.placement.check_file_target`).
+
     Raises:
-        OutputExistsError: ``out`` exists and ``overwrite`` is false, or it is not a file.
-        Mnist2dbError: its directory does not exist.
+        OutputExistsError: ``out`` exists and ``overwrite`` is false, it is not a file, or it
+            is (or is inside) one of ``inputs``.
+        Mnist2dbError: its directory does not exist or cannot be written.
     """
     from mnist2db.storage.placement import check_file_target
 
-    check_file_target(os.fspath(out), overwrite)
+    check_file_target(os.fsdecode(out), overwrite, [os.fsdecode(i) for i in inputs])
 
 
 def write_mean(
     result: MeanResult,
-    out: str | os.PathLike[str],
+    out: PathArg,
     *,
     overwrite: bool = False,
     npy: bool | None = None,
@@ -229,7 +240,8 @@ def write_mean(
         The number of bytes written.
 
     Raises:
-        OutputExistsError: ``out`` exists and ``overwrite`` is false, or it is not a file.
+        OutputExistsError: ``out`` exists and ``overwrite`` is false, it is not a file, or
+            it is the database the mean was computed from (or a file inside it).
         Mnist2dbError: the file cannot be written.
     """
     import io
@@ -238,8 +250,8 @@ def write_mean(
 
     from mnist2db.storage.files import AtomicFile
 
-    out = os.fspath(out)
-    check_mean_target(out, overwrite)
+    out = os.fsdecode(out)
+    check_mean_target(out, overwrite, [result.path])
     if npy is None:
         npy = out.endswith(".npy")
     if npy:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mnist2db.errors import IdxFormatError, Mnist2dbError, printable
-from mnist2db.formats.datum import datum_prefix, splitter
+from mnist2db.formats.datum import check_record_count, datum_prefix, splitter
 from mnist2db.formats.idx import INT32_MAX, check_pair
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import (
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from mnist2db.formats.idx import IdxHeader
+    from mnist2db.storage.files import PathArg
 
 
 class _SiameseResultFields(NamedTuple):
@@ -157,9 +158,9 @@ class _PairDrawer:
 
 
 def convert_siamese(
-    images: str | os.PathLike[str],
-    labels: str | os.PathLike[str],
-    out: str | os.PathLike[str],
+    images: PathArg,
+    labels: PathArg,
+    out: PathArg,
     backend: str = SIAMESE_BACKEND,
     *,
     seed: int | None = None,
@@ -197,12 +198,13 @@ def convert_siamese(
     import numpy as np
 
     start_time = time.perf_counter()
-    out = os.fspath(out)
-    images, labels = os.fspath(images), os.fspath(labels)
+    images, labels, out = os.fsdecode(images), os.fsdecode(labels), os.fsdecode(out)
     check_backend(backend)
     check_batch_size(batch_size)
     if pairs is not None and pairs < 0:
         raise Mnist2dbError(f"the number of pairs must be at least 0, got {pairs}")
+    if pairs is not None:
+        check_record_count(pairs, out, "pairs")
     if seed is None:
         seed = int.from_bytes(os.urandom(8), "little")
     elif not 0 <= seed < 1 << 64:
@@ -221,6 +223,7 @@ def convert_siamese(
                 f"(at most {INT32_MAX} bytes)"
             )
         total = count if pairs is None else pairs
+        check_record_count(total, images, "pairs (one per image)")
         if total and not count:
             raise IdxFormatError(f"{images}: no images to pair")
         if balanced and total and len(np.unique(label_array)) < 2:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-from mnist2db.errors import DatumError
+from mnist2db.errors import DatumError, Mnist2dbError
 from mnist2db.fastpath import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 __all__ = [
     "KEY_LIMIT",
     "array_to_datum",
+    "check_datum",
+    "check_record_count",
     "datum_to_array",
     "datum_type",
     "decode_datum",
@@ -157,6 +159,22 @@ def encode_batch(images: np.ndarray, labels: np.ndarray) -> list[bytes]:
 #: in index order, so LMDB's append mode, and reading record ``i`` under ``record_key(i)``,
 #: hold only up to this many records.
 KEY_LIMIT = 10**8
+
+
+def check_record_count(count: int, where: str, unit: str = "records") -> None:
+    """Refuse, before any work, a database of more records than Caffe's keys hold: every
+    writer calls it as soon as it knows how many records it will write (the one owner of
+    the limit; a run past it would fill the disk with records no key order can serve).
+
+    Raises:
+        Mnist2dbError: naming ``where`` (the source or the destination) and the count.
+    """
+    if count > KEY_LIMIT:
+        raise Mnist2dbError(
+            f"{where}: {count} {unit}, more than the {KEY_LIMIT} records a database can hold "
+            f'(Caffe\'s "%08d" keys stop sorting in record order after {KEY_LIMIT - 1})'
+        )
+
 
 _TRIPLES = [b"%03d" % i for i in range(1000)]
 
@@ -345,6 +363,59 @@ def array_to_datum(arr: np.ndarray, label: int | None = None) -> Any:
     return datum
 
 
+_INT_MAX = 2**31 - 1
+
+
+def _is_empty(datum: Any) -> bool:
+    return not (
+        datum.channels or datum.height or datum.width or len(datum.data) or len(datum.float_data)
+    )
+
+
+def check_datum(datum: Any, where: str = "") -> tuple[int, int, int] | None:
+    """Check that a raw Datum's fields describe an image as Caffe's data layer takes one:
+    ``channels`` at least 1, ``height`` and ``width`` at least 0, and ``data`` (uint8) or
+    else ``float_data`` holding exactly ``channels × height × width`` values. Returns the
+    shape; None for an encoded Datum, whose image is checked when it is decoded.
+
+    Every reader checks a record with this before using its fields, so that what a
+    database holds, however made, is read or refused in one line, never a numpy error.
+
+    Raises:
+        DatumError: naming ``where`` (the database and the key) and what is wrong.
+    """
+    if datum.encoded:
+        return None
+    prefix = f"{where}: " if where else ""
+    shape = (int(datum.channels), int(datum.height), int(datum.width))
+    if _is_empty(datum):
+        raise DatumError(f"{prefix}an empty Datum (no shape, no data, no float_data)")
+    if min(shape) < 0 or shape[0] == 0:
+        what = "a negative dimension" if min(shape) < 0 else "no channels"
+        raise DatumError(
+            f"{prefix}Datum {' × '.join(map(str, shape))} (channels × height × width) has {what}"
+        )
+    expected = 1
+    for side in shape:  # Caffe's Blob::Reshape check, in its order
+        if expected and side > _INT_MAX // expected:
+            raise DatumError(
+                f"{prefix}Datum {' × '.join(map(str, shape))} (channels × height × width) "
+                "exceeds Caffe's blob size limit of 2^31-1 values"
+            )
+        expected *= side
+    if len(datum.data) or datum.HasField("data"):
+        if len(datum.data) != expected:
+            raise DatumError(
+                f"{prefix}Datum holds {len(datum.data)} data bytes, shape {shape} needs {expected}"
+            )
+    elif len(datum.float_data) != expected:
+        raise DatumError(
+            f"{prefix}Datum holds {len(datum.float_data)} float_data values, "
+            f"shape {shape} needs {expected}"
+        )
+    return shape
+
+
 def datum_to_array(datum: Any) -> np.ndarray:
     """The Datum's pixels as a fresh, writable ``(channels, height, width)`` array: uint8
     ``data``, or ``float_data`` as float64 (as pycaffe's ``caffe.io.datum_to_array``).
@@ -354,7 +425,7 @@ def datum_to_array(datum: Any) -> np.ndarray:
     it: grey to 1 channel, colour to 3 in BGR order, the shape taken from the image.
 
     Raises:
-        DatumError: the data length does not match ``channels × height × width``, or an
+        DatumError: the fields do not describe an image (:func:`check_datum`), or an
             encoded image cannot be decoded.
     """
     import numpy as np
@@ -364,17 +435,8 @@ def datum_to_array(datum: Any) -> np.ndarray:
 
         return decode_image(datum.data, "encoded Datum")
 
-    shape = (datum.channels, datum.height, datum.width)
-    expected = shape[0] * shape[1] * shape[2]
-    if len(datum.data):
-        if len(datum.data) != expected:
-            raise DatumError(
-                f"Datum holds {len(datum.data)} data bytes, shape {shape} needs {expected}"
-            )
+    shape = check_datum(datum)
+    if len(datum.data) or datum.HasField("data"):
         # A writable copy, as pycaffe's caffe.io.datum_to_array returns.
         return np.frombuffer(datum.data, dtype=np.uint8).reshape(shape).copy()
-    if len(datum.float_data) != expected:
-        raise DatumError(
-            f"Datum holds {len(datum.float_data)} float_data values, shape {shape} needs {expected}"
-        )
     return np.array(datum.float_data, dtype=float).reshape(shape)
