@@ -65,7 +65,8 @@ class MeanResult(_MeanResultFields):
         values = []
         for c in range(channels):
             total = np.cumsum(flat[c], dtype=np.float32)[-1] if flat.shape[1] else 0
-            values.append(float(np.float32(total) / np.float32(flat.shape[1])))
+            with np.errstate(invalid="ignore"):  # images of no pixels: 0/0, nan as Caffe's
+                values.append(float(np.float32(total) / np.float32(flat.shape[1])))
         return values
 
 
