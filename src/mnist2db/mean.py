@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from mnist2db.errors import Mnist2dbError
+from mnist2db.errors import DatumError, Mnist2dbError
 from mnist2db.formats.datum import encode_varint, key_text
 from mnist2db.formats.png import decoded_datum
 from mnist2db.progress import Progress, reporting
@@ -65,8 +65,7 @@ class MeanResult(_MeanResultFields):
         values = []
         for c in range(channels):
             total = np.cumsum(flat[c], dtype=np.float32)[-1] if flat.shape[1] else 0
-            with np.errstate(invalid="ignore"):  # images of no pixels: 0/0, nan as Caffe's
-                values.append(float(np.float32(total) / np.float32(flat.shape[1])))
+            values.append(float(np.float32(total) / np.float32(flat.shape[1])))
         return values
 
 
@@ -86,6 +85,9 @@ def _pixels(key: bytes, datum: Any, path: str) -> tuple[tuple[int, int, int], An
     datum = decoded_datum(datum, f"{path}: key {name}")
     shape = (int(datum.channels), int(datum.height), int(datum.width))
     size = shape[0] * shape[1] * shape[2]
+    if size == 0:  # checked by the reader as Caffe takes it; a mean needs pixels (and no
+        # per-channel sums of a record of 2^31-1 channels and no pixels)
+        raise DatumError(f"{path}: key {name}: Datum {shape} has no pixels to average")
     if len(datum.data):
         values = np.frombuffer(datum.data, dtype=np.uint8)
     else:
