@@ -1,6 +1,6 @@
 """Write IDX files back from a database: ``PREFIX-images-idx3-ubyte`` and ``PREFIX-labels-idx1-ubyte``.
 
-A database written with options (``mnist2db.json``, :mod:`mnist2db.recipe`) is mapped back
+A database written with options (``mnist2db.json``, :mod:`mnist2db.storage.metadata`) is mapped back
 to its source items: a shuffle is undone (each record goes to the position of the item it
 came from), a transposition too, so the files hold the source's items ``offset …
 offset+count-1`` as the source stores them. The label file holds the Datum labels, as
@@ -25,9 +25,10 @@ from mnist2db.formats.datum import decode_datum, key_text
 from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
 from mnist2db.formats.png import datum_encoding, decoded_datum
 from mnist2db.progress import Progress, reporting
-from mnist2db.recipe import Recipe, item_range, permutation, read_metadata
+from mnist2db.records import permutation
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
 from mnist2db.storage.files import AtomicFile, make_parents, remove_made
+from mnist2db.storage.metadata import Recipe, item_range, read_metadata
 from mnist2db.storage.placement import check_file_target, place_together, recover_together
 from mnist2db.storage.readers import shared_reader
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from mnist2db.errors import DatumError
+from mnist2db.errors import DatumError, printable
 from mnist2db.formats.datum import datum_to_array, decode_datum, key_text, record_key
 from mnist2db.formats.idx import (
     CORRUPT_ERRORS,
     LABELS_MAGIC,
+    QMNIST_LABELS_MAGIC,
     IdxHeader,
     corrupt_stream,
     magic_kind,
@@ -23,9 +24,17 @@ from mnist2db.formats.idx import (
 )
 from mnist2db.formats.png import datum_encoding as _datum_encoding
 from mnist2db.progress import Progress, reporting
-from mnist2db.recipe import describe_db
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
 from mnist2db.storage.backends import detect_backend
+from mnist2db.storage.metadata import (
+    METADATA_NAME,
+    SHUFFLE_METHOD,
+    item_range,
+    load_metadata,
+    orientation,
+    pairs_of,
+    recipe_of,
+)
 from mnist2db.storage.readers import shared_reader
 
 __all__ = ["DbInfo", "IdxInfo", "db_info", "idx_info"]
@@ -247,3 +256,45 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
     info.recipe = describe_db(path)
     progress(count, total)
     return info
+
+
+def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
+    """``info``'s lines on what a database holds of its source: ``(name, value)`` pairs.
+
+    Raises:
+        Mnist2dbError: its metadata file is not mnist2db's.
+    """
+    loaded = load_metadata(db)
+    if loaded is None:
+        # Without it the database may be ours without options, or Caffe's, or anyone's:
+        # its orientation, order and range are not known, so none is claimed.
+        return [("options", f"not recorded (no {METADATA_NAME})")]
+    source = loaded[1]["source"]
+    items = int(source["items"])
+    names = f"{printable(source['images'])} + {printable(source['labels'])}"
+    lines = [("source", f"{names} ({items} items)")]
+    pairs = pairs_of(loaded[1])
+    if pairs is not None:
+        count, seed, balanced, method = pairs
+        kind = "balanced (half same-class)" if balanced else "uniform (as Caffe)"
+        again = f"--seed {seed} --pairs {count}" + (" --balanced" if balanced else "")
+        lines.append(("pairs", f"{count} {kind}, seed {seed} ({method})"))
+        lines.append(("repeat", f"mnist2db siamese {again} IMAGES LABELS OUT_DB"))
+        return lines
+    recipe = recipe_of(*loaded)
+    if recipe.offset or recipe.count != items:
+        lines.append(("items", f"{item_range(recipe)} of the source ({recipe.count})"))
+    lines.append(("orientation", orientation(recipe.transpose)))
+    if source["label_magic"] == f"0x{QMNIST_LABELS_MAGIC:08x}":
+        lines.append(("label", f"column {recipe.label_column} of the idx2-int label rows"))
+    lines.append(
+        (
+            "order",
+            "source order"
+            if recipe.seed is None
+            else f"shuffled, seed {recipe.seed} ({SHUFFLE_METHOD})",
+        )
+    )
+    if recipe.encoded is not None:
+        lines.append(("encoded", f"{recipe.encoded.upper()} images in Datum.data (encoded: true)"))
+    return lines

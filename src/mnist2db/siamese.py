@@ -13,7 +13,7 @@ about 10% on MNIST), at random positions: for each pair the first item is drawn 
 the second uniformly among the items of the same class (a positive pair) or of the other
 classes (a negative pair).
 
-The database also holds mnist2db's ``mnist2db.json`` (:mod:`mnist2db.recipe`; a file
+The database also holds mnist2db's ``mnist2db.json`` (:mod:`mnist2db.storage.metadata`; a file
 beside the backend's own, never a record): the sources, the seed, the number of pairs, the
 balance and how the pairs are drawn, so ``info`` shows the seed and the run can be repeated.
 
@@ -208,7 +208,7 @@ def convert_siamese(
     elif not 0 <= seed < 1 << 64:
         raise Mnist2dbError(f"seed must be between 0 and 2**64-1, got {seed}")
     from mnist2db.conversion import write_database
-    from mnist2db.recipe import pairs_metadata, write_metadata
+    from mnist2db.storage.metadata import pairs_metadata, write_metadata
     from mnist2db.storage.staging import staged_database
 
     with staged_database(out, backend, overwrite=overwrite, inputs=(images, labels)) as staging:

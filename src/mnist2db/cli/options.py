@@ -69,7 +69,7 @@ def data_dir_option(help_text: str) -> Decorator:
 def range_options(noun: str, count_default: int | None) -> Decorator:
     """``--offset N --count M``: the ``noun`` items (records, source items) ``N … N+M-1``,
     from 0; ``count_default`` None means to the end of the source. The range is checked by
-    :func:`mnist2db.recipe.check_range`."""
+    :func:`mnist2db.records.check_range`."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         func = click.option(

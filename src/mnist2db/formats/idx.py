@@ -299,7 +299,7 @@ def check_pair(images: IdxHeader, labels: IdxHeader, *, label_rows: bool = False
     """Check that two IDX headers are an MNIST image file and its label file.
 
     ``label_rows``: QMNIST's int32 label rows (``idx2-int``, magic 0x0C02) are accepted too
-    (by the readers that pick a column: :mod:`mnist2db.recipe`).
+    (by the readers that pick a column: :mod:`mnist2db.records`).
 
     Raises:
         IdxFormatError: wrong magic (with a hint when the two were swapped), or the item

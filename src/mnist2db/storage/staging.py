@@ -7,7 +7,7 @@ existing destination may be replaced with ``overwrite`` is decided here, once:
 
 * only a directory that *is* a database of the backend being written: it opens as one,
   and every entry in it is a file that backend creates (:data:`backends.DATABASE_FILES`)
-  or mnist2db's own metadata file (:data:`recipe.METADATA_NAME`);
+  or mnist2db's own metadata file (:data:`~mnist2db.storage.metadata.METADATA_NAME`);
   anything else is refused in one line naming the first foreign entry (an empty directory
   holds nothing to lose and is replaced too);
 * never a symlink, a file, or a directory holding (or being) one of the inputs;
@@ -27,7 +27,6 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 
 from mnist2db.errors import BackendError, OutputExistsError
-from mnist2db.recipe import METADATA_NAME
 from mnist2db.storage.backends import BACKENDS, check_backend, is_database_file
 from mnist2db.storage.files import (
     fsync_dir,
@@ -40,6 +39,7 @@ from mnist2db.storage.files import (
     temp_prefix,
     umask,
 )
+from mnist2db.storage.metadata import METADATA_NAME
 
 __all__ = [
     "check_inputs_outside",
