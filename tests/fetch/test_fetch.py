@@ -302,7 +302,11 @@ def test_table_lists_the_mnist_format_datasets_and_the_cli_offers_them() -> None
         "qmnist-nist",
     ]
     for command in ("fetch", "create"):
-        option = next(p for p in cli.commands[command].params if p.name == "dataset")
+        option = next(
+            p
+            for p in cli.get_command(None, command).params
+            if p.name == "dataset"  # type: ignore[union-attr]
+        )
         assert list(option.type.choices) == list(DATASETS)  # type: ignore[attr-defined]
     for spec in [DATASETS["mnist"], DATASETS["fashion-mnist"], DATASETS["kmnist"]]:
         assert [r.name for r in spec.resources] == list(FILE_NAMES)
