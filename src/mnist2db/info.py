@@ -11,17 +11,11 @@ from dataclasses import dataclass, field
 from mnist2db.errors import DatumError, printable
 from mnist2db.formats.datum import datum_to_array, decode_datum, key_text, record_key
 from mnist2db.formats.idx import (
-    CORRUPT_ERRORS,
-    LABELS_MAGIC,
     QMNIST_LABELS_MAGIC,
     IdxHeader,
-    corrupt_stream,
     magic_kind,
-    open_data,
-    open_raw,
-    parse_header,
-    size_error,
 )
+from mnist2db.formats.idx_reader import scan_idx
 from mnist2db.formats.png import datum_encoding as _datum_encoding
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
@@ -38,9 +32,6 @@ from mnist2db.storage.metadata import (
 from mnist2db.storage.readers import shared_reader
 
 __all__ = ["DbInfo", "IdxInfo", "db_info", "idx_info"]
-
-
-_CHUNK = 1 << 20
 
 
 @dataclass
@@ -98,54 +89,13 @@ class IdxInfo:
 
 
 def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
-    """Describe an IDX file: header, sizes, gzip or not, whether it is valid.
-
-    The file is read through once (a chunk at a time) when it is gzip-compressed, a label
-    file or a pipe, to measure its data and count labels; a plain image file is measured by
-    its size. Reading stops one chunk past the declared size, as ``convert`` does, so a
-    decompression bomb is reported as holding "at least" that much.
+    """Describe an IDX file: header, sizes, gzip or not, whether it is valid
+    (:func:`mnist2db.formats.idx_reader.scan_idx` reads it).
 
     Raises:
         IdxFormatError: the file cannot be read or its header cannot be parsed at all.
     """
-    import numpy as np
-
-    path = os.fspath(path)
-    with open_raw(path) as raw:
-        file_size = os.fstat(raw.fileno()).st_size
-        stream, packing, streaming = open_data(raw, path)
-        header = parse_header(stream, path, packing)
-        gzipped = packing != "plain"
-        count_labels = header.magic == LABELS_MAGIC
-        problem = None
-        at_least = False
-        counts = np.zeros(256, dtype=np.int64) if count_labels else None
-        if not gzipped and not count_labels and not streaming:
-            data_size = file_size - header.header_size
-        else:
-            data_size = 0
-            limit = header.payload_size + _CHUNK
-            try:
-                while chunk := stream.read(min(_CHUNK, limit - data_size)):
-                    if counts is not None:
-                        room = max(0, header.payload_size - data_size)
-                        counts += np.bincount(
-                            np.frombuffer(chunk[:room], dtype=np.uint8), minlength=256
-                        )
-                    data_size += len(chunk)
-                    if data_size >= limit:
-                        at_least = True
-                        break
-            except (*CORRUPT_ERRORS, OSError) as exc:
-                problem = f"{corrupt_stream(stream)} after {data_size} bytes of data: {exc}"
-        if streaming and not gzipped:
-            file_size = header.header_size + data_size
-    if problem is None and data_size != header.payload_size:
-        problem = str(size_error(header, data_size, at_least=at_least)).removeprefix(f"{path}: ")
-    label_counts = (
-        {int(v): int(n) for v, n in enumerate(counts) if n} if counts is not None else None
-    )
-    return IdxInfo(header, file_size, data_size, problem, label_counts, at_least, streaming)
+    return IdxInfo(*scan_idx(path))
 
 
 @dataclass
