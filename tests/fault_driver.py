@@ -50,14 +50,14 @@ if stage == "midway":
             if s == "cleanup":
                 pause(staging, cfg["flag"] + "-cleanup", cfg["release_cleanup"])
 
-        conv._checkpoint = checkpoint
+        conv.checkpoint = checkpoint
 elif stage:
 
     def checkpoint(s, staging):
         if s == stage:
             pause(staging)
 
-    conv._checkpoint = checkpoint
+    conv.checkpoint = checkpoint
 
 if cfg.get("fsize"):
     resource.setrlimit(resource.RLIMIT_FSIZE, (cfg["fsize"], cfg["fsize"]))

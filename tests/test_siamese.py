@@ -174,7 +174,7 @@ def test_interrupt_leaves_nothing(mnist_pair, tmp_path: Path) -> None:
         "def stop(stage, staging):\n"
         "    if stage == 'staged':\n"
         "        os.kill(os.getpid(), signal.SIGINT)\n"
-        "c._checkpoint = stop\n"
+        "c.checkpoint = stop\n"
         "from mnist2db.cli.app import main\n"
         "main(sys.argv[1:])\n"
     )

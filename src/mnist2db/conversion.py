@@ -31,10 +31,7 @@ from mnist2db.storage.backends import (
 )
 from mnist2db.storage.files import TEMP_MARK
 from mnist2db.storage.metadata import Recipe, metadata_for, write_metadata
-from mnist2db.storage.staging import remove_stale_staging, staged_database
-
-__all__ = ["ConvertResult", "convert", "remove_stale_staging", "write_database"]
-
+from mnist2db.storage.staging import staged_database
 
 #: Marker in the names of staging directories, so left-overs are recognisable.
 STAGING_MARK = TEMP_MARK

@@ -30,20 +30,30 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
-from mnist2db.errors import DatumError, MissingKeyError, Mnist2dbError, RecordIndexError
-from mnist2db.formats.datum import KEY_LIMIT, datum_to_array, decode_datum, record_key
-from mnist2db.storage.backends import detect_backend
+import lmdb
+import numpy as np
+import plyvel
+
+from mnist2db.errors import (
+    BackendError,
+    DatumError,
+    MissingKeyError,
+    Mnist2dbError,
+    RecordIndexError,
+)
+from mnist2db.formats.datum import (
+    KEY_LIMIT,
+    datum_prefix,
+    datum_to_array,
+    decode_datum,
+    encode_datum,
+    record_key,
+)
+from mnist2db.formats.png import decode_image
+from mnist2db.storage.backends import backend_message, detect_backend
 from mnist2db.storage.readers import DbReader
-
-if TYPE_CHECKING:
-    import numpy as np
-
-__all__ = [
-    "DatumDataset",
-    "open_db",
-]
 
 #: numpy's, set on first use (numpy is imported lazily).
 _ndarray: Any = None
@@ -53,8 +63,6 @@ _uint8: Any = None
 def _layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | None:
     """``(length, prefix, shape, pixels offset)`` of a record in Caffe's fixed layout
     (``channels, height, width, data, label`` with a one-byte label), else None."""
-    from mnist2db.formats.datum import datum_prefix, encode_datum
-
     try:
         datum = decode_datum(value)
     except DatumError:
@@ -72,8 +80,6 @@ def _layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | None
 
 def _decode_image(data: bytes, where: str) -> np.ndarray:
     """An encoded Datum's image as Caffe's data layer decodes it (see :mod:`mnist2db.formats.png`)."""
-    from mnist2db.formats.png import decode_image
-
     return decode_image(data, where)
 
 
@@ -124,19 +130,13 @@ class DatumDataset:
         self._init_fast()
 
     def _init_fast(self) -> None:
-        import numpy as np
-
         global _ndarray, _uint8
         _ndarray, _uint8 = np.ndarray, np.dtype(np.uint8)
         # db[i]'s fast path: LMDB, Caffe's keys, a first record in Caffe's fixed layout.
         self._fast = self._layout if self._sequential and self.backend == "lmdb" else None
         if self.backend == "lmdb":
-            import lmdb
-
             self._errors: tuple[type[Exception], ...] = (lmdb.Error,)
         else:
-            import plyvel
-
             self._errors = (plyvel.Error,)
 
     # -- the handle, shared by the process (mnist2db.storage.readers) ----------------------------
@@ -212,16 +212,12 @@ class DatumDataset:
             else:
                 value = self._open().handle.db().get(key)
         except self._errors as exc:
-            from mnist2db.storage.backends import backend_message
-
             raise self._failed(exc, backend_message(exc)) from exc
         if value is None:
             raise MissingKeyError(f"{self.path}: no record with key {key.decode(errors='replace')}")
         return value  # type: ignore[no-any-return]
 
     def _failed(self, exc: Exception, text: str) -> Mnist2dbError:
-        from mnist2db.errors import BackendError
-
         return BackendError(f"{self.path}: {self.backend} read failed: {text}")
 
     def _decode(self, key: bytes, value: bytes) -> tuple[np.ndarray, int]:
@@ -281,8 +277,6 @@ class DatumDataset:
             except (AttributeError, TypeError):
                 pass
             except self._errors as exc:
-                from mnist2db.storage.backends import backend_message
-
                 raise self._failed(exc, backend_message(exc)) from exc
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(self._length))]
@@ -305,8 +299,6 @@ class DatumDataset:
                 try:
                     values = list(map(get, keys))
                 except self._errors as exc:
-                    from mnist2db.storage.backends import backend_message
-
                     raise self._failed(exc, backend_message(exc)) from exc
                 if None not in values:
                     images, labels = self._stack(keys, values)
@@ -336,8 +328,6 @@ class DatumDataset:
         return self._stack(keys, values)
 
     def _stack(self, keys: list[bytes], values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-        import numpy as np
-
         layout = self._layout
         if layout is not None and values and set(map(len, values)) == {layout[0]}:
             # All of the first record's length: check the layout of all at once, as columns.

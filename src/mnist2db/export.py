@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from mnist2db.errors import DatumError, Mnist2dbError, OutputExistsError, printable
 from mnist2db.formats.datum import decode_datum, key_text
 from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
@@ -31,9 +33,6 @@ from mnist2db.storage.files import AtomicFile, make_parents, remove_made
 from mnist2db.storage.metadata import Recipe, item_range, read_metadata
 from mnist2db.storage.placement import check_file_target, place_together, recover_together
 from mnist2db.storage.readers import shared_reader
-
-__all__ = ["ExportResult", "default_prefix", "export_db"]
-
 
 #: What an empty database is exported as: it records no image size, so MNIST's.
 EMPTY_SHAPE = (28, 28)
@@ -190,8 +189,6 @@ def _write_pair(
     the positions of the source items they hold. Labels (one byte a record) are collected
     and written after the images.
     """
-    import numpy as np
-
     with AtomicFile(targets[0]) as image_target, AtomicFile(targets[1]) as label_target:
         stored = (cols, rows) if recipe.transpose else (rows, cols)
         head = pack_header(IMAGES_MAGIC, total, *stored)
@@ -260,8 +257,6 @@ def _records(reader: Any, db_path: str, rows: int, cols: int) -> Iterator[Any]:
 
 
 def _untransposed(data: bytes, rows: int, cols: int) -> bytes:
-    import numpy as np
-
     return np.frombuffer(data, dtype=np.uint8).reshape(rows, cols).T.tobytes()
 
 

@@ -31,8 +31,6 @@ from mnist2db.storage.metadata import (
 )
 from mnist2db.storage.readers import shared_reader
 
-__all__ = ["DbInfo", "IdxInfo", "db_info", "idx_info"]
-
 
 @dataclass
 class IdxInfo:

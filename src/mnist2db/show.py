@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+import numpy as np
 
 from mnist2db.dataset import open_db
 from mnist2db.errors import IdxFormatError, RecordIndexError
@@ -15,11 +16,6 @@ from mnist2db.formats.idx import check_pair
 from mnist2db.formats.idx_reader import open_idx
 from mnist2db.records import check_label_column, check_range
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
-
-if TYPE_CHECKING:
-    import numpy as np
-
-__all__ = ["Record", "find_labels", "select_records"]
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
+import numpy as np
+
+from mnist2db.conversion import write_database
 from mnist2db.errors import IdxFormatError, Mnist2dbError, printable
 from mnist2db.formats.datum import datum_prefix, splitter
-from mnist2db.formats.idx import INT32_MAX, check_pair
+from mnist2db.formats.idx import INT32_MAX, IdxHeader, check_pair
+from mnist2db.formats.idx_reader import open_idx
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import (
     DEFAULT_BATCH_SIZE,
@@ -39,25 +43,9 @@ from mnist2db.storage.backends import (
     check_backend,
     check_batch_size,
 )
-
-if TYPE_CHECKING:
-    import numpy as np
-
-    from mnist2db.formats.idx import IdxHeader
-
-
-class _SiameseResultFields(NamedTuple):
-    path: str
-    backend: str
-    count: int  # type: ignore[assignment]  # the field hides tuple.count
-    positives: int
-    rows: int
-    cols: int
-    seed: int
-    seconds: float
-
-
-__all__ = ["PAIRS_METHOD", "SiameseResult", "convert_siamese"]
+from mnist2db.storage.metadata import pairs_metadata, write_metadata
+from mnist2db.storage.spill import spill_to_map
+from mnist2db.storage.staging import staged_database
 
 #: How the pairs are drawn from the seed, by balance (recorded in ``mnist2db.json``).
 PAIRS_METHOD = {
@@ -66,7 +54,7 @@ PAIRS_METHOD = {
 }
 
 
-class SiameseResult(_SiameseResultFields):
+class SiameseResult(NamedTuple):
     """What :func:`convert_siamese` wrote (immutable).
 
     Fields: ``path``, ``backend``, ``count`` (pairs), ``positives`` (same-class pairs),
@@ -74,7 +62,14 @@ class SiameseResult(_SiameseResultFields):
     ``seconds``.
     """
 
-    __slots__ = ()
+    path: str
+    backend: str
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
+    positives: int
+    rows: int
+    cols: int
+    seed: int
+    seconds: float
 
     def summary(self) -> str:
         share = 100 * self.positives / self.count if self.count else 0.0
@@ -87,11 +82,6 @@ class SiameseResult(_SiameseResultFields):
 
 def _load(images: str, labels: str, spill_dir: str) -> tuple[Any, Any, IdxHeader, IdxHeader]:
     """Validate both files; return (images as a read-only memory map, labels, both headers)."""
-    import numpy as np
-
-    from mnist2db.formats.idx_reader import open_idx
-    from mnist2db.storage.spill import spill_to_map
-
     with open_idx(images) as image_reader, open_idx(labels) as label_reader:
         check_pair(image_reader.header, label_reader.header)
         count = image_reader.header.count
@@ -117,8 +107,6 @@ class _PairDrawer:
     """
 
     def __init__(self, labels: np.ndarray, seed: int, total: int, balanced: bool) -> None:
-        import numpy as np
-
         self.count = len(labels)
         self.labels = labels
         self.bits = np.random.PCG64(seed)
@@ -132,8 +120,6 @@ class _PairDrawer:
             self.sizes = counts.astype(np.uint64)
 
     def draw(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        import numpy as np
-
         count = np.uint64(self.count)
         per_pair = 4 if self.balanced else 2
         words = np.asarray(self.bits.random_raw(per_pair * n), dtype=np.uint64).reshape(n, per_pair)
@@ -194,7 +180,6 @@ def convert_siamese(
             pairs asked of a single class.
     """
     progress = reporting(progress)
-    import numpy as np
 
     start_time = time.perf_counter()
     out = os.fspath(out)
@@ -207,9 +192,6 @@ def convert_siamese(
         seed = int.from_bytes(os.urandom(8), "little")
     elif not 0 <= seed < 1 << 64:
         raise Mnist2dbError(f"seed must be between 0 and 2**64-1, got {seed}")
-    from mnist2db.conversion import write_database
-    from mnist2db.storage.metadata import pairs_metadata, write_metadata
-    from mnist2db.storage.staging import staged_database
 
     with staged_database(out, backend, overwrite=overwrite, inputs=(images, labels)) as staging:
         pixels, label_array, image_header, label_header = _load(images, labels, staging)
@@ -271,8 +253,6 @@ def _pair_batches(
 ) -> Iterator[Sequence[bytes]]:
     """The values of ``total`` pair records, ``batch_size`` at a time, in key order; the
     same-class pairs are counted into ``positives[0]``."""
-    import numpy as np
-
     size = rows * cols
     prefix = np.frombuffer(datum_prefix(2, rows, cols, 2 * size), dtype=np.uint8)
     head = len(prefix)

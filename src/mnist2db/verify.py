@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+import numpy as np
 
 from mnist2db.errors import DatumError, VerifyError
 from mnist2db.formats.datum import decode_datum, encode_batch, key_text, record_key
@@ -23,11 +24,6 @@ from mnist2db.records import iter_records, permutation
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
 from mnist2db.storage.metadata import Recipe, read_metadata
 from mnist2db.storage.readers import shared_reader
-
-if TYPE_CHECKING:
-    import numpy as np
-
-__all__ = ["VerifyResult", "verify_db"]
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,6 @@ import os
 import re
 from collections import namedtuple
 
-__all__ = ["Flag", "FlagError", "ParsedArgs", "parse_command_line", "usage_text"]
-
 #: A flag: its name, gflags type name, default, help text, and an optional validator.
 Flag = namedtuple("Flag", "name kind default help validate", defaults=(None,))
 

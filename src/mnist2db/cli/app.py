@@ -17,8 +17,6 @@ import click
 from mnist2db import __version__
 from mnist2db.interrupt import run
 
-__all__ = ["cli", "main"]
-
 #: Every command, in the order ``mnist2db --help`` lists them: the module that defines it
 #: (in this package) and the summary that ``--help`` shows without importing it.
 COMMANDS: dict[str, tuple[str, str]] = {

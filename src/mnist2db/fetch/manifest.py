@@ -14,8 +14,6 @@ from collections.abc import Mapping
 from mnist2db.fetch.sink import file_digests
 from mnist2db.storage.files import AtomicFile
 
-__all__ = ["MANIFEST_NAME", "read_manifest", "verified_present", "write_manifest"]
-
 MANIFEST_NAME = ".mnist2db.sha256"
 
 

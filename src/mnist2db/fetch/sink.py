@@ -23,8 +23,6 @@ from mnist2db.fetch.catalog import PACKING_SUFFIX, Resource
 from mnist2db.formats.idx import GZIP_MAGIC, XZ_MAGIC
 from mnist2db.storage.files import AtomicFile, remove_stale, temp_prefix
 
-__all__ = ["DownloadSink", "Rejected", "SourceFailed", "Transient", "file_digests"]
-
 CHUNK = 1 << 16
 UNPACK_CHUNK = 1 << 20
 # An unpacked MNIST-format file is under 600 MB (EMNIST byclass: 547 MB); anything far

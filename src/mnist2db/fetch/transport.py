@@ -27,17 +27,6 @@ from mnist2db.errors import DownloadError
 from mnist2db.fetch.sink import CHUNK, SourceFailed, Transient
 from mnist2db.progress import NamedProgress
 
-__all__ = [
-    "FetchProgress",
-    "Options",
-    "check_mirror",
-    "download",
-    "is_url",
-    "local_dir",
-    "read_local",
-    "source_for",
-]
-
 #: ``progress(file_name, bytes_done, bytes_total)``; total is 0 when unknown.
 FetchProgress = NamedProgress
 

@@ -33,21 +33,6 @@ class _IdxHeaderFields(NamedTuple):
     xz: bool = False
 
 
-__all__ = [
-    "GZIP_MAGIC",
-    "IDX_TYPES",
-    "IMAGES_MAGIC",
-    "INT32_MAX",
-    "LABELS_MAGIC",
-    "QMNIST_LABELS_MAGIC",
-    "XZ_MAGIC",
-    "IdxHeader",
-    "check_pair",
-    "magic_kind",
-    "pack_header",
-    "size_error",
-]
-
 #: type code -> (name, numpy dtype string in the file's big-endian byte order)
 IDX_TYPES: dict[int, tuple[str, str]] = {
     0x08: ("uint8", "u1"),

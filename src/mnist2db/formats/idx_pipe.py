@@ -19,8 +19,6 @@ from collections.abc import Iterator
 from mnist2db.formats.idx import IdxHeader
 from mnist2db.formats.idx_reader import READ_CHUNK, open_data, open_raw, parse_header
 
-__all__ = ["peek_pipe"]
-
 
 class _Recording(io.RawIOBase):
     """A pipe's reader that keeps every byte it delivers (the header's read-ahead)."""

@@ -34,8 +34,6 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-__all__ = ["IdxReader", "open_idx", "read_header", "read_idx"]
-
 #: What a damaged gzip or xz stream raises while it is read.
 CORRUPT_ERRORS = (gzip.BadGzipFile, zlib.error, lzma.LZMAError, EOFError)
 #: Bytes read at a time from a file or a pipe.

@@ -20,23 +20,12 @@ import zlib
 
 from mnist2db.errors import DatumError
 from mnist2db.fastpath import TYPE_CHECKING
-from mnist2db.formats.datum import encode_varint
+from mnist2db.formats.protowire import encode_varint
 
 if TYPE_CHECKING:
     from typing import Any
 
     import numpy as np
-
-__all__ = [
-    "ENCODINGS",
-    "PNG_LEVEL",
-    "check_encoding",
-    "datum_encoding",
-    "decode_image",
-    "encode_png",
-    "encode_png_batch",
-    "is_png",
-]
 
 #: The encodings ``convert``/``create`` can write (``encoded=``); None writes raw pixels.
 ENCODINGS = ("png",)

@@ -8,20 +8,6 @@ import contextlib
 import errno
 import os
 
-__all__ = [
-    "AtomicFile",
-    "file_mode",
-    "fsync_dir",
-    "fsync_tree",
-    "make_parents",
-    "mkdtemp_beside",
-    "remove_made",
-    "remove_stale",
-    "rmtree",
-    "temp_prefix",
-    "umask",
-]
-
 #: Marks every temporary mnist2db makes: ``.<name>.mnist2db-tmp-<pid>-<random>``.
 TEMP_MARK = ".mnist2db-tmp-"
 

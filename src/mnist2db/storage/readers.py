@@ -5,16 +5,18 @@ correct under fork, spawn, forkserver and threads.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-from mnist2db.errors import BackendError
+import lmdb
+import plyvel
+
+from mnist2db.errors import BackendError, DatumError
+from mnist2db.formats.datum import decode_datum, key_text
 from mnist2db.storage.backends import backend_message, check_backend, detect_backend
-
-__all__ = ["LMDB_READ_OPTIONS", "DbReader", "iter_db", "open_reader", "shared_reader"]
-
 
 # -- readers ---------------------------------------------------------------------------------
 #
@@ -81,8 +83,6 @@ class _Handle:
         self.pid = os.getpid()
 
     def _open_lmdb(self) -> None:
-        import lmdb
-
         try:
             self._env = lmdb.open(os.fsencode(self.path), **LMDB_READ_OPTIONS)
         except lmdb.Error as exc:
@@ -91,8 +91,6 @@ class _Handle:
             ) from exc
 
     def _open_leveldb(self) -> None:
-        import plyvel
-
         try:
             # LevelDB has no read-only mode: opening may write its log into a table file and
             # compact (the README says so); the records do not change.
@@ -134,7 +132,6 @@ class _Handle:
             return self._local.txn
         except AttributeError:
             pass
-        import lmdb
 
         with self._open_lock:
             if self._env is None:
@@ -167,8 +164,6 @@ class _Handle:
 
 def _keep_forever(obj: object) -> None:
     """Leak a reference so ``obj`` is never freed (a LevelDB handle inherited by fork)."""
-    import ctypes
-
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
@@ -244,10 +239,7 @@ class DbReader:
 
     def _errors(self) -> tuple[type[Exception], ...]:
         if self.backend == "lmdb":
-            import lmdb
-
             return (lmdb.Error,)
-        import plyvel
 
         return (plyvel.Error,)
 
@@ -318,7 +310,6 @@ class DbReader:
             following = next(rest, None)
         if following is not None:
             db.get(following, verify_checksums=True)  # raises CorruptionError, as expected
-        from mnist2db.formats.datum import key_text
 
         where = "its first record" if last is None else f"key {key_text(last)}"
         raise BackendError(
@@ -395,9 +386,6 @@ def iter_db(
         BackendError: the path is not a database of either backend.
         DatumError: a value is not a Datum (the database and the key named).
     """
-    from mnist2db.errors import DatumError
-    from mnist2db.formats.datum import decode_datum, key_text
-
     with open_reader(path, backend) as reader:
         for key, value in reader:
             try:

@@ -41,13 +41,6 @@ from mnist2db.storage.files import (
 )
 from mnist2db.storage.metadata import METADATA_NAME
 
-__all__ = [
-    "check_inputs_outside",
-    "check_replaceable",
-    "remove_stale_staging",
-    "staged_database",
-]
-
 #: Free space (bytes) below which a failed write is blamed on a full file system.
 _LOW_SPACE = 1 << 20
 
@@ -126,7 +119,7 @@ def swap(src: str, dst: str) -> None:
 # -- what may be replaced ------------------------------------------------------------------
 
 
-def _symlink_refusal(out: str) -> OutputExistsError:
+def symlink_refusal(out: str) -> OutputExistsError:
     try:
         target = os.readlink(out)
     except OSError:
@@ -148,7 +141,7 @@ def check_replaceable(out: str, backend: str) -> None:
     """
     name = _A_DATABASE.get(backend, backend)
     if os.path.islink(out):
-        raise _symlink_refusal(out)
+        raise symlink_refusal(out)
     if not os.path.isdir(out):
         raise OutputExistsError(
             f"{out}: exists and is not a database directory; refusing to replace it"
@@ -263,7 +256,7 @@ def _check_destination(
     if os.path.lexists(bare):
         check_inputs_outside(bare, inputs)
         if os.path.islink(bare):
-            raise _symlink_refusal(bare)
+            raise symlink_refusal(bare)
         if not overwrite:
             raise OutputExistsError(f"{out}: already exists (use --overwrite to replace it)")
         here = os.path.realpath(os.curdir)
@@ -278,7 +271,7 @@ def _check_destination(
 # -- staging and placement -----------------------------------------------------------------
 
 
-def _checkpoint(stage: str, staging: str) -> None:
+def checkpoint(stage: str, staging: str) -> None:
     """A no-op called at fixed points of the staging life cycle, for the fault tests.
 
     The tests replace it, in a child process, to pause there and kill the process. Stages:
@@ -416,7 +409,7 @@ def _stage_and_place(
             os.chmod(staging, 0o777 & ~umask())
         except OSError as exc:
             raise BackendError(f"{out}: cannot set permissions of {staging}: {exc}") from None
-        _checkpoint("staging", staging)
+        checkpoint("staging", staging)
         try:
             yield staging
         except BackendError as exc:
@@ -425,12 +418,12 @@ def _stage_and_place(
             fsync_tree(staging)
         except OSError as exc:
             raise BackendError(f"{out}: cannot flush the database to disk: {exc}") from None
-        _checkpoint("staged", staging)
+        checkpoint("staged", staging)
         swapped = _place(staging, out, backend, overwrite, inputs)
-        _checkpoint("placed", staging)
+        checkpoint("placed", staging)
     finally:
         if os.path.lexists(staging):
-            _checkpoint("cleanup", staging)
+            checkpoint("cleanup", staging)
             if swapped:
                 _discard_replaced(staging, backend, out)
             else:
