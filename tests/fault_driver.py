@@ -13,6 +13,7 @@ import sys
 import time
 
 import mnist2db.cli.app as cli
+import mnist2db.cli.convert_commands as convert_command
 import mnist2db.storage.staging as conv
 
 cfg = json.loads(sys.argv[1])
@@ -43,7 +44,7 @@ if stage == "midway":
 
         yield report
 
-    cli.progress_reporter = reporter
+    convert_command.progress_reporter = reporter
     if cfg.get("pause_cleanup"):  # a second stop, while the staging directory is removed
 
         def checkpoint(s, staging):

@@ -39,8 +39,9 @@ from helpers import (
 from mnist2db.cli.app import cli
 from mnist2db.errors import ChecksumError, DownloadError
 from mnist2db.fetch import fetcher as fetch_module
-from mnist2db.fetch.catalog import DATASET_NAMES
-from mnist2db.fetch.fetcher import DATASETS, FILE_NAMES, MANIFEST_NAME, Dataset, Resource, fetch
+from mnist2db.fetch.catalog import DATASET_NAMES, DATASETS, FILE_NAMES, Dataset, Resource
+from mnist2db.fetch.fetcher import fetch
+from mnist2db.fetch.manifest import MANIFEST_NAME
 
 # -- the test server ------------------------------------------------------------------------
 
