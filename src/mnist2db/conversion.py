@@ -14,8 +14,14 @@ import time
 from collections.abc import Iterable, Sequence
 
 from mnist2db.errors import Mnist2dbError, printable
-from mnist2db.fastpath import NamedTuple
-from mnist2db.formats.datum import KEY_LIMIT, datum_prefix, encode_raw_batch, record_keys
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
+from mnist2db.formats.datum import (
+    KEY_LIMIT,
+    check_record_count,
+    datum_prefix,
+    encode_raw_batch,
+    record_keys,
+)
 from mnist2db.formats.idx import LABELS_MAGIC, check_pair
 from mnist2db.formats.idx_reader import IdxReader, open_idx
 from mnist2db.formats.png import check_encoding
@@ -32,6 +38,10 @@ from mnist2db.storage.backends import (
 from mnist2db.storage.files import TEMP_MARK
 from mnist2db.storage.metadata import Recipe, metadata_for, write_metadata
 from mnist2db.storage.staging import staged_database
+
+if TYPE_CHECKING:
+    from mnist2db.storage.files import PathArg
+
 
 #: Marker in the names of staging directories, so left-overs are recognisable.
 STAGING_MARK = TEMP_MARK
@@ -75,9 +85,9 @@ class ConvertResult(_ConvertResultFields):
 
 
 def convert(
-    images: str | os.PathLike[str],
-    labels: str | os.PathLike[str],
-    out: str | os.PathLike[str],
+    images: PathArg,
+    labels: PathArg,
+    out: PathArg,
     backend: str = DEFAULT_BACKEND,
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -131,7 +141,7 @@ def convert(
     """
     progress = reporting(progress)
     start = time.perf_counter()
-    out = os.fspath(out)
+    images, labels, out = os.fsdecode(images), os.fsdecode(labels), os.fsdecode(out)
     check_backend(backend)
     check_batch_size(batch_size)
     if not out:
@@ -150,6 +160,7 @@ def convert(
                 image_reader, label_reader, out, backend, recipe, batch_size, overwrite, progress
             )._replace(seconds=time.perf_counter() - start)
         count = image_reader.header.count
+        check_record_count(count, images, "items")
         rows, cols = image_reader.header.dims[1], image_reader.header.dims[2]
         value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 3
         inputs = (images, labels)
@@ -198,6 +209,7 @@ def _convert_recipe(
     check_label_column(label_reader.header, recipe.label_column)
     stop = check_range(image_reader.path, header.count, recipe.offset, recipe.count)
     total = stop - recipe.offset
+    check_record_count(total, image_reader.path, "items")
     rows, cols = header.dims[1], header.dims[2]
     if recipe.transpose:
         rows, cols = cols, rows
@@ -246,6 +258,7 @@ def write_database(
     ``value_size`` (bytes per value) and ``streaming`` (the count is a pipe's promise) size
     LMDB's map (:func:`mnist2db.storage.backends.size_hint`).
     """
+    check_record_count(total, staging)  # each writer checked already, before any work
     hint = size_hint(total, value_size, streaming=streaming)
     writer = open_writer(backend, staging, size_hint=hint, append=total <= KEY_LIMIT)
     try:

@@ -51,7 +51,7 @@ from mnist2db.formats.datum import (
     encode_datum,
     record_key,
 )
-from mnist2db.formats.png import decode_image
+from mnist2db.formats.png_codec import decode_image, decode_many, decode_png_record, decode_stream
 from mnist2db.storage.backends import backend_message, detect_backend
 from mnist2db.storage.readers import DbReader
 
@@ -78,9 +78,11 @@ def _layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | None
     return len(value), prefix, shape, len(prefix)
 
 
-def _decode_image(data: bytes, where: str) -> np.ndarray:
-    """An encoded Datum's image as Caffe's data layer decodes it (see :mod:`mnist2db.formats.png`)."""
-    return decode_image(data, where)
+#: mnist2db.formats.png_codec's decode_image (an encoded Datum's image as Caffe's data layer
+#: decodes it) and decode_png_record, bound on first use: an import per record would
+#: cost a microsecond.
+_decode_image: Any = None
+_decode_png_record: Any = None
 
 
 class DatumDataset:
@@ -130,8 +132,9 @@ class DatumDataset:
         self._init_fast()
 
     def _init_fast(self) -> None:
-        global _ndarray, _uint8
+        global _ndarray, _uint8, _decode_image, _decode_png_record
         _ndarray, _uint8 = np.ndarray, np.dtype(np.uint8)
+        _decode_image, _decode_png_record = decode_image, decode_png_record
         # db[i]'s fast path: LMDB, Caffe's keys, a first record in Caffe's fixed layout.
         self._fast = self._layout if self._sequential and self.backend == "lmdb" else None
         if self.backend == "lmdb":
@@ -230,6 +233,10 @@ class DatumDataset:
             and value.startswith(layout[1])
         ):
             return _ndarray(layout[2], _uint8, bytearray(value), layout[3]), value[-1]
+        if layout is None:  # perhaps a PNG record as mnist2db writes them: no protobuf
+            record = _decode_png_record(value)
+            if record is not None:
+                return record  # type: ignore[no-any-return]
         where = f"{self.path}: key {key.decode(errors='replace')}"
         try:
             datum = decode_datum(value)
@@ -341,7 +348,8 @@ class DatumDataset:
                 size = shape[0] * shape[1] * shape[2]
                 images = matrix[:, offset : offset + size].reshape(n, *shape).copy()
                 return images, matrix[:, -1].astype(np.int64)
-        records = [self._decode(k, v) for k, v in zip(keys, values, strict=True)]
+
+        records = decode_many(self._decode, keys, values)
         if not records:
             shape = layout[2] if layout is not None else (0, 0, 0)
             return np.empty((0, *shape), np.uint8), np.empty(0, np.int64)
@@ -372,15 +380,12 @@ class DatumDataset:
         stop = self._length if stop is None else min(stop, self._length)
         if start >= stop:
             return
+
         first_key = self.key(start)
-        index = start
-        for key, value in self._open().iter_from(first_key):
-            if index >= stop:
-                break
-            key = bytes(key)
-            image, label = self._decode(key, bytes(value))
+        # A few records at a time, so that encoded ones decode on a few threads.
+        stream = decode_stream(self._decode, self._open().iter_from(first_key), stop - start)
+        for index, (key, (image, label)) in enumerate(stream, start):
             yield index, key, image, label
-            index += 1
 
     def __repr__(self) -> str:
         return f"<DatumDataset {self.path!r} ({self.backend}, {self._length} records)>"

@@ -33,6 +33,7 @@ from mnist2db.storage.files import AtomicFile, make_parents, remove_made
 from mnist2db.storage.metadata import Recipe, item_range, read_metadata
 from mnist2db.storage.placement import check_file_target, place_together, recover_together
 from mnist2db.storage.readers import shared_reader
+from mnist2db.storage.staging import check_apart
 
 #: What an empty database is exported as: it records no image size, so MNIST's.
 EMPTY_SHAPE = (28, 28)
@@ -109,15 +110,11 @@ def export_db(
         )
     images_out = os.path.join(out, f"{stem}-images-idx3-ubyte")
     labels_out = os.path.join(out, f"{stem}-labels-idx1-ubyte")
-    real_db = os.path.realpath(db_path)
-    if os.path.realpath(out) == real_db or os.path.realpath(out).startswith(real_db + os.sep):
-        raise OutputExistsError(
-            f"{out}: is inside the database {db_path}; write the files elsewhere"
-        )
+    check_apart(out, [db_path])  # before recovering anything in it
     if os.path.isdir(out):
         recover_together([images_out, labels_out])
     for target in (images_out, labels_out):
-        check_file_target(target, overwrite, makes_parents=True)
+        check_file_target(target, overwrite, [db_path], makes_parents=True)
     found = read_metadata(db_path)
     recipe = Recipe() if found is None else found[0]
     with shared_reader(db_path) as reader:

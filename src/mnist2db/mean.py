@@ -17,8 +17,8 @@ from __future__ import annotations
 import io
 import math
 import os
-from collections.abc import Iterator
-from typing import Any, NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from mnist2db.storage.backends import DEFAULT_BATCH_SIZE, check_batch_size, dete
 from mnist2db.storage.files import AtomicFile
 from mnist2db.storage.placement import check_file_target
 from mnist2db.storage.readers import iter_db
+
+if TYPE_CHECKING:
+    from mnist2db.storage.files import PathArg
 
 
 class MeanResult(NamedTuple):
@@ -85,7 +88,7 @@ def _pixels(key: bytes, datum: Any, path: str) -> tuple[tuple[int, int, int], An
 
 
 def compute_mean(
-    path: str | os.PathLike[str],
+    path: PathArg,
     backend: str | None = None,
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -108,7 +111,7 @@ def compute_mean(
     """
     progress = reporting(progress)
 
-    path = os.fspath(path)
+    path = os.fsdecode(path)
     check_batch_size(batch_size)
 
     backend = backend or detect_backend(path)
@@ -186,20 +189,30 @@ def blobproto_bytes(mean: np.ndarray) -> bytes:
     return head + body
 
 
-def check_mean_target(out: str | os.PathLike[str], overwrite: bool = False) -> None:
+def check_mean_target(
+    out: PathArg,
+    overwrite: bool = False,
+    inputs: Sequence[PathArg] = (),
+) -> None:
     """Raise unless the mean may be written to ``out``: call it before computing the mean,
     so that a bad target fails at once, not after reading the whole database.
 
+    Args:
+        inputs: the database(s) the mean is computed from: ``out`` may be neither one of
+            them nor a file inside one (:func:`mnist2db.storage.placement.check_file_target`).
+
     Raises:
-        OutputExistsError: ``out`` exists and ``overwrite`` is false, or it is not a file.
-        Mnist2dbError: its directory does not exist.
+        OutputExistsError: ``out`` exists and ``overwrite`` is false, it is not a file, or it
+            is (or is inside) one of ``inputs``.
+        Mnist2dbError: its directory does not exist or cannot be written.
     """
-    check_file_target(os.fspath(out), overwrite)
+
+    check_file_target(os.fsdecode(out), overwrite, [os.fsdecode(i) for i in inputs])
 
 
 def write_mean(
     result: MeanResult,
-    out: str | os.PathLike[str],
+    out: PathArg,
     *,
     overwrite: bool = False,
     npy: bool | None = None,
@@ -212,11 +225,13 @@ def write_mean(
         The number of bytes written.
 
     Raises:
-        OutputExistsError: ``out`` exists and ``overwrite`` is false, or it is not a file.
+        OutputExistsError: ``out`` exists and ``overwrite`` is false, it is not a file, or
+            it is the database the mean was computed from (or a file inside it).
         Mnist2dbError: the file cannot be written.
     """
-    out = os.fspath(out)
-    check_mean_target(out, overwrite)
+
+    out = os.fsdecode(out)
+    check_mean_target(out, overwrite, [result.path])
     if npy is None:
         npy = out.endswith(".npy")
     if npy:

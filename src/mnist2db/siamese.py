@@ -27,13 +27,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from mnist2db.conversion import write_database
 from mnist2db.errors import IdxFormatError, Mnist2dbError, printable
-from mnist2db.formats.datum import datum_prefix, splitter
+from mnist2db.formats.datum import check_record_count, datum_prefix, splitter
 from mnist2db.formats.idx import INT32_MAX, IdxHeader, check_pair
 from mnist2db.formats.idx_reader import open_idx
 from mnist2db.progress import Progress, reporting
@@ -46,6 +46,21 @@ from mnist2db.storage.backends import (
 from mnist2db.storage.metadata import pairs_metadata, write_metadata
 from mnist2db.storage.spill import spill_to_map
 from mnist2db.storage.staging import staged_database
+
+if TYPE_CHECKING:
+    from mnist2db.storage.files import PathArg
+
+
+class _SiameseResultFields(NamedTuple):
+    path: str
+    backend: str
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
+    positives: int
+    rows: int
+    cols: int
+    seed: int
+    seconds: float
+
 
 #: How the pairs are drawn from the seed, by balance (recorded in ``mnist2db.json``).
 PAIRS_METHOD = {
@@ -143,9 +158,9 @@ class _PairDrawer:
 
 
 def convert_siamese(
-    images: str | os.PathLike[str],
-    labels: str | os.PathLike[str],
-    out: str | os.PathLike[str],
+    images: PathArg,
+    labels: PathArg,
+    out: PathArg,
     backend: str = SIAMESE_BACKEND,
     *,
     seed: int | None = None,
@@ -182,12 +197,13 @@ def convert_siamese(
     progress = reporting(progress)
 
     start_time = time.perf_counter()
-    out = os.fspath(out)
-    images, labels = os.fspath(images), os.fspath(labels)
+    images, labels, out = os.fsdecode(images), os.fsdecode(labels), os.fsdecode(out)
     check_backend(backend)
     check_batch_size(batch_size)
     if pairs is not None and pairs < 0:
         raise Mnist2dbError(f"the number of pairs must be at least 0, got {pairs}")
+    if pairs is not None:
+        check_record_count(pairs, out, "pairs")
     if seed is None:
         seed = int.from_bytes(os.urandom(8), "little")
     elif not 0 <= seed < 1 << 64:
@@ -203,6 +219,7 @@ def convert_siamese(
                 f"(at most {INT32_MAX} bytes)"
             )
         total = count if pairs is None else pairs
+        check_record_count(total, images, "pairs (one per image)")
         if total and not count:
             raise IdxFormatError(f"{images}: no images to pair")
         if balanced and total and len(np.unique(label_array)) < 2:

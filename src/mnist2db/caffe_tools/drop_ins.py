@@ -94,7 +94,12 @@ SIAMESE_FLAGS: dict[str, Flag] = {
         "The backend for storing the result (mnist2db extension)",
     ),
     "seed": Flag(
-        "seed", "int64", -1, "Seed of the pair draws; -1: a fresh one each run (mnist2db extension)"
+        "seed",
+        "int64",
+        -1,
+        "Seed of the pair draws, 0 to 18446744073709551615 (every seed a run reports); "
+        "-1: a fresh one each run (mnist2db extension)",
+        bounds=(-(1 << 63), (1 << 64) - 1),
     ),
     "pairs": Flag("pairs", "int64", -1, "Number of pairs; -1: one per image (mnist2db extension)"),
     "balanced": Flag(
@@ -266,7 +271,7 @@ def _compute_image_mean(parsed: ParsedArgs, logger: Logger) -> None:
     if found != backend:
         raise BackendError(f"{db_path}: is a {found} database (use --backend={found})")
     if len(parsed.positional) == 2:
-        check_mean_target(parsed.positional[1], overwrite=True)
+        check_mean_target(parsed.positional[1], overwrite=True, inputs=[db_path])
     logger.log("I", OPENED_AT[backend], f"Opened {backend} {db_path}")
     logger.log("I", "compute_image_mean.cpp:70", "Starting iteration")
 

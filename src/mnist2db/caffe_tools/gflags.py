@@ -29,8 +29,10 @@ import os
 import re
 from collections import namedtuple
 
-#: A flag: its name, gflags type name, default, help text, and an optional validator.
-Flag = namedtuple("Flag", "name kind default help validate", defaults=(None,))
+#: A flag: its name, gflags type name, default, help text, an optional validator, and
+#: optional ``(low, high)`` bounds that replace the type's range (an mnist2db extension: a
+#: seed is an int64 flag, so that -1 can mean "fresh", that also takes 2**63 … 2**64-1).
+Flag = namedtuple("Flag", "name kind default help validate bounds", defaults=(None, None))
 
 
 class FlagError(Exception):
@@ -110,8 +112,9 @@ _HEX = re.compile(r"[ \t\n\v\f\r]*([+-]?)(?:0[xX])?([0-9a-fA-F]+)")
 _HELP_BOOLS = ("help", "helpfull", "helpshort", "helppackage", "helpxml")
 
 
-def parse_value(kind: str, text: str) -> object:
-    """``FlagValue::ParseFrom``: the value, or raise ValueError when gflags would refuse it."""
+def parse_value(kind: str, text: str, bounds: tuple[int, int] | None = None) -> object:
+    """``FlagValue::ParseFrom``: the value, or raise ValueError when gflags would refuse it.
+    ``bounds`` replaces the integer type's range."""
     if kind == "bool":
         lowered = text.lower()
         if lowered in _TRUE:
@@ -139,7 +142,7 @@ def parse_value(kind: str, text: str) -> object:
     if match is None:
         raise ValueError(text)
     number = int(match.group(1) + match.group(2), 16) if hexadecimal else int(match.group(1))
-    low, high = _RANGES[kind]
+    low, high = bounds or _RANGES[kind]
     if kind.startswith("uint") and number < 0:
         number += 1 << 64  # strtoull wraps a negative: "+…" only reaches here
     if not low <= number <= high:
@@ -220,7 +223,7 @@ class ParsedArgs:
     def set(self, flag: Flag, value: str) -> None:
         """``ProcessSingleOptionLocked``: parse, validate, store; then the recursive flags."""
         try:
-            parsed = parse_value(flag.kind, value)
+            parsed = parse_value(flag.kind, value, flag.bounds)
         except ValueError:
             self.errors[flag.name] = (
                 f"ERROR: illegal value '{value}' specified for {flag.kind} flag '{flag.name}'"
@@ -244,12 +247,7 @@ class ParsedArgs:
         if path in self.reading:
             # gflags recurses until the stack overflows; stop with one line instead.
             raise FlagError(f"ERROR: flagfile '{path}' includes itself")
-        try:
-            with open(path, "rb") as stream:
-                contents = stream.read().decode("utf-8", errors="surrogateescape")
-        except OSError as exc:
-            # gflags: PFATAL(filename) -- perror, then exit 1.
-            raise FlagError(f"{path}: {exc.strerror}") from None
+        contents = read_flagfile_text(path)
         self.reading.append(path)
         try:
             self._apply_flagfile(contents)
@@ -322,6 +320,44 @@ class ParsedArgs:
         messages = [message for _, message in sorted(self.errors.items()) if message]
         if messages:
             raise FlagError("\n".join(messages))
+
+
+#: The largest flagfile read: a flagfile is a few lines of ``--flag=value``.
+FLAGFILE_LIMIT = 1 << 20
+
+
+def read_flagfile_text(path: str) -> str:
+    """The text of the flagfile ``path``: a regular file (never a FIFO, which would wait for a
+    writer, nor a device such as ``/dev/zero``, which never ends), at most
+    :data:`FLAGFILE_LIMIT` bytes.
+
+    Raises:
+        FlagError: one line naming the file (gflags' ``PFATAL(filename)``: ``path: reason``).
+    """
+    import stat
+
+    try:
+        # O_NONBLOCK: opening a FIFO does not wait for a writer; the type is then checked
+        # on what was opened (the name could change between a stat and the open).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise FlagError(f"{path}: {exc.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise FlagError(f"{path}: {kind}; a flagfile is a text file of --flag=value lines")
+        with os.fdopen(fd, "rb", closefd=False) as stream:
+            data = stream.read(FLAGFILE_LIMIT + 1)
+    except OSError as exc:
+        raise FlagError(f"{path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > FLAGFILE_LIMIT:
+        raise FlagError(
+            f"{path}: larger than {FLAGFILE_LIMIT} bytes; a flagfile is a few --flag=value lines"
+        )
+    return data.decode("utf-8", errors="surrogateescape")
 
 
 def _flag_list(value: str) -> list[str]:

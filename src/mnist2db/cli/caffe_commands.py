@@ -34,7 +34,7 @@ def mean(db: str, out: str | None, overwrite: bool, quiet: bool) -> None:
     """
     with library_errors():
         if out is not None:
-            check_mean_target(out, overwrite)
+            check_mean_target(out, overwrite, [db])
         result = compute_mean(db)
         written = None if out is None else write_mean(result, out, overwrite=overwrite)
     if quiet:

@@ -22,7 +22,7 @@ from mnist2db.export import export_db
 from mnist2db.formats.datum import key_text
 from mnist2db.info import db_info, idx_info
 from mnist2db.render import check_canvas, drawn_size, image_to_gray, image_to_text, write_png_grid
-from mnist2db.show import select_records
+from mnist2db.show import find_labels, select_records
 from mnist2db.storage.placement import check_file_target
 from mnist2db.verify import verify_db
 
@@ -97,8 +97,8 @@ def show(
         raise click.UsageError("--threshold prints 0/1 digits: it does not combine with --ascii")
     with library_errors():
         if png is not None:
-            inputs = [source] if labels is None else [source, labels]
-            check_file_target(png, overwrite, inputs)  # before reading anything
+            inputs = [source, labels if labels is not None else find_labels(source)]
+            check_file_target(png, overwrite, [i for i in inputs if i])  # before any reading
         total, records = select_records(
             source,
             labels,
@@ -121,7 +121,7 @@ def show(
                     f"#{r.index}: {r.label if r.label is not None else '-'}" for r in selected
                 ]
                 width, height = write_png_grid(
-                    [r.image for r in selected], captions, png, overwrite=overwrite
+                    [r.image for r in selected], captions, png, overwrite=overwrite, inputs=inputs
                 )
                 shown = len(selected)
                 noun = "image" if shown == 1 else "images"

@@ -108,11 +108,11 @@ class DownloadSink:
             directories=False,
             extensions=(".gz", ".xz"),
         )
-        self.raw = AtomicFile(final)
+        self.raw = AtomicFile(final).create()
         self.packed: AtomicFile | None = None
         try:
             if self.unpacks and keep_packed:
-                self.packed = AtomicFile(final + suffix)
+                self.packed = AtomicFile(final + suffix).create()
         except BaseException:
             self.raw.discard()
             raise

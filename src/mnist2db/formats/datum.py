@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-from mnist2db.errors import DatumError
+from mnist2db.errors import DatumError, Mnist2dbError
 from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.protowire import encode_varint
 
@@ -128,6 +128,22 @@ def encode_batch(images: np.ndarray, labels: np.ndarray) -> list[bytes]:
 #: in index order, so LMDB's append mode, and reading record ``i`` under ``record_key(i)``,
 #: hold only up to this many records.
 KEY_LIMIT = 10**8
+
+
+def check_record_count(count: int, where: str, unit: str = "records") -> None:
+    """Refuse, before any work, a database of more records than Caffe's keys hold: every
+    writer calls it as soon as it knows how many records it will write (the one owner of
+    the limit; a run past it would fill the disk with records no key order can serve).
+
+    Raises:
+        Mnist2dbError: naming ``where`` (the source or the destination) and the count.
+    """
+    if count > KEY_LIMIT:
+        raise Mnist2dbError(
+            f"{where}: {count} {unit}, more than the {KEY_LIMIT} records a database can hold "
+            f'(Caffe\'s "%08d" keys stop sorting in record order after {KEY_LIMIT - 1})'
+        )
+
 
 _TRIPLES = [b"%03d" % i for i in range(1000)]
 

@@ -10,7 +10,9 @@ the shape without decoding.
 The PNG writer is a small one of mnist2db's own (signature, ``IHDR``, one ``IDAT`` of
 zlib at level :data:`PNG_LEVEL`, ``IEND``, each with its CRC-32; filter type 0 on every row):
 deterministic for a given zlib, and several times faster than Pillow per image. Reading
-goes through Pillow, which decodes any PNG or JPEG a Datum may hold.
+goes through :mod:`mnist2db.formats.png_codec`: PNGs by zlib and numpy (Pillow for the kinds it
+leaves), any other image (JPEG) by Pillow; every reader of the project calls
+:func:`decode_image`.
 """
 
 from __future__ import annotations
@@ -18,14 +20,15 @@ from __future__ import annotations
 import struct
 import zlib
 
-from mnist2db.errors import DatumError
 from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.protowire import encode_varint
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
 
     import numpy as np
+
 
 #: The encodings ``convert``/``create`` can write (``encoded=``); None writes raw pixels.
 ENCODINGS = ("png",)
@@ -135,29 +138,23 @@ def datum_encoding(datum: object) -> str:
 
 def decode_image(data: bytes, where: str) -> np.ndarray:
     """An encoded Datum's image as Caffe's data layer decodes it: ``(c, h, w)`` uint8, BGR
-    for colour (OpenCV's order), 1 channel for grey.
+    for colour (OpenCV's order), 1 channel for grey (:mod:`mnist2db.formats.png_codec`: PNG by
+    zlib and numpy, anything else by Pillow; 16-bit refused as Caffe refuses it).
 
     Raises:
-        DatumError: the data is not an image Pillow can decode, naming ``where``.
+        DatumError: the data is not an image that can be decoded, naming ``where``.
     """
-    import io
+    from mnist2db.formats.png_codec import decode_image as decode
 
-    import numpy as np
-    from PIL import Image, UnidentifiedImageError
+    return decode(data, where)
 
-    try:
-        with Image.open(io.BytesIO(data)) as opened:
-            picture = (
-                opened
-                if opened.mode in ("L", "RGB")
-                else opened.convert("L" if opened.mode in ("1", "I", "I;16", "F") else "RGB")
-            )
-            pixels = np.asarray(picture)
-    except (OSError, UnidentifiedImageError, ValueError) as exc:
-        raise DatumError(f"{where}: encoded image cannot be decoded: {exc}") from None
-    if pixels.ndim == 2:
-        return pixels[np.newaxis].copy()
-    return np.ascontiguousarray(pixels[:, :, ::-1].transpose(2, 0, 1))
+
+def decode_images(datas: Sequence[bytes], wheres: Sequence[str]) -> list[np.ndarray]:
+    """:func:`decode_image` of each, in order, on a few threads when there are many."""
+    from mnist2db.formats.png_codec import decode_image as decode
+    from mnist2db.formats.png_codec import decode_many
+
+    return decode_many(decode, datas, wheres)
 
 
 def decoded_datum(datum: Any, where: str) -> Any:

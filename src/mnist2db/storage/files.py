@@ -8,6 +8,16 @@ import contextlib
 import errno
 import os
 
+from mnist2db.fastpath import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any, TypeAlias
+
+    #: A path as the public functions take it: text, bytes (any name, non-UTF-8 too), or a
+    #: path object of either; ``os.fsdecode`` makes it the ``str`` the library works with.
+    #: (For annotations only: typing stays off the start-up path.)
+    PathArg: TypeAlias = str | bytes | os.PathLike[str] | os.PathLike[bytes]
+
 #: Marks every temporary mnist2db makes: ``.<name>.mnist2db-tmp-<pid>-<random>``.
 TEMP_MARK = ".mnist2db-tmp-"
 
@@ -67,11 +77,13 @@ def make_parents(directory: str) -> list[str]:
         OSError: as :func:`os.mkdir` (NotADirectoryError when a parent is a file).
     """
     missing: list[str] = []
-    path = os.path.abspath(directory)
+    # Walked as written, not through os.path.abspath: "link/../new" is made where the kernel
+    # resolves it (beside the link's target), not beside the link.
+    path = directory.rstrip(os.sep) or directory
     while not os.path.lexists(path):
         missing.append(path)
         up = os.path.dirname(path)
-        if up == path:
+        if not up or up == path:
             break
         path = up
     if os.path.lexists(path) and not os.path.isdir(path):
@@ -116,32 +128,67 @@ def mkdtemp_beside(parent: str, prefix: str) -> str:
 class AtomicFile:
     """A file written under a temporary name beside ``path``, moved there by :meth:`commit`.
 
-    Use as a context manager: leaving the block without committing removes the temporary,
-    so a failure or an interruption never leaves a partial file under ``path``. Every
-    OSError raised by :meth:`write`, :meth:`finish` and :meth:`commit` names ``path``
-    (``exc.filename``), whatever the call that failed.
+    Use as a context manager: ``with AtomicFile(path) as target:`` creates the temporary
+    on entering the block (not before: a signal between creating it and entering the block
+    would leave it behind) and leaving the block without committing removes it, so a
+    failure or an interruption never leaves a partial file under ``path``, nor a temporary
+    beside it. Without a ``with``, call :meth:`create` where its clean-up (:meth:`discard`)
+    is already guaranteed. Every OSError raised by :meth:`create`, :meth:`write`,
+    :meth:`finish` and :meth:`commit` names ``path`` (``exc.filename``).
 
-    Raises:
-        OSError: the temporary cannot be created (the caller names the file in its error).
+    The temporary goes into the directory the kernel will resolve ``path``'s into (through
+    symbolic links and ``..``), so that the final rename never crosses a file system.
     """
 
     def __init__(self, path: str, suffix: str = "") -> None:
-        import tempfile
-
         self.path = path
-        directory = os.path.dirname(os.path.abspath(path))
-        prefix = temp_prefix(os.path.basename(path))
-        # Temporaries of killed runs for this same file are recognised by name and removed.
-        remove_stale(directory, prefix, directories=False, extensions=(suffix,) if suffix else ())
-        try:
-            fd, self.temp = tempfile.mkstemp(
-                prefix=f"{prefix}{os.getpid()}-", suffix=suffix, dir=directory
-            )
-        except OSError as exc:
-            raise OSError(exc.errno, exc.strerror, path) from None
-        self.stream = os.fdopen(fd, "wb")
+        self.suffix = suffix
+        self.temp = ""
+        self.stream: Any = None
         self.committed = False
         self.finished = False
+
+    def create(self) -> AtomicFile:
+        """Create the temporary (once); returns ``self``. Interrupted half-way (a signal
+        raising in the middle), it removes what it created before letting the signal on.
+
+        Raises:
+            OSError: the temporary cannot be created, naming ``path``.
+        """
+        if self.stream is not None:
+            return self
+        from mnist2db.interrupt import deferred
+
+        directory = os.path.realpath(os.path.dirname(self.path) or os.curdir)
+        prefix = temp_prefix(os.path.basename(self.path))
+        # Temporaries of killed runs for this same file are recognised by name and removed.
+        extensions = (self.suffix,) if self.suffix else ()
+        remove_stale(directory, prefix, directories=False, extensions=extensions)
+        try:
+            with deferred():  # a signal meanwhile is raised once the clean-up below is armed
+                for _ in range(100):
+                    # The name is recorded before the file exists, so that whatever interrupts
+                    # the creation, discard() knows what to remove: a name holding our pid and
+                    # 48 random bits is no one else's.
+                    self.temp = os.path.join(
+                        directory, f"{prefix}{os.getpid()}-{os.urandom(6).hex()}{self.suffix}"
+                    )
+                    try:
+                        fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                    except FileExistsError:
+                        continue
+                    self.stream = os.fdopen(fd, "wb")
+                    break
+                else:
+                    self.temp = ""
+                    raise FileExistsError(errno.EEXIST, "no free temporary name", directory)
+        except OSError as exc:
+            self.discard()
+            raise OSError(exc.errno, exc.strerror, self.path) from None
+        except BaseException:
+            self.discard()
+            raise
+        return self
 
     def write(self, data: bytes | memoryview) -> None:
         """Write ``data``; a failure (a full disk, ``ulimit -f``) names ``path``."""
@@ -178,16 +225,17 @@ class AtomicFile:
         try:
             # Closing flushes the buffer, which fails again on a full disk: the unlink
             # below must run all the same.
-            self.stream.close()
+            if self.stream is not None:
+                self.stream.close()
         except OSError:
             pass
         finally:
-            if not self.committed:
+            if not self.committed and self.temp:
                 with contextlib.suppress(OSError):
                     os.unlink(self.temp)
 
     def __enter__(self) -> AtomicFile:
-        return self
+        return self.create()
 
     def __exit__(self, *exc_info: object) -> None:
         self.discard()

@@ -27,7 +27,7 @@ from mnist2db.storage.files import (
     remove_stale,
     temp_prefix,
 )
-from mnist2db.storage.staging import symlink_refusal
+from mnist2db.storage.staging import check_apart, check_parent, symlink_refusal
 
 # -- files that appear together: export's image and label files -------------------------------
 
@@ -38,31 +38,37 @@ _OLD_MARK = ".mnist2db-old-"
 
 
 def check_file_target(
-    path: str, overwrite: bool, inputs: Sequence[str] = (), *, makes_parents: bool = False
+    path: str,
+    overwrite: bool,
+    inputs: Sequence[str | os.PathLike[str]] = (),
+    *,
+    makes_parents: bool = False,
 ) -> None:
     """Raise unless a finished file may be moved to ``path`` (refused before any work).
 
-    ``makes_parents``: the caller creates a missing directory (``export``); otherwise a
-    directory that does not exist is refused here, not after the work.
+    The rule every file output follows (``mean``, ``show --png``, ``export``, the mean of
+    ``compute_image_mean``): never a link, a directory or a special file, an existing file
+    only with ``overwrite``, and never one of ``inputs`` of the same run nor a file inside
+    one (:func:`mnist2db.storage.staging.check_apart`). ``makes_parents``: the caller creates a
+    missing directory (``export``); otherwise a directory that does not exist is refused
+    here, not after the work.
 
     Raises:
         OutputExistsError: ``path`` exists and ``overwrite`` is false, or it is anything
-            but a regular file (a directory, a symbolic link, a FIFO, ...), or one of
-            ``inputs``.
-        Mnist2dbError: its directory does not exist (and ``makes_parents`` is false).
+            but a regular file (a directory, a symbolic link, a FIFO, ...), or is (or is
+            inside) one of ``inputs``.
+        Mnist2dbError: its directory does not exist (and ``makes_parents`` is false), or
+            is named through ``..`` after a directory that does not exist.
     """
     if not path:
         raise OutputExistsError("the output path is empty: name a file to create")
+    check_apart(path, inputs)
     if os.path.islink(path):
         raise symlink_refusal(path)
     if not os.path.lexists(path):
-        parent = os.path.dirname(path)
-        if parent and not makes_parents and not os.path.isdir(parent):
-            raise Mnist2dbError(f"{path}: no directory {parent} to write it in")
+        check_parent(path, makes_parents=makes_parents)
+        _check_writable(path)
         return
-    for source in inputs:
-        if os.path.exists(source) and os.path.samefile(source, path):
-            raise OutputExistsError(f"{path}: is the input {source}; refusing to replace it")
     if os.path.isdir(path):
         raise OutputExistsError(
             f"{path}: is a directory; refusing to replace it (even with --overwrite)"
@@ -73,6 +79,31 @@ def check_file_target(
         )
     if not overwrite:
         raise OutputExistsError(f"{path}: already exists (use --overwrite to replace it)")
+    _check_writable(path)
+
+
+def _check_writable(path: str) -> None:
+    """Refuse a file that could not be created where it goes (its directory, or the nearest
+    one that exists when the caller creates the rest), before the work rather than after."""
+    directory = os.path.dirname(path) or os.curdir
+    while not os.path.exists(directory):
+        up = os.path.dirname(directory) or os.curdir
+        if up == directory:
+            break
+        directory = up
+    mode = os.W_OK | os.X_OK
+    if os.access in os.supports_effective_ids:
+        allowed = os.access(directory, mode, effective_ids=True)
+    else:
+        allowed = os.access(directory, mode)
+    if allowed:
+        return
+    try:
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    reason = "a read-only file system" if read_only else "no permission to create files there"
+    raise Mnist2dbError(f"{path}: cannot write in {directory} ({reason})")
 
 
 def _hidden_name(path: str, mark: str) -> str:

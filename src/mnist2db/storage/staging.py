@@ -24,9 +24,10 @@ import contextlib
 import ctypes
 import errno
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator
 
-from mnist2db.errors import BackendError, OutputExistsError
+from mnist2db.errors import BackendError, Mnist2dbError, OutputExistsError
 from mnist2db.storage.backends import BACKENDS, check_backend, is_database_file
 from mnist2db.storage.files import (
     fsync_dir,
@@ -209,41 +210,110 @@ def _refuse_other_backend(out: str, backend: str, entries: list[os.DirEntry[str]
 def _identity(path: str) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
-    except OSError:
+    except (OSError, ValueError):
         return None
     return st.st_dev, st.st_ino
 
 
-def check_inputs_outside(out: str, inputs: Iterable[str | os.PathLike[str]]) -> None:
-    """Refuse when an input is ``out`` itself, lies inside it, or is a file in it (hard link).
+def _lineage(path: str) -> list[tuple[int, int]]:
+    """The identities (device, inode) of every existing directory holding ``path``, as the
+    kernel resolves it (symbolic links followed; a bind mount has the identities of what
+    it mounts), nearest first; ``path`` itself is not included."""
+    found: list[tuple[int, int]] = []
+    current = os.path.realpath(path)
+    while True:
+        parent = os.path.dirname(current)
+        if parent == current:
+            return found
+        current = parent
+        with contextlib.suppress(OSError, ValueError):
+            st = os.stat(current)
+            if stat.S_ISDIR(st.st_mode):
+                found.append((st.st_dev, st.st_ino))
+
+
+def check_apart(
+    out: str, inputs: Iterable[str | os.PathLike[str]], *, database: bool = False
+) -> None:
+    """The one rule that keeps every output off the inputs of the same run.
+
+    Refused, before any work: ``out`` *is* an input (the same file, through any name: a
+    hard link, a symbolic link, a bind mount), ``out`` lies inside an input directory (a
+    file written into a database being read), or an input lies inside ``out`` (a database
+    directory being replaced, ``database``: an input in it, or a hard link to one of its
+    files). Inputs are the files and database directories the run reads; one that does
+    not exist is not checked (the run fails on it anyway).
 
     Raises:
-        OutputExistsError: naming the input.
+        OutputExistsError: naming the output and the input.
     """
-    if not os.path.lexists(out) or os.path.islink(out):
-        return
-    real_out = os.path.realpath(out)
-    inside: dict[tuple[int, int], str] = {}
-    if os.path.isdir(out):
+    out_identity = _identity(out)
+    above_out = _lineage(out)
+    inside: set[tuple[int, int]] = set()
+    if database and out_identity is not None and os.path.isdir(out):
         with contextlib.suppress(OSError):
             for entry in os.scandir(out):
                 with contextlib.suppress(OSError):
                     st = entry.stat(follow_symlinks=False)
-                    inside[(st.st_dev, st.st_ino)] = entry.name
+                    inside.add((st.st_dev, st.st_ino))
     for source in inputs:
         path = os.fspath(source)
-        real = os.path.realpath(path)
         identity = _identity(path)
+        if identity is None:
+            continue
         if (
-            real == real_out
-            or real.startswith(real_out.rstrip(os.sep) + os.sep)
-            or identity == _identity(out)
-            or (identity is not None and identity in inside)
+            database
+            and out_identity is not None
+            and (identity == out_identity or identity in inside or out_identity in _lineage(path))
         ):
             raise OutputExistsError(
                 f"{out}: holds the input {path}; refusing to replace it "
                 "(write the database somewhere else)"
             )
+        if identity == out_identity and os.path.isdir(out):
+            raise OutputExistsError(
+                f"{out}: is the input {path}; refusing to write into it (write it somewhere else)"
+            )
+        if identity == out_identity:
+            raise OutputExistsError(f"{out}: is the input {path}; refusing to replace it")
+        if identity in above_out:
+            raise OutputExistsError(
+                f"{out}: is inside the input {path}; refusing to write there "
+                "(write it somewhere else)"
+            )
+
+
+def check_parent(out: str, *, makes_parents: bool) -> None:
+    """Refuse, before any work, an output whose directory will not be there at the end.
+
+    The directory is taken as written, as the kernel will resolve it: ``nodir/../db`` needs
+    ``nodir``, whatever ``os.path.abspath`` makes of it. A missing directory is refused
+    unless the caller creates it (``makes_parents``), and then only when no ``..`` follows
+    the missing part (creating ``nodir`` just to leave it again is not what was meant).
+
+    Raises:
+        Mnist2dbError: the directory does not exist (and will not be created), or cannot be.
+        OutputExistsError: a parent of ``out`` is not a directory.
+    """
+    parent = os.path.dirname(out.rstrip(os.sep) or out)
+    if not parent or os.path.isdir(parent):
+        return
+    parts = parent.split(os.sep)
+    missing, end = None, 0
+    for end in range(1, len(parts) + 1):
+        prefix = os.sep.join(parts[:end]) or os.sep
+        if not os.path.exists(prefix):
+            missing = prefix
+            break
+        if not os.path.isdir(prefix):
+            raise OutputExistsError(f"{out}: parent {prefix} is not a directory")
+    if not makes_parents:
+        raise Mnist2dbError(f"{out}: no directory {parent} to write it in")
+    if missing is not None and os.pardir in parts[end:]:
+        raise Mnist2dbError(
+            f"{out}: no directory {parent} to write it in ({missing} does not exist, and "
+            "'..' after it would leave it again: create it first, or name the path without '..')"
+        )
 
 
 def _check_destination(
@@ -253,8 +323,9 @@ def _check_destination(
         raise OutputExistsError("the destination path is empty: name a directory to create")
     # "db/" names what "db" names, but would follow a link and hide a file: check "db".
     bare = out.rstrip(os.sep) or out
+    check_apart(bare, inputs, database=True)
+    check_parent(bare, makes_parents=True)
     if os.path.lexists(bare):
-        check_inputs_outside(bare, inputs)
         if os.path.islink(bare):
             raise symlink_refusal(bare)
         if not overwrite:
@@ -381,8 +452,10 @@ def staged_database(
     check_backend(backend)
     inputs = list(inputs)
     _check_destination(out, backend, overwrite, inputs)
-    parent = os.path.dirname(os.path.abspath(out))
-    made = _make_parent(out, parent)
+    # As the kernel resolves it (through links and '..'), where the rename will put it.
+    written = os.path.dirname(out.rstrip(os.sep) or out) or os.curdir
+    made = _make_parent(out, written)
+    parent = os.path.realpath(written)
     try:
         staging = _stage_and_place(out, parent, backend, overwrite, inputs)
         with staging as path:
