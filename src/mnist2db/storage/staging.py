@@ -175,7 +175,8 @@ def check_replaceable(out: str, backend: str) -> None:
             f"{out}: holds only {METADATA_NAME}, not {name} database (its files are missing); "
             "refusing to replace it (remove it, or choose another name)"
         )
-    from mnist2db.storage.readers import held_elsewhere, probe_database  # off the start-up path
+    from mnist2db.storage.readers import probe_database  # off the start-up path
+    from mnist2db.storage.readhandles import held_elsewhere
 
     reason: str | None = probe_database(backend, out)
     if reason is not None and held_elsewhere(reason):
