@@ -48,6 +48,7 @@ from mnist2db.formats.datum import (
     datum_to_array,
     decode_datum,
     encode_datum,
+    key_text,
     record_key,
 )
 from mnist2db.formats.png_codec import decode_image, decode_many, decode_png_record, decode_stream
@@ -267,7 +268,7 @@ class DatumDataset:
             record = _decode_png_record(value)
             if record is not None:
                 return record  # type: ignore[no-any-return]
-        where = f"{self.path}: key {key.decode(errors='replace')}"
+        where = f"{self.path}: key {key_text(key)}"
         try:
             datum = decode_datum(value)
             image = _decode_image(datum.data, where) if datum.encoded else datum_to_array(datum)
