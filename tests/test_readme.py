@@ -217,6 +217,7 @@ def sandbox(prepared: Path, tmp_path: Path) -> Path:
     shutil.copytree(prepared / "data", work / "data", copy_function=os.link)
     for db in (prepared / "dbs").iterdir():
         shutil.copytree(db, work / db.name)
+    (work / "scripts").symlink_to(ROOT / "scripts")  # run from the project root, as documented
     return work
 
 
@@ -324,8 +325,8 @@ def test_doctest_example(prepared: Path, tmp_path: Path, block: Block) -> None:
         os.chdir(old)
 
 
-def test_readme_keeps_its_python_examples() -> None:
-    """README shows the Python API and open_db, and both run (the tests above)."""
-    langs = [(lang, ">>>" in body) for lang, body in readme_blocks()]
-    assert ("python", False) in langs, "README lost its Python API example"
-    assert ("python", True) in langs, "README lost its open_db example"
+def test_the_python_api_page_keeps_its_examples() -> None:
+    """The Python API page shows scripts and a doctest session, and they run (above)."""
+    page = ROOT / "docs" / "python-api.md"
+    kinds = {(b.lang, ">>>" in b.body) for b in ALL_BLOCKS if b.page == page}
+    assert ("python", False) in kinds and ("python", True) in kinds
