@@ -26,8 +26,9 @@ from test_fetch_family import ARCHIVE, split_files, use_server
 
 from mnist2db.cli.app import cli
 from mnist2db.errors import ChecksumError, DownloadError
-from mnist2db.fetch.catalog import DATASETS, Dataset, Resource
-from mnist2db.fetch.fetcher import FILE_NAMES, MANIFEST_NAME, fetch
+from mnist2db.fetch.catalog import DATASETS, FILE_NAMES, Dataset, Resource
+from mnist2db.fetch.fetcher import fetch
+from mnist2db.fetch.manifest import MANIFEST_NAME
 
 
 @pytest.fixture

@@ -45,8 +45,6 @@ from mnist2db.fetch.sink import (
 from mnist2db.fetch.transport import Options, download, is_url, source_for
 from mnist2db.storage.files import remove_made, remove_stale, temp_prefix
 
-__all__ = ["archive_path", "fetch_from_archive"]
-
 #: What reading a damaged member raises (zipfile lets the decompressors' errors through).
 _MEMBER_ERRORS = (
     zipfile.BadZipFile,
