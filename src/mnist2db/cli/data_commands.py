@@ -79,7 +79,14 @@ def show(
     import os
 
     from mnist2db.formats.datum import key_text
-    from mnist2db.render import check_canvas, drawn_size, image_to_text, write_png_grid
+    from mnist2db.render import (
+        check_canvas,
+        check_text_size,
+        drawn_size,
+        image_to_text,
+        size_check,
+        write_png_grid,
+    )
     from mnist2db.show import find_labels, select_records
     from mnist2db.storage.placement import check_file_target
 
@@ -106,6 +113,7 @@ def show(
             count=count,
             transpose=transpose,
             label_column=label_column,
+            check_size=size_check(source, png),  # before a record is read or decoded
         )
         # A generator holding the files open: closed even when a check below stops early.
         with contextlib.closing(records):  # type: ignore[type-var]
@@ -129,6 +137,7 @@ def show(
             else:
                 for record in records:
                     _check_drawable(source, record)
+                    check_text_size(f"{source}: record {record.index}", *drawn_size(record.image))
                     head = f"#{record.index}"
                     if record.key is not None:
                         head += f"  key {key_text(record.key)}"
