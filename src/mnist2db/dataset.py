@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from mnist2db.errors import DatumError, MissingKeyError, Mnist2dbError, RecordIndexError
 from mnist2db.formats.datum import KEY_LIMIT, datum_to_array, decode_datum, record_key
 from mnist2db.storage.backends import detect_backend
-from mnist2db.storage.readers import DbReader
+from mnist2db.storage.readers import DbReader, iterate
+from mnist2db.storage.readhandles import READ_HANDLES, ReadHandle
 
 if TYPE_CHECKING:
     import numpy as np
@@ -48,6 +50,18 @@ __all__ = [
 #: numpy's, set on first use (numpy is imported lazily).
 _ndarray: Any = None
 _uint8: Any = None
+
+#: Guards a dataset's reader while threads open and close it (rarely: not per read).
+_READER_LOCK = threading.RLock()
+
+
+def _after_fork_in_child() -> None:
+    global _READER_LOCK
+    _READER_LOCK = threading.RLock()  # another thread may have held it at fork time
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | None:
@@ -87,6 +101,7 @@ class DatumDataset:
     __slots__ = (
         "_errors",
         "_fast",
+        "_identity",
         "_keys",
         "_layout",
         "_length",
@@ -100,14 +115,17 @@ class DatumDataset:
     #: Attributes that belong to one process: not pickled (a worker opens its own handle).
     _PROCESS_LOCAL = ("_reader", "_local", "_errors")
 
-    def __init__(self, path: str | os.PathLike[str], backend: str | None = None) -> None:
-        self.path = os.fspath(path)
+    def __init__(self, path: str | os.PathLike[str] | bytes, backend: str | None = None) -> None:
+        self.path = os.fsdecode(path)
         self.backend = backend or detect_backend(self.path)
         self._reader: DbReader | None = None
         self._local: Any = None  # the handle's thread-local transactions (LMDB)
+        #: The database directory this dataset reads: used again, it must find that one.
+        self._identity: tuple[int, int] | None = None
         self._keys: list[bytes] | None = None
         self._layout: tuple[int, bytes, tuple[int, int, int], int] | None = None
         reader = self._open()
+        self._identity = reader.identity
         # Record i is read under Caffe's key "%08d" % i only if the keys are exactly that
         # sequence; otherwise by position in key order. One pass over the keys tells (about
         # 0.5 µs a key: 30 ms for MNIST's training set) and counts them for LevelDB.
@@ -132,28 +150,40 @@ class DatumDataset:
         _ndarray, _uint8 = np.ndarray, np.dtype(np.uint8)
         _decode_image, _decode_png_record = decode_image, decode_png_record
         # db[i]'s fast path: LMDB, Caffe's keys, a first record in Caffe's fixed layout.
-        self._fast = self._layout if self._sequential and self.backend == "lmdb" else None
-        if self.backend == "lmdb":
-            import lmdb
-
-            self._errors: tuple[type[Exception], ...] = (lmdb.Error,)
-        else:
-            import plyvel
-
-            self._errors = (plyvel.Error,)
+        handle_class = READ_HANDLES[self.backend]
+        self._fast = self._layout if self._sequential and handle_class.backend == "lmdb" else None
+        self._errors: tuple[type[Exception], ...] = handle_class.errors()
 
     # -- the handle, shared by the process (mnist2db.storage.readers) ----------------------------
 
     def _open(self) -> DbReader:
-        if self._reader is None:
-            self._reader = DbReader(self.path, self.backend)
-            self._local = self._reader.handle._local
-        return self._reader
+        with _READER_LOCK:
+            reader = self._reader
+            if reader is None or reader.closed:
+                reader = DbReader(self.path, self.backend, identity=self._identity)
+                self._local = getattr(reader.handle, "local", None)
+                self._reader = reader
+            return reader
+
+    def _pinned(self) -> ReadHandle:
+        """The handle, pinned for one read (opened again if the dataset was closed)."""
+        while True:
+            reader = self._reader
+            handle = (reader if reader is not None else self._open()).pin()
+            if handle is not None:
+                return handle
+            # Closed by another thread between the two steps: open it again.
+            self._open()
 
     def close(self) -> None:
-        """Release the database handle (it is reopened if the dataset is used again)."""
-        reader, self._reader = self._reader, None
-        self._local = None
+        """Release the database handle (it is reopened if the dataset is used again).
+
+        Safe from any thread while others read: a read in progress finishes, and the next
+        one opens the handle again.
+        """
+        with _READER_LOCK:
+            reader, self._reader = self._reader, None
+            self._local = None
         if reader is not None:
             reader.close()
 
@@ -203,24 +233,20 @@ class DatumDataset:
         if self._sequential:
             return record_key(position)
         if self._keys is None:
-            self._keys = [bytes(k) for k in self._open().iter_keys()]
+            self._keys = [bytes(k) for k in iterate(self._pinned, None, keys_only=True)]
         return self._keys[position]
 
     # -- records -------------------------------------------------------------------------
 
     def _fetch(self, key: bytes) -> bytes:
+        handle = self._pinned()
         try:
-            if self.backend == "lmdb":
-                value = self._open().handle.txn().get(key)
-            else:
-                value = self._open().handle.db().get(key)
-        except self._errors as exc:
-            from mnist2db.storage.backends import backend_message
-
-            raise self._failed(exc, backend_message(exc)) from exc
+            value = handle.get(key)
+        finally:
+            DbReader.unpin(handle)
         if value is None:
             raise MissingKeyError(f"{self.path}: no record with key {key.decode(errors='replace')}")
-        return value  # type: ignore[no-any-return]
+        return value
 
     def _failed(self, exc: Exception, text: str) -> Mnist2dbError:
         from mnist2db.errors import BackendError
@@ -306,17 +332,17 @@ class DatumDataset:
                 keys = [b"%08d" % (i + length if i < 0 else i) for i in indices]
                 try:
                     get = self._local.txn.get
-                except AttributeError:  # no transaction in this process or thread yet
+                except AttributeError:  # no transaction in this thread yet, or closed
                     self._fetch(keys[0])
-                    get = self._local.txn.get
+                    get = getattr(getattr(self._local, "txn", None), "get", None)
                 try:
-                    values = list(map(get, keys))
+                    found: list[Any] = list(map(get, keys)) if get is not None else [None]
                 except self._errors as exc:
                     from mnist2db.storage.backends import backend_message
 
                     raise self._failed(exc, backend_message(exc)) from exc
-                if None not in values:
-                    images, labels = self._stack(keys, values)
+                if None not in found:
+                    images, labels = self._stack(keys, found)
                     return list(zip(images, labels.tolist(), strict=True))
         keys = [self.key(i) for i in indices]
         values = [self._fetch(key) for key in keys]
@@ -325,17 +351,17 @@ class DatumDataset:
 
     def read_range(self, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Records ``start`` to ``stop`` (exclusive) as one ``(n, c, h, w)`` image array and
-        one ``(n,)`` int64 label array, read sequentially (one cursor).
+        one ``(n,)`` int64 label array, read sequentially (one cursor). The bounds are
+        those of a slice, ``db[start:stop]``: negative ones count from the end.
 
         Raises:
             DatumError: the records do not all have one shape and dtype.
         """
-        stop = self._length if stop is None else max(0, min(stop, self._length))
-        start = max(0, start + self._length if start < 0 else start)
+        start, stop, _ = slice(start, stop).indices(self._length)
         keys: list[bytes] = []
         values: list[bytes] = []
         if start < stop:
-            for key, value in self._open().iter_from(self.key(start)):
+            for key, value in iterate(self._pinned, self.key(start), keys_only=False):
                 if len(keys) == stop - start:
                     break
                 keys.append(bytes(key))
@@ -389,15 +415,17 @@ class DatumDataset:
         self, start: int = 0, stop: int | None = None
     ) -> Iterator[tuple[int, bytes, np.ndarray, int]]:
         """Stream ``(index, key, image, label)`` for records ``start`` to ``stop`` (exclusive),
-        in key order, reading sequentially (one cursor, no lookups)."""
-        stop = self._length if stop is None else min(stop, self._length)
+        in key order, reading sequentially (one cursor, no lookups). Negative bounds count
+        from the end, as in a slice."""
+        start, stop, _ = slice(start, stop).indices(self._length)
         if start >= stop:
             return
         from mnist2db.formats.png_codec import decode_stream
 
         first_key = self.key(start)
         # A few records at a time, so that encoded ones decode on a few threads.
-        stream = decode_stream(self._decode, self._open().iter_from(first_key), stop - start)
+        records = iterate(self._pinned, first_key, keys_only=False)
+        stream = decode_stream(self._decode, records, stop - start)
         for index, (key, (image, label)) in enumerate(stream, start):
             yield index, key, image, label
 

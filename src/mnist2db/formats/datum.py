@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "KEY_LIMIT",
     "array_to_datum",
+    "check_datum",
     "check_record_count",
     "datum_to_array",
     "datum_type",
@@ -362,6 +363,59 @@ def array_to_datum(arr: np.ndarray, label: int | None = None) -> Any:
     return datum
 
 
+_INT_MAX = 2**31 - 1
+
+
+def _is_empty(datum: Any) -> bool:
+    return not (
+        datum.channels or datum.height or datum.width or len(datum.data) or len(datum.float_data)
+    )
+
+
+def check_datum(datum: Any, where: str = "") -> tuple[int, int, int] | None:
+    """Check that a raw Datum's fields describe an image as Caffe's data layer takes one:
+    ``channels`` at least 1, ``height`` and ``width`` at least 0, and ``data`` (uint8) or
+    else ``float_data`` holding exactly ``channels × height × width`` values. Returns the
+    shape; None for an encoded Datum, whose image is checked when it is decoded.
+
+    Every reader checks a record with this before using its fields, so that what a
+    database holds, however made, is read or refused in one line, never a numpy error.
+
+    Raises:
+        DatumError: naming ``where`` (the database and the key) and what is wrong.
+    """
+    if datum.encoded:
+        return None
+    prefix = f"{where}: " if where else ""
+    shape = (int(datum.channels), int(datum.height), int(datum.width))
+    if _is_empty(datum):
+        raise DatumError(f"{prefix}an empty Datum (no shape, no data, no float_data)")
+    if min(shape) < 0 or shape[0] == 0:
+        what = "a negative dimension" if min(shape) < 0 else "no channels"
+        raise DatumError(
+            f"{prefix}Datum {' × '.join(map(str, shape))} (channels × height × width) has {what}"
+        )
+    expected = 1
+    for side in shape:  # Caffe's Blob::Reshape check, in its order
+        if expected and side > _INT_MAX // expected:
+            raise DatumError(
+                f"{prefix}Datum {' × '.join(map(str, shape))} (channels × height × width) "
+                "exceeds Caffe's blob size limit of 2^31-1 values"
+            )
+        expected *= side
+    if len(datum.data) or datum.HasField("data"):
+        if len(datum.data) != expected:
+            raise DatumError(
+                f"{prefix}Datum holds {len(datum.data)} data bytes, shape {shape} needs {expected}"
+            )
+    elif len(datum.float_data) != expected:
+        raise DatumError(
+            f"{prefix}Datum holds {len(datum.float_data)} float_data values, "
+            f"shape {shape} needs {expected}"
+        )
+    return shape
+
+
 def datum_to_array(datum: Any) -> np.ndarray:
     """The Datum's pixels as a fresh, writable ``(channels, height, width)`` array: uint8
     ``data``, or ``float_data`` as float64 (as pycaffe's ``caffe.io.datum_to_array``).
@@ -371,7 +425,7 @@ def datum_to_array(datum: Any) -> np.ndarray:
     it: grey to 1 channel, colour to 3 in BGR order, the shape taken from the image.
 
     Raises:
-        DatumError: the data length does not match ``channels × height × width``, or an
+        DatumError: the fields do not describe an image (:func:`check_datum`), or an
             encoded image cannot be decoded.
     """
     import numpy as np
@@ -381,17 +435,8 @@ def datum_to_array(datum: Any) -> np.ndarray:
 
         return decode_image(datum.data, "encoded Datum")
 
-    shape = (datum.channels, datum.height, datum.width)
-    expected = shape[0] * shape[1] * shape[2]
-    if len(datum.data):
-        if len(datum.data) != expected:
-            raise DatumError(
-                f"Datum holds {len(datum.data)} data bytes, shape {shape} needs {expected}"
-            )
+    shape = check_datum(datum)
+    if len(datum.data) or datum.HasField("data"):
         # A writable copy, as pycaffe's caffe.io.datum_to_array returns.
         return np.frombuffer(datum.data, dtype=np.uint8).reshape(shape).copy()
-    if len(datum.float_data) != expected:
-        raise DatumError(
-            f"Datum holds {len(datum.float_data)} float_data values, shape {shape} needs {expected}"
-        )
     return np.array(datum.float_data, dtype=float).reshape(shape)

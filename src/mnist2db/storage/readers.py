@@ -1,182 +1,74 @@
 """Readers of finished LMDB and LevelDB databases: one handle per database per process,
-correct under fork, spawn, forkserver and threads.
+correct under fork, spawn, forkserver and threads, and under ``close()`` from any thread.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from mnist2db.errors import BackendError
+from mnist2db.errors import BackendError, Mnist2dbError
 from mnist2db.storage.backends import backend_message, check_backend, detect_backend
+from mnist2db.storage.readhandles import (
+    LMDB_READ_OPTIONS,
+    READ_HANDLES,
+    ReadHandle,
+    held_elsewhere,
+)
 
-__all__ = ["LMDB_READ_OPTIONS", "DbReader", "iter_db", "open_reader", "shared_reader"]
+__all__ = [
+    "LMDB_READ_OPTIONS",
+    "DbReader",
+    "held_elsewhere",
+    "iter_db",
+    "open_reader",
+    "probe_database",
+    "shared_reader",
+]
 
-
-# -- readers ---------------------------------------------------------------------------------
+# -- the design, written once ------------------------------------------------------------------
 #
-# One design for every way a process can use a database (written once, here):
-# * One handle per database per process, shared by every reader open on it (open_db,
-#   open_reader, iter_db, info, verify, export, show): py-lmdb refuses a second environment
-#   on the same files in one process, and LevelDB a second open. The table is guarded by a
-#   lock, so threads opening the same database at once share one handle.
-# * LMDB is opened read-only with lock=False: a finished database never changes, so readers
-#   need no reader table. Nothing is written to lock.mdb (read-only media work as any other),
-#   a killed worker leaves no stale reader slot, and max_readers does not apply (any number
-#   of processes and threads read at once). readahead=False: random access to a database
-#   larger than the page cache then reads only the pages it needs.
-#   Each thread reads through one long-lived read transaction of its own (LMDB transactions
-#   belong to one thread); with no writer, a long transaction costs nothing.
+# * One handle per database per process (storage/readhandles.py has one class per backend, chosen
+#   once from READ_HANDLES), shared by every reader open on it (open_db, open_reader,
+#   iter_db, info, verify, export, show): py-lmdb refuses a second environment on the same
+#   files in one process, and LevelDB a second open. The table below is guarded by a lock,
+#   so threads opening one database at once share one handle.
+# * One version: a handle opens the database's *directory* first and keeps that descriptor;
+#   the backend and mnist2db.json are opened through it (/proc/self/fd/N), so a database
+#   replaced under the same name while it is being opened or read (convert --overwrite
+#   swaps directories) is never read half old, half new. A reader can check that its path
+#   still names the directory it opened (check_current): readers of mnist2db.json do,
+#   after reading it, so its options and the records are one version or an error.
+# * Closing while another thread reads: every read holds a pin on the handle (a count in
+#   the table, under its lock) for as long as it uses the handle, an iteration for its
+#   whole life; the backend is closed only when no reader and no pin is left. close() never
+#   waits and never pulls a handle from under a read: the read finishes, and the next use
+#   of a closed dataset opens the handle again. LMDB's hot path (dataset[i]) takes no pin:
+#   LMDB's environment is never closed explicitly (outside a forked child) but dropped,
+#   and each transaction keeps its environment alive, so it ends when its last transaction
+#   does (see readhandles.LmdbHandle).
 # * fork(): LMDB's rule is that an environment is never used across fork. In the child,
-#   every inherited LMDB environment is closed (harmless with lock=False: there are no reader
-#   slots to clear) and reopened on first use. A LevelDB handle cannot be shared by two
-#   processes and LevelDB admits one process at a time, so a forked child does not read
+#   every inherited LMDB environment is closed (harmless with lock=False: there are no
+#   reader slots to clear) and reopened on first use. A LevelDB handle cannot be shared by
+#   two processes and LevelDB admits one process at a time, so a forked child does not read
 #   through it: its first read raises BackendError saying what to do. The inherited handle
 #   is never closed nor freed in the child (closing waits for LevelDB's background thread,
 #   which does not exist after fork).
-# * spawn/forkserver: a pickled dataset carries no handle and opens its own in the worker.
-
-#: py-lmdb's options for reading a finished database (see above).
-LMDB_READ_OPTIONS: dict[str, Any] = {
-    "readonly": True,
-    "lock": False,
-    "readahead": False,
-    "subdir": True,
-    "max_dbs": 0,
-}
-
-_LEVELDB_HINT = (
-    "LevelDB admits one process at a time: read it with num_workers=0 (in the process "
-    "that opened it), or convert it to LMDB (mnist2db convert --backend lmdb), which any "
-    "number of processes can read"
-)
-
-
-def held_elsewhere(reason: str) -> bool:
-    """True if LevelDB's ``reason`` for not opening is another process holding its lock."""
-    return "lock" in reason.lower() and "temporarily unavailable" in reason.lower()
-
-
-class _Handle:
-    """One open database in this process (see the design notes above)."""
-
-    def __init__(self, path: str, backend: str) -> None:
-        self.path = path
-        self.backend = backend
-        self.users = 0
-        self.forked_from: int | None = None  # LevelDB: the pid that opened it, in a child
-        self._env: Any = None
-        self._db: Any = None
-        self._local = threading.local()
-        self._open_lock = threading.Lock()
-        if backend == "lmdb":
-            self._open_lmdb()
-        elif backend == "leveldb":
-            self._open_leveldb()
-        else:
-            check_backend(backend)
-        self.pid = os.getpid()
-
-    def _open_lmdb(self) -> None:
-        import lmdb
-
-        try:
-            self._env = lmdb.open(os.fsencode(self.path), **LMDB_READ_OPTIONS)
-        except lmdb.Error as exc:
-            raise BackendError(
-                f"{self.path}: cannot open LMDB database: {backend_message(exc)}"
-            ) from exc
-
-    def _open_leveldb(self) -> None:
-        import plyvel
-
-        try:
-            # LevelDB has no read-only mode: opening may write its log into a table file and
-            # compact (the README says so); the records do not change.
-            self._db = plyvel.DB(os.fsencode(self.path), create_if_missing=False)
-        except plyvel.Error as exc:
-            text = backend_message(exc)
-            hint = ""
-            # EAGAIN on LOCK: another process holds the database ("already held by process"
-            # cannot happen here: the table opens each database once per process).
-            if held_elsewhere(text):
-                # Named first: `mnist2db info` users have no DataLoader to tune.
-                hint = f" (another process has it open; {_LEVELDB_HINT})"
-            raise BackendError(f"{self.path}: cannot open LevelDB database: {text}{hint}") from exc
-
-    # -- fork --------------------------------------------------------------------------------
-
-    def after_fork_in_child(self, parent: int) -> None:
-        # The same local object (datasets hold it), emptied: after fork only this thread is
-        # left, and its transaction belongs to the parent's environment.
-        with contextlib.suppress(AttributeError):
-            del self._local.txn
-        self._open_lock = threading.Lock()
-        if self.backend == "lmdb":
-            env, self._env = self._env, None
-            if env is not None:
-                with contextlib.suppress(Exception):
-                    env.close()
-        else:
-            if self._db is not None:
-                _keep_forever(self._db)
-            self._db = None
-            self.forked_from = parent
-
-    # -- reading -----------------------------------------------------------------------------
-
-    def txn(self) -> Any:
-        """This thread's read transaction (LMDB)."""
-        try:
-            return self._local.txn
-        except AttributeError:
-            pass
-        import lmdb
-
-        with self._open_lock:
-            if self._env is None:
-                self._open_lmdb()
-        try:
-            txn = self._local.txn = self._env.begin(buffers=False)
-        except lmdb.Error as exc:
-            raise BackendError(f"{self.path}: LMDB read failed: {backend_message(exc)}") from exc
-        return txn
-
-    def db(self) -> Any:
-        """The LevelDB database object."""
-        if self._db is None:
-            if self.forked_from is not None:
-                raise BackendError(
-                    f"{self.path}: this LevelDB database was opened by process "
-                    f"{self.forked_from} before it forked this one; {_LEVELDB_HINT}"
-                )
-            raise BackendError(f"{self.path}: the database is closed")
-        return self._db
-
-    def close(self) -> None:
-        if self.backend == "lmdb":
-            if self._env is not None:
-                self._env.close()
-        elif self._db is not None:
-            self._db.close()
-        self._env = self._db = None
-
-
-def _keep_forever(obj: object) -> None:
-    """Leak a reference so ``obj`` is never freed (a LevelDB handle inherited by fork)."""
-    import ctypes
-
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
-
+# * spawn/forkserver: a pickled dataset carries no handle and opens its own in the worker,
+#   checking that the path still names the database it was made from.
 
 #: (real path, backend, st_dev, st_ino of the directory) -> the process's handle on it.
-_HANDLES: dict[tuple[str, str, int, int], _Handle] = {}
+_HANDLES: dict[tuple[str, str, int, int], ReadHandle] = {}
 # Re-entrant: a dataset freed by the garbage collector while this thread holds the lock
 # (inside _acquire) releases its handle from within.
 _HANDLES_LOCK = threading.RLock()
+
+#: Directory identity: (st_dev, st_ino).
+Identity = tuple[int, int]
 
 
 def _after_fork_in_child() -> None:
@@ -191,180 +83,270 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _acquire(path: str, backend: str) -> _Handle:
-    # The directory's identity is part of the key: a database replaced under the same name
-    # (convert --overwrite) is another database, and gets a handle of its own.
+def _open_directory(path: str) -> int:
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        status = os.stat(path)
+        return os.open(path, flags)
+    except NotADirectoryError:
+        raise BackendError(f"{path}: not a database directory (LMDB or LevelDB)") from None
+    except FileNotFoundError:
+        raise BackendError(f"{path}: no such database") from None
     except OSError as exc:
-        raise BackendError(f"{path}: cannot open database: {exc.strerror}") from None
-    key = (os.path.realpath(path), backend, status.st_dev, status.st_ino)
-    with _HANDLES_LOCK:
-        handle = _HANDLES.get(key)
-        if handle is None:
-            handle = _HANDLES[key] = _Handle(path, backend)
-        handle.users += 1
-        return handle
+        raise BackendError(f"{path}: cannot open database: {exc.strerror or exc}") from None
 
 
-def _release(handle: _Handle) -> None:
+def _replaced(path: str) -> BackendError:
+    return BackendError(
+        f"{path}: the database was replaced while it was being read (convert --overwrite?); "
+        "open it again"
+    )
+
+
+def _prune() -> None:
+    """Forget handles no reader uses whose backend is gone (an LMDB environment that
+    outlived its last reader in a transaction of another thread)."""
+    for key, handle in list(_HANDLES.items()):
+        if handle.refs == 0 and handle.forked_from is None and not handle.alive():
+            del _HANDLES[key]
+            handle.forget()
+
+
+def _acquire(path: str, backend: str, identity: Identity | None) -> ReadHandle:
+    """The process's handle on the database at ``path``, opened, with one more reference.
+
+    ``identity``: the directory the caller opened before (a dataset used again after
+    close(), or unpickled in a worker); another directory at ``path`` is an error.
+    """
+    fd = _open_directory(path)
+    try:
+        status = os.fstat(fd)
+        found = (status.st_dev, status.st_ino)
+        if identity is not None and found != identity:
+            raise _replaced(path)
+        key = (os.path.realpath(path), backend, *found)
+        with _HANDLES_LOCK:
+            _prune()
+            handle = _HANDLES.get(key)
+            if handle is None:
+                handle = _HANDLES[key] = READ_HANDLES[backend](path, fd, found)
+                fd = -1  # the handle owns it now
+            handle.refs += 1
+            try:
+                handle.ensure_open()
+            except BaseException:
+                _unpin(handle)
+                raise
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return handle
+
+
+def _unpin(handle: ReadHandle) -> None:
+    """Drop one reference (a reader's share, or one read's pin); the last one closes."""
     with _HANDLES_LOCK:
-        handle.users -= 1
-        if handle.users > 0 or handle.forked_from is not None:
+        handle.refs -= 1
+        if handle.refs > 0 or handle.forked_from is not None:
             # A LevelDB handle inherited by fork stays in the table: opening the database
             # again in this process would fail on the lock the parent holds, without a hint.
             return
-        for key, found in list(_HANDLES.items()):
-            if found is handle:
-                del _HANDLES[key]
-        handle.close()
+        handle.release()
+        if not handle.alive():
+            for key, found in list(_HANDLES.items()):
+                if found is handle:
+                    del _HANDLES[key]
+            handle.forget()
+
+
+def _pin(handle: ReadHandle) -> ReadHandle:
+    with _HANDLES_LOCK:
+        handle.refs += 1
+    return handle
+
+
+def _read_regular_file(dir_fd: int, name: str, shown: str, limit: int) -> bytes | None:
+    """The bytes of ``name`` in the directory ``dir_fd``, or None if there is none.
+
+    Only a regular file is read, opened non-blocking (a FIFO or a device named so is
+    refused, never waited on or read without end), and at most ``limit`` bytes of it.
+
+    Raises:
+        Mnist2dbError: it is not a regular file, is larger than ``limit``, or cannot be read.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise Mnist2dbError(f"{shown}: cannot read it: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise Mnist2dbError(f"{shown}: not a regular file ({_file_kind(mode)})")
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, limit + 1 - size):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise Mnist2dbError(f"{shown}: larger than {limit} bytes; not mnist2db's")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise Mnist2dbError(f"{shown}: cannot read it: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
 
 
 class DbReader:
     """A finished database opened read-only: ``len()``, ``get(key)``, and iteration in key order.
 
     Readers of one database in one process share one handle (see the notes above), so any
-    number may be open at once, in any thread; each :meth:`close` releases its share.
+    number may be open at once, in any thread; each :meth:`close` releases its share, and a
+    read in progress in another thread finishes on the handle it started with.
+
+    ``identity``: the ``(st_dev, st_ino)`` of the directory this reader must find at
+    ``path`` (None: whatever is there).
     """
 
-    def __init__(self, path: str | os.PathLike[str], backend: str | None = None) -> None:
-        self.path = os.fspath(path)
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | bytes,
+        backend: str | None = None,
+        *,
+        identity: Identity | None = None,
+    ) -> None:
+        self.path = os.fsdecode(path)
         self.backend = backend or detect_backend(self.path)
         check_backend(self.backend)
-        self._handle: _Handle | None = _acquire(self.path, self.backend)
+        self._handle: ReadHandle | None = _acquire(self.path, self.backend, identity)
+        #: The ``(st_dev, st_ino)`` of the database directory this reader reads.
+        self.identity: Identity = self._handle.identity
 
     @property
-    def handle(self) -> _Handle:
-        if self._handle is None:
+    def handle(self) -> ReadHandle:
+        """The process's handle this reader shares (for a dataset's hot path)."""
+        handle = self._handle
+        if handle is None:
             raise BackendError(f"{self.path}: the reader is closed")
-        return self._handle
+        return handle
 
-    def _failed(self, exc: Exception) -> BackendError:
-        return BackendError(f"{self.path}: {self.backend} read failed: {backend_message(exc)}")
+    # -- pins ------------------------------------------------------------------------------
 
-    def _errors(self) -> tuple[type[Exception], ...]:
-        if self.backend == "lmdb":
-            import lmdb
+    def pin(self) -> ReadHandle | None:
+        """The handle with a pin held for one read (release with :meth:`unpin`), or None if
+        this reader is closed."""
+        with _HANDLES_LOCK:
+            handle = self._handle
+            if handle is None:
+                return None
+            handle.refs += 1
+            return handle
 
-            return (lmdb.Error,)
-        import plyvel
+    @staticmethod
+    def unpin(handle: ReadHandle) -> None:
+        """Release a pin taken by :meth:`pin`."""
+        _unpin(handle)
 
-        return (plyvel.Error,)
+    def _pinned(self) -> ReadHandle:
+        handle = self.pin()
+        if handle is None:
+            raise BackendError(f"{self.path}: the reader is closed")
+        return handle
+
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[ReadHandle]:
+        handle = self._pinned()
+        try:
+            yield handle
+        finally:
+            _unpin(handle)
+
+    # -- reading -----------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        if self.backend == "lmdb":
-            try:
-                return int(self.handle.txn().stat()["entries"])
-            except self._errors() as exc:
-                raise self._failed(exc) from exc
-        return sum(1 for _ in self.iter_keys())
-
-    def _iterate(
-        self, start: bytes | None, keys_only: bool, reverse: bool = False
-    ) -> Iterator[Any]:
-        try:
-            if self.backend == "lmdb":
-                cursor = self.handle.txn().cursor()
-                if reverse:
-                    found = cursor.last()
-                elif start is None:
-                    found = cursor.first()
-                else:
-                    found = cursor.set_range(start)
-                if not found:
-                    return
-                step = cursor.iterprev if reverse else cursor.iternext
-                yield from step(keys=True, values=not keys_only)
-            else:
-                # Checksums verified: without, a damaged block whose bytes still decode
-                # (no compression, or damage snappy misses) is read as if it were data.
-                # plyvel's iterator then just stops at the damage (it does not check the
-                # iterator's status): an end before the database's own end is that.
-                last: bytes | None = None
-                with self.handle.db().iterator(
-                    start=start,
-                    include_value=not keys_only,
-                    reverse=reverse,
-                    verify_checksums=True,
-                ) as records:
-                    for record in records:
-                        last = record if keys_only else record[0]
-                        yield record
-                self._check_leveldb_end(start, last, reverse)
-        except self._errors() as exc:
-            raise self._failed(exc) from exc
-
-    def _check_leveldb_end(self, start: bytes | None, last: bytes | None, reverse: bool) -> None:
-        """Raise if a checksummed LevelDB iteration ended before the database's end."""
-        db = self.handle.db()
-        # The key a complete iteration ends at: forward, the last key (if at or past
-        # `start`); in reverse, the first key at or past `start`.
-        with db.iterator(
-            start=start if reverse else None, include_value=False, reverse=not reverse
-        ) as ends:
-            end = next(ends, None)
-        if end is not None and not reverse and start is not None and end < start:
-            end = None
-        if end is None or last == end:
-            return
-        # The key after the last one read, found without checksums, read with them.
-        with db.iterator(
-            start=None if reverse else last,
-            stop=last if reverse else None,
-            include_value=False,
-            include_start=last is None,
-            reverse=reverse,
-        ) as rest:
-            following = next(rest, None)
-        if following is not None:
-            db.get(following, verify_checksums=True)  # raises CorruptionError, as expected
-        from mnist2db.formats.datum import key_text
-
-        where = "its first record" if last is None else f"key {key_text(last)}"
-        raise BackendError(
-            f"{self.path}: leveldb read stopped at {where}, before its last record "
-            "(a damaged table file?)"
-        )
-
-    def iter_keys(self) -> Iterator[bytes]:
-        """The keys in order, without reading the values."""
-        return self._iterate(None, keys_only=True)
+        with self._using() as handle:
+            return handle.count()
 
     def get(self, key: bytes) -> bytes | None:
         """The value stored under ``key``, or None."""
-        try:
-            if self.backend == "lmdb":
-                value = self.handle.txn().get(key)
-            else:
-                value = self.handle.db().get(key, verify_checksums=True)
-        except self._errors() as exc:
-            raise self._failed(exc) from exc
-        return None if value is None else bytes(value)
+        with self._using() as handle:
+            return handle.get(key)
+
+    def iter_keys(self) -> Iterator[bytes]:
+        """The keys in order, without reading the values."""
+        return iterate(self._pinned, None, keys_only=True)
 
     def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
-        return self._iterate(None, keys_only=False)
+        return iterate(self._pinned, None, keys_only=False)
 
     def iter_from(self, start: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Iterate ``(key, value)`` in key order from the first key at or after ``start``."""
-        return self._iterate(start, keys_only=False)
+        return iterate(self._pinned, start, keys_only=False)
 
     def last_key(self) -> bytes | None:
         """The greatest key, or None for an empty database."""
-        for key in self._iterate(None, keys_only=True, reverse=True):
+        for key in iterate(self._pinned, None, keys_only=True, reverse=True):
             return bytes(key)
         return None
 
     def first_key(self) -> bytes | None:
         """The smallest key, or None for an empty database."""
-        for key in self._iterate(None, keys_only=True):
+        for key in iterate(self._pinned, None, keys_only=True):
             return bytes(key)
         return None
 
+    # -- the directory's other files -----------------------------------------------------------
+
+    def read_file(self, name: str, limit: int) -> bytes | None:
+        """The bytes of the file ``name`` in this database's directory (the directory this
+        reader opened, whatever its path names now), or None if there is none.
+
+        Raises:
+            Mnist2dbError: it is not a regular file, is larger than ``limit`` bytes, or
+                cannot be read (one line naming it).
+        """
+        with self._using() as handle:
+            return _read_regular_file(handle.dir_fd, name, os.path.join(self.path, name), limit)
+
+    def check_current(self) -> None:
+        """Check that ``path`` still names the directory this reader reads.
+
+        Raises:
+            BackendError: the database was replaced (or removed) since it was opened.
+        """
+        try:
+            status = os.stat(self.path)
+        except OSError:
+            raise _replaced(self.path) from None
+        if (status.st_dev, status.st_ino) != self.identity:
+            raise _replaced(self.path)
+
+    # -- closing ---------------------------------------------------------------------------
+
     def close(self) -> None:
         """Release this reader's share of the handle (closed when the last share goes)."""
-        handle, self._handle = self._handle, None
+        with _HANDLES_LOCK:
+            handle, self._handle = self._handle, None
         if handle is not None:
-            _release(handle)
+            _unpin(handle)
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
@@ -377,7 +359,23 @@ class DbReader:
         self.close()
 
 
-def open_reader(path: str | os.PathLike[str], backend: str | None = None) -> DbReader:
+def iterate(
+    pinned: Callable[[], ReadHandle],
+    start: bytes | None,
+    *,
+    keys_only: bool,
+    reverse: bool = False,
+) -> Iterator[Any]:
+    """Records in key order (``(key, value)``, or keys) through the handle ``pinned()``
+    returns with a pin, held until the iteration ends or is dropped."""
+    handle = pinned()
+    try:
+        yield from handle.iterate(start, keys_only, reverse)
+    finally:
+        _unpin(handle)
+
+
+def open_reader(path: str | os.PathLike[str] | bytes, backend: str | None = None) -> DbReader:
     """Open a finished LMDB or LevelDB database for reading (backend detected when None).
 
     Raises:
@@ -387,24 +385,35 @@ def open_reader(path: str | os.PathLike[str], backend: str | None = None) -> DbR
 
 
 def iter_db(
-    path: str | os.PathLike[str], backend: str | None = None
+    path: str | os.PathLike[str] | bytes, backend: str | None = None
 ) -> Iterator[tuple[bytes, Any]]:
     """Iterate a finished database as ``(key, caffe.Datum)`` in key order, for either backend.
 
+    Each Datum is checked as every reader checks it (:func:`mnist2db.datum.check_datum`):
+    shape, data length, and an encoded image's header.
+
     Raises:
         BackendError: the path is not a database of either backend.
-        DatumError: a value is not a Datum (the database and the key named).
+        DatumError: a value is not a usable Datum (the database and the key named).
     """
     from mnist2db.errors import DatumError
-    from mnist2db.formats.datum import decode_datum, key_text
+    from mnist2db.formats.datum import check_datum, decode_datum, key_text
 
     with open_reader(path, backend) as reader:
         for key, value in reader:
+            where = f"{reader.path}: key {key_text(bytes(key))}"
             try:
                 datum = decode_datum(value)
+                check_datum(datum, where)
             except DatumError as exc:
-                raise DatumError(f"{os.fspath(path)}: key {key_text(key)}: {exc}") from None
+                raise DatumError(_prefixed(where, exc)) from None
             yield bytes(key), datum
+
+
+def _prefixed(where: str, exc: Exception) -> str:
+    """``exc``'s message naming ``where`` once."""
+    text = str(exc)
+    return text if text.startswith(where) else f"{where}: {text}"
 
 
 def probe_database(backend: str, path: str) -> str | None:
@@ -419,12 +428,19 @@ def probe_database(backend: str, path: str) -> str | None:
             reader.first_key()
     except BackendError as exc:
         cause = exc.__cause__
-        return backend_message(cause) if cause is not None else str(exc)
+        if cause is None:
+            return str(exc)
+        import re
+
+        # Opened through the directory's descriptor: named by the path, as the user gave it.
+        return re.sub(r"/proc/self/fd/[0-9]+", lambda _: path, backend_message(cause))
     return None
 
 
 @contextlib.contextmanager
-def shared_reader(path: str | os.PathLike[str], backend: str | None = None) -> Iterator[DbReader]:
+def shared_reader(
+    path: str | os.PathLike[str] | bytes, backend: str | None = None
+) -> Iterator[DbReader]:
     """A reader of the database at ``path``, closed on exit (what info, verify and export read through)."""
     with DbReader(path, backend) as reader:
         yield reader
