@@ -18,6 +18,10 @@ from mnist2db.cli.options import (
 )
 
 MIRROR_ENVVAR = "MNIST2DB_MIRROR"
+# The transport's defaults, repeated here: importing it at start-up would load urllib and ssl
+# (tests/test_fetch.py checks they agree).
+DEFAULT_SPEED_LIMIT = 1000
+DEFAULT_SPEED_TIME = 30.0
 
 
 def _fetched_line(item: Any) -> str:
@@ -63,7 +67,25 @@ def _fetched_line(item: Any) -> str:
     type=click.IntRange(min=0),
     default=3,
     show_default=True,
-    help="Retries per mirror after a transient failure (cut, timeout, HTTP 5xx).",
+    help="Retries per mirror after a failure that brought no new bytes (cut, timeout, "
+    "HTTP 5xx, a restart from zero).",
+)
+@click.option(
+    "--speed-limit",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_SPEED_LIMIT,
+    show_default=True,
+    metavar="BYTES",
+    help="Low-speed limit, as curl's: a mirror slower than this many bytes/s for "
+    "--speed-time seconds is abandoned for the next one (0: no limit).",
+)
+@click.option(
+    "--speed-time",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_SPEED_TIME,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long a mirror may stay under --speed-limit.",
 )
 @quiet_option
 def fetch(
@@ -75,6 +97,8 @@ def fetch(
     archive_dir: str | None,
     timeout: float,
     retries: int,
+    speed_limit: float,
+    speed_time: float,
     quiet: bool,
 ) -> None:
     """Download a dataset's IDX files, verify them, and unpack them.
@@ -85,6 +109,8 @@ def fetch(
     failures retried, partial downloads resumed. HTTPS certificates are always verified;
     proxies come from the environment (https_proxy, no_proxy). EMNIST's splits come from
     one archive, downloaded once and kept (--archive-dir); QMNIST's NIST part is .xz.
+    A mirror's bytes, time and requests are bounded (docs/fetching.md): a broken or
+    hostile first mirror gives way to the next.
 
     Example: mnist2db fetch --dataset fashion-mnist --mirror http://cache.internal/fashion-mnist/
     """
@@ -111,6 +137,8 @@ def fetch(
                 archive_dir=archive_dir,
                 timeout=timeout,
                 retries=retries,
+                speed_limit=speed_limit,
+                speed_time=speed_time,
                 progress=bar,
                 on_file=done,
             )

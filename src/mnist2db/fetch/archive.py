@@ -48,7 +48,9 @@ def archive_path(archive: Archive, data_dir: str, home: str | None = None) -> st
 
 
 def _as_resource(archive: Archive) -> Resource:
-    return Resource(archive.name, unpacked=archive.digests, size=archive.size, packing="zip")
+    return Resource(
+        archive.name, unpacked=archive.digests, size=archive.size, packing="zip", idx=False
+    )
 
 
 def fetch_from_archive(

@@ -55,11 +55,14 @@ class Resource:
         gz: digests of the published packed file (the ``.gz``, or the ``.xz``),
             e.g. ``{"sha256": "..."}``.
         unpacked: digests of the unpacked file.
-        size: published size of the packed file in bytes (a progress hint only: mirrors
-            re-compress).
+        size: published size of the packed file in bytes: a progress hint, and the bound on
+            what a mirror may send where only packed digests are published (elsewhere
+            mirrors may re-compress).
         source: its name on a mirror (or inside the dataset's archive); default
             ``name`` plus the packing's suffix.
         packing: ``"gzip"``, ``"xz"`` or ``"none"`` (served as is).
+        idx: an IDX file (its header declares its size, which bounds what is unpacked);
+            False for a text file (EMNIST's class mappings).
     """
 
     name: str
@@ -68,6 +71,7 @@ class Resource:
     size: int | None = None
     source: str = ""
     packing: str = "gzip"
+    idx: bool = True
 
     @property
     def remote(self) -> str:
@@ -286,7 +290,9 @@ def _emnist(split: str) -> Dataset:
     # No digest is published per member: the archive's digest vouches for them, and the
     # manifest records what was extracted. Stored under MNIST's names, so create works.
     resources = tuple(Resource(name, source=member + remote) for name, remote in files)
-    mapping = Resource(f"emnist-{split}-mapping.txt", source=f"{member}mapping.txt", packing="none")
+    mapping = Resource(
+        f"emnist-{split}-mapping.txt", source=f"{member}mapping.txt", packing="none", idx=False
+    )
     return Dataset(
         f"emnist-{split}",
         EMNIST_MIRRORS,

@@ -39,8 +39,10 @@ from mnist2db.fetch.manifest import (
     verified_present,
     write_manifest,
 )
-from mnist2db.fetch.sink import DownloadSink, Rejected, SourceFailed
+from mnist2db.fetch.sink import DownloadSink, Rejected, SourceFailed, clean
 from mnist2db.fetch.transport import (
+    DEFAULT_SPEED_LIMIT,
+    DEFAULT_SPEED_TIME,
     FetchProgress,
     Options,
     check_mirror,
@@ -48,9 +50,11 @@ from mnist2db.fetch.transport import (
     is_url,
     local_dir,
     read_local,
+    shown_url,
     source_for,
 )
 from mnist2db.progress import named_reporting
+from mnist2db.storage.files import make_parents, remove_made
 
 __all__ = [
     "DATASETS",
@@ -104,6 +108,8 @@ def fetch(
     timeout: float = DEFAULT_TIMEOUT,
     retries: int = DEFAULT_RETRIES,
     backoff: float | None = None,
+    speed_limit: float = DEFAULT_SPEED_LIMIT,
+    speed_time: float = DEFAULT_SPEED_TIME,
     progress: FetchProgress | None = None,
     on_file: Callable[[FetchedFile], None] | None = None,
 ) -> list[FetchedFile]:
@@ -126,9 +132,13 @@ def fetch(
             the verified archive is kept; default ``emnist`` beside ``data_dir``
             (``data/emnist``), so every split shares it.
         timeout: seconds to wait for a connection or for data before counting a failure.
-        retries: retries of a transient failure (cut, timeout, 5xx) per mirror.
+        retries: retries of a transient failure (cut, timeout, 5xx) per mirror; a restart
+            from zero (a server ignoring ``Range``) is one.
         backoff: seconds before the first retry, doubled for each further one; default
             :data:`DEFAULT_BACKOFF`.
+        speed_limit, speed_time: the low-speed limit, as curl's ``--speed-limit`` and
+            ``--speed-time``: a mirror slower than ``speed_limit`` bytes/s for
+            ``speed_time`` seconds is abandoned for the next one (0: no limit).
         progress: called as ``progress(name, bytes_done, bytes_total)`` while downloading.
         on_file: called with each :class:`FetchedFile` as soon as that file is done (for
             an archive dataset, first with the archive: present, or downloaded).
@@ -139,37 +149,55 @@ def fetch(
     Raises:
         ChecksumError: every source delivered bytes matching no published digest.
         DownloadError: no source delivered a verified file (the line lists each with its
-            reason), or the destination cannot be written.
+            reason), or the destination cannot be written. The directories this call
+            created are removed again when they are left empty.
     """
     spec = get_dataset(dataset)
     directory = os.fspath(data_dir) if data_dir is not None else default_data_dir(spec)
     sources = [*mirrors, *spec.mirrors]
     for mirror in sources:
         check_mirror(mirror)
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as exc:
-        raise DownloadError(f"{directory}: cannot create the directory: {exc.strerror}") from None
     if backoff is None:
         backoff = DEFAULT_BACKOFF
     opts = Options(
-        timeout=timeout, retries=retries, backoff=backoff, progress=named_reporting(progress)
+        timeout=timeout,
+        retries=retries,
+        backoff=backoff,
+        progress=named_reporting(progress),
+        speed_limit=speed_limit,
+        speed_time=speed_time,
     )
-    manifest = read_manifest(directory, spec.name)
-    if spec.archive is not None:
-        from mnist2db.fetch.archive import fetch_from_archive
+    made = create_directory(directory)
+    try:
+        manifest = read_manifest(directory, spec.name)
+        if spec.archive is not None:
+            from mnist2db.fetch.archive import fetch_from_archive
 
-        home = os.fspath(archive_dir) if archive_dir is not None else None
-        return fetch_from_archive(
-            spec, directory, home, sources, opts, manifest, force=force, on_file=on_file
-        )
-    results = []
-    for resource in spec.resources:
-        result = _fetch_one(resource, directory, spec.name, sources, opts, manifest, force, keep_gz)
-        if on_file is not None:
-            on_file(result)
-        results.append(result)
-    return results
+            home = os.fspath(archive_dir) if archive_dir is not None else None
+            return fetch_from_archive(
+                spec, directory, home, sources, opts, manifest, force=force, on_file=on_file
+            )
+        results = []
+        for resource in spec.resources:
+            result = _fetch_one(
+                resource, directory, spec.name, sources, opts, manifest, force, keep_gz
+            )
+            if on_file is not None:
+                on_file(result)
+            results.append(result)
+        return results
+    except BaseException:
+        remove_made(made)  # only those left empty: what was verified and placed stays
+        raise
+
+
+def create_directory(directory: str) -> list[str]:
+    """Create ``directory`` and its missing parents; returns those created (for
+    :func:`~mnist2db.storage.files.remove_made`). Raises DownloadError naming it."""
+    try:
+        return make_parents(directory)
+    except OSError as exc:
+        raise DownloadError(f"{directory}: cannot create the directory: {exc.strerror}") from None
 
 
 def present(
@@ -278,7 +306,8 @@ def fetch_failure(name: str, failures: list[tuple[str, SourceFailed]]) -> Downlo
     """One line listing every source with its reason; a ChecksumError if all were rejected."""
     if not failures:
         return DownloadError(f"{name}: no mirror to fetch it from")
-    reasons = "; ".join(f"{where} ({exc})" for where, exc in failures)
+    # Reasons quote what servers said: cleaned of control characters (and credentials).
+    reasons = "; ".join(f"{shown_url(where)} ({clean(exc, 4000)})" for where, exc in failures)
     if all(isinstance(exc, Rejected) for _, exc in failures):
         return ChecksumError(f"{name}: rejected from every source: {reasons}")
     return DownloadError(f"{name}: no mirror delivered a verified file: {reasons}")
