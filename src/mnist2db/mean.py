@@ -69,7 +69,9 @@ class MeanResult(_MeanResultFields):
         values = []
         for c in range(channels):
             total = np.cumsum(flat[c], dtype=np.float32)[-1] if flat.shape[1] else 0
-            values.append(float(np.float32(total) / np.float32(flat.shape[1])))
+            # Images of no pixels: 0 / 0, NaN, as Caffe's float division gives (no warning).
+            with np.errstate(invalid="ignore"):
+                values.append(float(np.float32(total) / np.float32(flat.shape[1])))
         return values
 
 
