@@ -8,19 +8,18 @@ import os
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+import numpy as np
 
 from mnist2db.dataset import DatumDataset, open_db
 from mnist2db.errors import DatumError, IdxFormatError, RecordIndexError
+from mnist2db.formats.datum import datum_to_array, decode_datum, key_text
 from mnist2db.formats.idx import check_pair
 from mnist2db.formats.idx_reader import open_idx
-from mnist2db.recipe import check_label_column, check_range
+from mnist2db.formats.png import decode_image
+from mnist2db.records import check_label_column, check_range
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
-
-if TYPE_CHECKING:
-    import numpy as np
-
-__all__ = ["Record", "SizeCheck", "declared_shape", "find_labels", "select_records"]
+from mnist2db.storage.readers import shared_reader
 
 
 @dataclass(frozen=True)
@@ -171,10 +170,6 @@ def _db_records(
 ) -> Iterator[Record]:
     """Records ``start`` to ``stop`` of ``db`` in key order, each checked by ``check_size``
     on its declared size before its pixels are decoded (an encoded image) or copied."""
-    from mnist2db.formats.datum import datum_to_array, decode_datum, key_text
-    from mnist2db.formats.png import decode_image
-    from mnist2db.storage.readers import shared_reader
-
     with db, shared_reader(db.path, db.backend) as reader:
         if start >= stop:
             return
@@ -271,7 +266,7 @@ def _varint(view: memoryview, position: int) -> tuple[int, int]:
 
 
 def _check_start(path: str, total: int, offset: int, count: int, unit: str) -> None:
-    """The range check ``convert`` makes (:func:`mnist2db.recipe.check_range`), where the
+    """The range check ``convert`` makes (:func:`mnist2db.records.check_range`), where the
     range may stop early; raised as RecordIndexError (an IndexError too)."""
     try:
         check_range(path, total, offset, count, clip=True, unit=unit)
