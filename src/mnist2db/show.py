@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mnist2db.dataset import DatumDataset, open_db
-from mnist2db.errors import DatumError, IdxFormatError, RecordIndexError
+from mnist2db.errors import ArgumentError, DatumError, IdxFormatError, RecordIndexError
 from mnist2db.formats.datum import datum_to_array, decode_datum, key_text
 from mnist2db.formats.idx import check_pair
 from mnist2db.formats.idx_reader import open_idx
@@ -95,7 +95,7 @@ def select_records(
         RecordIndexError: ``offset`` is past the end.
     """
     if offset < 0 or count < 0:
-        raise ValueError("offset and count must not be negative")
+        raise ArgumentError("offset and count must not be negative")
     path = os.fspath(source)
     if os.path.isdir(path):
         db = open_db(path)
