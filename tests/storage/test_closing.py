@@ -256,3 +256,23 @@ def test_a_fifo_among_a_databases_files_is_named_never_waited_on(
     assert found[1].startswith(f"{db / name}: not a regular file (a FIFO)")
     result = CliRunner().invoke(cli, ["info", str(db)])
     assert result.exit_code == 1 and result.stderr == f"Error: {found[0]}\n"
+
+
+def test_keys_and_paths_with_control_characters_stay_on_one_inert_line(tmp_path: Path) -> None:
+    """A key is any bytes: b'\\x1b[2J' printed raw clears the terminal, b'\\n' breaks the
+    one-line rule. Keys and paths are shown with such bytes escaped."""
+    from helpers import write_raw_db
+
+    from mnist2db.formats.datum import encode_datum
+    from mnist2db.info import db_info
+
+    good = encode_datum(bytes(4), 1, 2, 2, 1)
+    db = write_raw_db(tmp_path / "db", "lmdb", {b"\x1b[2J": good, b"a\nb": b"\xff"})
+    info = db_info(db)
+    assert (info.problem or "").startswith("key a\\x0ab: value of 1 bytes is not a Datum")
+    result = CliRunner().invoke(cli, ["info", str(db)])
+    assert "\x1b" not in result.output and "keys        \\x1b[2J … a\\x0ab" in result.output
+    odd = tmp_path / "x\ny\x1b[31m"
+    result = CliRunner().invoke(cli, ["info", str(odd)])
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {tmp_path}/x\\x0ay\\x1b[31m: no such file\n"
