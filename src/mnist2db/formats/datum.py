@@ -379,13 +379,17 @@ def datum_shape(datum: Any, where: str = "") -> tuple[int, int, int]:
             f"{prefix}Datum {' × '.join(map(str, shape))} (channels × height × width) has {what}"
         )
     expected = 1
-    for side in shape:  # Caffe's Blob::Reshape check, in its order
-        if expected and side > _INT_MAX // expected:
+    sides = 1
+    for side in shape:
+        # Caffe's Blob::Reshape check, in its order; and, for a shape of no pixels, its
+        # other sides alone within it too (Caffe skips them: numpy cannot hold them).
+        if (expected and side > _INT_MAX // expected) or (side and side * sides > _INT_MAX):
             raise DatumError(
                 f"{prefix}Datum {' × '.join(map(str, shape))} (channels × height × width) "
                 "exceeds Caffe's blob size limit of 2^31-1 values"
             )
         expected *= side
+        sides *= side or 1
     if len(datum.data) or datum.HasField("data"):
         if len(datum.data) != expected:
             raise DatumError(
