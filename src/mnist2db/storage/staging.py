@@ -303,6 +303,7 @@ def check_parent(out: str, *, makes_parents: bool) -> None:
         OutputExistsError: a parent of ``out`` is not a directory.
     """
     parent = os.path.dirname(out.rstrip(os.sep) or out)
+    _check_name_lengths(out, parent)
     if not parent or os.path.isdir(parent):
         return
     parts = parent.split(os.sep)
@@ -321,6 +322,28 @@ def check_parent(out: str, *, makes_parents: bool) -> None:
             f"{out}: no directory {parent} to write it in ({missing} does not exist, and "
             "'..' after it would leave it again: create it first, or name the path without '..')"
         )
+
+
+def _check_name_lengths(out: str, parent: str) -> None:
+    """A name longer than the file system takes fails only when it is created, the work
+    done (a database is moved to its name last): refuse it first."""
+    directory = parent or os.curdir
+    while not os.path.isdir(directory):
+        up = os.path.dirname(directory) or os.curdir
+        if up == directory:
+            break
+        directory = up
+    try:
+        limit = os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    for name in (out.rstrip(os.sep) or out).split(os.sep):
+        size = len(os.fsencode(name))
+        if size > limit:
+            raise OutputError(
+                f"{out}: the name {name[:16]}… is {size} bytes long; the file system takes "
+                f"names of at most {limit} bytes"
+            )
 
 
 def _check_destination(
