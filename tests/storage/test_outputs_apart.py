@@ -1,5 +1,5 @@
 """An output never lands on an input of the same run (issue 17, item 2), and a target that
-cannot be written is refused before any work (item 13): one rule, staging.check_apart,
+cannot be written is refused before any work (item 13): one rule, targets.check_apart,
 used by every writer (mean, compute_image_mean, show --png, export, convert, siamese)."""
 
 from __future__ import annotations
