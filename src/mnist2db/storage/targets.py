@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from mnist2db.errors import (
     ArgumentError,
     Mnist2dbError,
+    OutputError,
     OutputExistsError,
 )
 from mnist2db.storage.backends import BACKENDS, is_database_file
@@ -202,6 +203,28 @@ def check_apart(
             )
 
 
+def _check_name_lengths(out: str, parent: str) -> None:
+    """A name longer than the file system takes fails only when it is created, the work
+    done (a database is moved to its name last): refuse it first."""
+    directory = parent or os.curdir
+    while not os.path.isdir(directory):
+        up = os.path.dirname(directory) or os.curdir
+        if up == directory:
+            break
+        directory = up
+    try:
+        limit = os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    for name in (out.rstrip(os.sep) or out).split(os.sep):
+        size = len(os.fsencode(name))
+        if size > limit:
+            raise OutputError(
+                f"{out}: the name {name[:16]}… is {size} bytes long; the file system takes "
+                f"names of at most {limit} bytes"
+            )
+
+
 def check_parent(out: str, *, makes_parents: bool) -> None:
     """Refuse, before any work, an output whose directory will not be there at the end.
 
@@ -215,6 +238,7 @@ def check_parent(out: str, *, makes_parents: bool) -> None:
         OutputExistsError: a parent of ``out`` is not a directory.
     """
     parent = os.path.dirname(out.rstrip(os.sep) or out)
+    _check_name_lengths(out, parent)
     if not parent or os.path.isdir(parent):
         return
     parts = parent.split(os.sep)
