@@ -26,15 +26,6 @@ from mnist2db.storage.backends import BACKENDS, DEFAULT_BACKEND, DEFAULT_BATCH_S
 if TYPE_CHECKING:
     from mnist2db.caffe_tools.glog import Logger
 
-__all__ = [
-    "FlagError",
-    "compute_image_mean",
-    "convert_mnist_siamese_data",
-    "main",
-    "parse_flags",
-    "run",
-]
-
 PROG = "convert_mnist_data"
 
 USAGE = """\
