@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from mnist2db.errors import Mnist2dbError
+from mnist2db.errors import DatumError, Mnist2dbError
 from mnist2db.formats.datum import key_text
 from mnist2db.formats.png import decoded_datum
 from mnist2db.formats.protowire import encode_varint
@@ -75,6 +75,9 @@ def _pixels(key: bytes, datum: Any, path: str) -> tuple[tuple[int, int, int], An
     datum = decoded_datum(datum, f"{path}: key {name}")
     shape = (int(datum.channels), int(datum.height), int(datum.width))
     size = shape[0] * shape[1] * shape[2]
+    if size == 0:  # checked by the reader as Caffe takes it; a mean needs pixels (and no
+        # per-channel sums of a record of 2^31-1 channels and no pixels)
+        raise DatumError(f"{path}: key {name}: Datum {shape} has no pixels to average")
     if len(datum.data):
         values = np.frombuffer(datum.data, dtype=np.uint8)
     else:
