@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -109,3 +110,37 @@ def test_dali_reads_a_shuffled_and_transposed_png_database_in_key_order(
         np.array([label for _, label in stored]),
         decode_png=True,
     )
+
+
+def test_the_two_pipelines_of_docs_performance_run_as_written(
+    tmp_path: Path, mnist_pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Python block of docs/performance.md (not run by tests/test_readme.py: it needs
+    DALI), run here as written, over a raw and a PNG database at the path it names."""
+    import re
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "performance.md").read_text()
+    block = re.search(r"```python\n(from nvidia\.dali.*?)```", page, re.S)
+    assert block is not None
+    images_path, labels_path, images, labels = mnist_pair(300)
+    sources = {image.tobytes(): int(label) for image, label in zip(images, labels, strict=True)}
+    for encoded in ("png", None):
+        mnist2db.convert(
+            images_path, labels_path, tmp_path / (encoded or "raw") / "examples/mnist/mnist_train_lmdb",
+            encoded=encoded,
+        )  # fmt: skip
+    # The block as written runs the PNG pipeline over a PNG database ...
+    monkeypatch.chdir(tmp_path / "png")
+    namespace: dict[str, Any] = {}
+    exec(compile(block.group(1), "docs/performance.md", "exec"), namespace)
+    outputs = [(namespace["images"], namespace["labels"])]
+    # ... and defines the raw one, run here over a raw database.
+    monkeypatch.chdir(tmp_path / "raw")
+    pipe = namespace["raw_pipeline"]("examples/mnist/mnist_train_lmdb")
+    pipe.build()
+    outputs.append(pipe.run())
+    for found, found_labels in outputs:
+        batch = found.as_array()
+        assert batch.shape == (256, 28, 28, 1) and batch.dtype == np.uint8
+        for image, label in zip(batch, found_labels.as_array(), strict=True):
+            assert sources[image[:, :, 0].tobytes()] == int(label[0])
