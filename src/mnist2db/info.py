@@ -32,7 +32,7 @@ from mnist2db.storage.metadata import (
     pairs_of,
     recipe_of,
 )
-from mnist2db.storage.readers import shared_reader
+from mnist2db.storage.readers import DbReader, shared_reader
 
 
 @dataclass
@@ -207,6 +207,9 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
             if count % _BATCH == 0:
                 progress(count, total)
         info.last_key = bytes(key) if count else None
+        # Through the reader: the options of the records just read, not of a database
+        # that replaced them meanwhile.
+        info.recipe = describe_db(reader)
     info.count = count
     # Measured after closing: opening a LevelDB database may rewrite its log into a table.
     info.disk_size = sum(
@@ -215,12 +218,11 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
         if os.path.isfile(os.path.join(path, name))
     )
     info.label_counts = dict(sorted(counts.items()))
-    info.recipe = describe_db(path)
     progress(count, total)
     return info
 
 
-def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
+def describe_db(db: DbReader | str | os.PathLike[str]) -> list[tuple[str, str]]:
     """``info``'s lines on what a database holds of its source: ``(name, value)`` pairs.
 
     Raises:
@@ -232,7 +234,7 @@ def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
         # its orientation, order and range are not known, so none is claimed.
         return [("options", f"not recorded (no {METADATA_NAME})")]
     source = loaded[1]["source"]
-    items = int(source["items"])
+    items = source["items"]
     names = f"{printable(source['images'])} + {printable(source['labels'])}"
     lines = [("source", f"{names} ({items} items)")]
     pairs = pairs_of(loaded[1])

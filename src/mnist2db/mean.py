@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from mnist2db.errors import DatumError, Mnist2dbError
+from mnist2db.errors import DatumError, Mnist2dbError, OutputError
 from mnist2db.formats.datum import key_text
 from mnist2db.formats.png import decoded_datum
 from mnist2db.formats.protowire import encode_varint
@@ -248,5 +248,5 @@ def write_mean(
             target.stream.write(payload)
             target.commit()
     except OSError as exc:
-        raise Mnist2dbError(f"{out}: cannot write: {exc.strerror or exc}") from None
+        raise OutputError(f"{out}: cannot write: {exc.strerror or exc}") from None
     return len(payload)
