@@ -399,3 +399,24 @@ def test_every_test_the_guarantees_name_exists() -> None:
             assert name in defined, name
     for path in re.findall(r"`(tests/[\w/]+\.py)`", page):
         assert (ROOT / path).is_file(), path
+
+
+def test_make_mnist_installs_only_what_it_runs(tmp_path: Path) -> None:
+    """``make mnist`` sets up the package alone; the test tools come with ``make test``."""
+
+    def planned(target: str) -> str:
+        done = subprocess.run(
+            ["make", "-n", f"VENV={tmp_path / 'venv'}", target],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    mnist = planned("mnist")
+    assert "pip install --quiet --disable-pip-version-check -e .\n" in mnist
+    assert "[test]" not in mnist
+    assert "mnist2db fetch --dataset mnist" in mnist
+    assert "-e '.[test]'" in planned("test")
