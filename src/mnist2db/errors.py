@@ -12,6 +12,7 @@ __all__ = [
     "DatumError",
     "DownloadError",
     "IdxFormatError",
+    "ImageError",
     "MissingKeyError",
     "Mnist2dbError",
     "OutputExistsError",
@@ -60,6 +61,11 @@ class DownloadError(Mnist2dbError):
 
 class ChecksumError(DownloadError):
     """A downloaded file matches none of the published digests."""
+
+
+class ImageError(Mnist2dbError):
+    """An image file cannot be read or written as Caffe's OpenCV would, or a list of images
+    is malformed (the file and the line are named)."""
 
 
 class DatumError(Mnist2dbError):
