@@ -12,8 +12,8 @@ import resource
 import sys
 import time
 
-import mnist2db.cli as cli
-import mnist2db.staging as conv
+import mnist2db.cli.app as cli
+import mnist2db.storage.staging as conv
 
 cfg = json.loads(sys.argv[1])
 
@@ -62,7 +62,7 @@ elif stage:
 if cfg.get("fsize"):
     resource.setrlimit(resource.RLIMIT_FSIZE, (cfg["fsize"], cfg["fsize"]))
 if cfg.get("tool") == "convert_mnist_data":
-    import mnist2db.compat as compat
+    import mnist2db.caffe_tools.drop_ins as compat
 
     sys.argv = ["convert_mnist_data", *cfg["argv"]]
     compat.main()

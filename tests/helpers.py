@@ -70,7 +70,7 @@ FASHION_DIGESTS = {
 
 def record_digest(path: Path) -> tuple[int, str]:
     """Count and sha256 over, in key order, 4-byte big-endian len(key), key, len(value), value."""
-    from mnist2db.readers import open_reader
+    from mnist2db.storage.readers import open_reader
 
     digest = hashlib.sha256()
     count = 0
@@ -157,3 +157,17 @@ def mounted_tmpfs(mount: Path, size: str) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(proc.stdout)

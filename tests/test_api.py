@@ -66,7 +66,7 @@ def test_import_is_light() -> None:
 
 def test_convert_is_the_function_whatever_was_imported_first() -> None:
     code = (
-        "import mnist2db.conversion, mnist2db.cli, mnist2db\n"
+        "import mnist2db.conversion, mnist2db.cli.app, mnist2db\n"
         "from mnist2db import convert\n"
         "print(callable(convert), callable(mnist2db.convert), type(convert).__name__)"
     )

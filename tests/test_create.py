@@ -13,12 +13,12 @@ import pytest
 from click.testing import CliRunner
 from helpers import FASHION_DIGESTS, FASHION_DIR, record_digest, write_idx
 
-from mnist2db.backends import detect_backend
-from mnist2db.cli import cli
+from mnist2db.cli.app import cli
 from mnist2db.create import create_databases
-from mnist2db.datum import datum_to_array, decode_datum
 from mnist2db.errors import IdxFormatError, OutputExistsError
-from mnist2db.readers import open_reader
+from mnist2db.formats.datum import datum_to_array, decode_datum
+from mnist2db.storage.backends import detect_backend
+from mnist2db.storage.readers import open_reader
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from helpers import converted, rewrite_lmdb, write_idx, write_lmdb
 
 from mnist2db import array_to_datum, convert
-from mnist2db.cli import cli
+from mnist2db.cli.app import cli
 from mnist2db.export import default_prefix
 
 
@@ -187,12 +187,15 @@ def test_export_checks_both_targets_before_any_work(mnist_pair, tmp_path: Path, 
 def test_export_into_the_database_is_refused(mnist_pair, tmp_path: Path) -> None:
     db, *_ = converted(mnist_pair, tmp_path)
     before = sorted(p.name for p in db.iterdir())
-    for out in (db, db / "sub"):
+    expected = {
+        db: f"{db}: is the input {db}; refusing to write into it (write it somewhere else)",
+        db / "sub": f"{db / 'sub'}: is inside the input {db}; refusing to write there "
+        "(write it somewhere else)",
+    }
+    for out, message in expected.items():
         result = run("export", db, out, "--prefix", "x")
         assert result.exit_code == 1
-        assert result.stderr == (
-            f"Error: {out}: is inside the database {db}; write the files elsewhere\n"
-        )
+        assert result.stderr == f"Error: {message}\n"
     assert sorted(p.name for p in db.iterdir()) == before
 
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from helpers import FASHION_DIGESTS, fashion_file, record_digest
 
 from mnist2db import convert
-from mnist2db.cli import cli
+from mnist2db.cli.app import cli
 
 REFERENCE = FASHION_DIGESTS
 
@@ -51,7 +51,7 @@ def test_convert_mnist_data_matches_caffe(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "from mnist2db.compat import main; main()",
+            "from mnist2db.caffe_tools.drop_ins import main; main()",
             str(images),
             str(labels),
             str(out),

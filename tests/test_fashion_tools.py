@@ -16,7 +16,7 @@ import pytest
 from helpers import fashion_file
 
 from mnist2db import convert
-from mnist2db.meanfile import blobproto_bytes, compute_mean
+from mnist2db.mean import blobproto_bytes, compute_mean
 
 CAFFE_MEAN_SHA256 = "d290079549b978c9d4887d0755acd62fe1f56e031dd401ce2833c4b181ce604a"
 CAFFE_MEAN_HEAD = bytes.fromhex("08 01 10 01 18 1c 20 1c 2a c0 18")
@@ -45,7 +45,7 @@ def test_compute_image_mean_drop_in_matches_caffe(fashion_train: Path, tmp_path:
         [
             sys.executable,
             "-c",
-            "from mnist2db.compat import mean_main; mean_main()",
+            "from mnist2db.caffe_tools.drop_ins import mean_main; mean_main()",
             f"--backend={backend}",
             str(fashion_train),
             str(out),

@@ -2,7 +2,7 @@
 odd destinations, readers during writes, decompression bombs, permissions.
 
 Processes that are killed or signalled run a small driver script (``fault_driver.py``) that replaces
-``mnist2db.staging._checkpoint`` (a no-op hook at the staging life cycle's fixed points) or
+``mnist2db.storage.staging._checkpoint`` (a no-op hook at the staging life cycle's fixed points) or
 the CLI's progress reporter with a function that writes a flag file and waits: the test
 then knows exactly where the child is when it strikes. Nothing else is patched.
 """
@@ -30,11 +30,11 @@ import pytest
 from click.testing import CliRunner
 from helpers import make_images, make_labels, mounted_tmpfs, write_idx
 
-from mnist2db.backends import detect_backend
-from mnist2db.cli import cli
+from mnist2db.cli.app import cli
 from mnist2db.conversion import STAGING_MARK, convert, remove_stale_staging
 from mnist2db.errors import BackendError, IdxFormatError
-from mnist2db.readers import iter_db, open_reader
+from mnist2db.storage.backends import detect_backend
+from mnist2db.storage.readers import iter_db, open_reader
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "mnist2db"
 
@@ -654,7 +654,7 @@ def test_no_shell_no_eval_in_the_package() -> None:
     banned_builtins = {"eval", "exec", "compile", "__import__"}
     banned_methods = {"system", "popen", "getoutput", "getstatusoutput", "spawnl", "spawnv"}
     found = []
-    for path in sorted(SRC.glob("*.py")):
+    for path in sorted(SRC.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call):
                 func = node.func

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import converted, idx_bytes, rewrite_lmdb, write_idx, write_lmdb
 
-from mnist2db.cli import cli
+from mnist2db.cli.app import cli
 
 
 def run(*args: object) -> click.testing.Result:
@@ -187,7 +187,7 @@ def test_info_verify_export_while_a_dataset_holds_the_database(
 
 
 def test_info_database_with_data_shorter_than_its_shape(tmp_path: Path) -> None:
-    from mnist2db.datum import encode_datum
+    from mnist2db.formats.datum import encode_datum
 
     db = write_lmdb(
         tmp_path / "short_lmdb",

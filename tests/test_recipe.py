@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mnist2db
-from mnist2db.datum import decode_datum
 from mnist2db.errors import IdxFormatError, Mnist2dbError, OutputExistsError
-from mnist2db.readers import open_reader
+from mnist2db.formats.datum import decode_datum
 from mnist2db.recipe import METADATA_NAME, permutation, read_metadata
+from mnist2db.storage.readers import open_reader
 
 Pair = Callable[..., tuple[Path, Path, np.ndarray, np.ndarray]]
 
@@ -370,7 +370,7 @@ def test_qmnist_labels_export_as_the_datum_labels_and_say_so(tmp_path: Path) -> 
 def run(*args: str) -> object:
     from click.testing import CliRunner
 
-    from mnist2db.cli import cli
+    from mnist2db.cli.app import cli
 
     return CliRunner().invoke(cli, list(args))
 
@@ -466,7 +466,7 @@ def test_backends_leave_the_metadata_file_alone_when_writing(
 def test_show_transpose_swaps_every_element_of_idx_and_database_records(
     tmp_path: Path, mnist_pair: Pair
 ) -> None:
-    from mnist2db.selection import select_records
+    from mnist2db.show import select_records
 
     images_path, labels_path, images, _ = mnist_pair(4, rows=3, cols=5)
     mnist2db.convert(images_path, labels_path, tmp_path / "db")
@@ -488,7 +488,7 @@ def test_xz_through_a_pipe_is_read_as_a_stream(tmp_path: Path, mnist_pair: Pair)
     images_path, labels_path, _, _ = mnist_pair(9, rows=4, cols=4)
     mnist2db.convert(images_path, labels_path, tmp_path / "plain")
     packed = lzma.compress(images_path.read_bytes())
-    code = "from mnist2db.cli import main; main()"
+    code = "from mnist2db.cli.app import main; main()"
     args = ["convert", "-q", "/dev/stdin", str(labels_path), str(tmp_path / "piped")]
     done = subprocess.run(
         [sys.executable, "-c", code, *args], input=packed, capture_output=True, check=False
@@ -518,7 +518,7 @@ def test_any_path_bytes_are_recorded_and_shown(tmp_path: Path) -> None:
     mnist2db.convert(os.fsdecode(odd), tmp_path / "labels", db, shuffle=True, seed=1)
     meta = read_metadata(db)
     assert meta is not None and os.fsencode(meta[1]["source"]["images"]) == odd
-    code = "from mnist2db.cli import main; main()"
+    code = "from mnist2db.cli.app import main; main()"
     done = subprocess.run(
         [sys.executable, "-c", code, "info", str(db)], capture_output=True, check=False
     )

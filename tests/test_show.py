@@ -12,7 +12,7 @@ from helpers import write_idx
 from PIL import Image
 
 from mnist2db import convert
-from mnist2db.cli import cli
+from mnist2db.cli.app import cli
 from mnist2db.render import SHADE_RAMP
 
 #: Three 4 × 5 images whose 0/1 view at threshold 10 is known by heart.

@@ -16,16 +16,20 @@ import pytest
 from click.testing import CliRunner
 from helpers import write_idx
 
-from mnist2db.backends import detect_backend, is_database_file
-from mnist2db.cli import cli
-from mnist2db.datum import decode_datum
+from mnist2db.cli.app import cli
 from mnist2db.errors import IdxFormatError, Mnist2dbError, OutputExistsError
-from mnist2db.readers import open_reader
+from mnist2db.formats.datum import decode_datum
 from mnist2db.recipe import METADATA_NAME
 from mnist2db.siamese import PAIRS_METHOD, convert_siamese
+from mnist2db.storage.backends import detect_backend, is_database_file
+from mnist2db.storage.readers import open_reader
 
 ROOT = Path(__file__).resolve().parent.parent
-SIAMESE_ENTRY = [sys.executable, "-c", "from mnist2db.compat import siamese_main; siamese_main()"]
+SIAMESE_ENTRY = [
+    sys.executable,
+    "-c",
+    "from mnist2db.caffe_tools.drop_ins import siamese_main; siamese_main()",
+]
 
 
 def records(path: Path) -> list[tuple[bytes, bytes]]:
@@ -166,12 +170,12 @@ def test_interrupt_leaves_nothing(mnist_pair, tmp_path: Path) -> None:
     ipath, lpath, *_ = mnist_pair(50, 4, 4)
     out = tmp_path / "out" / "pairs"
     code = (
-        "import os, signal, sys, mnist2db.staging as c\n"
+        "import os, signal, sys, mnist2db.storage.staging as c\n"
         "def stop(stage, staging):\n"
         "    if stage == 'staged':\n"
         "        os.kill(os.getpid(), signal.SIGINT)\n"
         "c._checkpoint = stop\n"
-        "from mnist2db.cli import main\n"
+        "from mnist2db.cli.app import main\n"
         "main(sys.argv[1:])\n"
     )
     done = subprocess.run(

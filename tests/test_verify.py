@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from helpers import converted, flip, rewrite_lmdb, write_idx
 
 from mnist2db import convert
-from mnist2db.cli import cli
+from mnist2db.cli.app import cli
 
 
 def run(*args: object) -> click.testing.Result:

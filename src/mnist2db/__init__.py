@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from .startup import TYPE_CHECKING  # not typing's: see startup.py
+from mnist2db.fastpath import TYPE_CHECKING  # not typing's: see fastpath.py
 
 __version__ = "0.1.0"
 
@@ -20,24 +20,24 @@ _LAZY = {
     "Mnist2dbError": "errors",
     "OutputExistsError": "errors",
     "DatumError": "errors",
-    "array_to_datum": "datum",
-    "datum_to_array": "datum",
-    "decode_datum": "datum",
-    "encode_datum": "datum",
-    "IdxHeader": "idx",
-    "open_idx": "idxreader",
-    "read_header": "idxreader",
-    "read_idx": "idxreader",
+    "array_to_datum": "formats.datum",
+    "datum_to_array": "formats.datum",
+    "decode_datum": "formats.datum",
+    "encode_datum": "formats.datum",
+    "IdxHeader": "formats.idx",
+    "open_idx": "formats.idx_reader",
+    "read_header": "formats.idx_reader",
+    "read_idx": "formats.idx_reader",
     "ConvertResult": "conversion",
     "convert": "conversion",
-    "detect_backend": "backends",
-    "iter_db": "readers",
-    "open_reader": "readers",
+    "detect_backend": "storage.backends",
+    "iter_db": "storage.readers",
+    "open_reader": "storage.readers",
     "DatumDataset": "dataset",
     "open_db": "dataset",
-    "MeanResult": "meanfile",
-    "compute_mean": "meanfile",
-    "write_mean": "meanfile",
+    "MeanResult": "mean",
+    "compute_mean": "mean",
+    "write_mean": "mean",
     "SiameseResult": "siamese",
     "convert_siamese": "siamese",
 }
@@ -49,11 +49,9 @@ __all__ = sorted([*_LAZY, "__version__"])
 if TYPE_CHECKING:
     from typing import Any
 
-    from .backends import detect_backend
-    from .conversion import ConvertResult, convert
-    from .dataset import DatumDataset, open_db
-    from .datum import array_to_datum, datum_to_array, decode_datum, encode_datum
-    from .errors import (
+    from mnist2db.conversion import ConvertResult, convert
+    from mnist2db.dataset import DatumDataset, open_db
+    from mnist2db.errors import (
         BackendError,
         ChecksumError,
         DatumError,
@@ -62,11 +60,13 @@ if TYPE_CHECKING:
         Mnist2dbError,
         OutputExistsError,
     )
-    from .idx import IdxHeader
-    from .idxreader import open_idx, read_header, read_idx
-    from .meanfile import MeanResult, compute_mean, write_mean
-    from .readers import iter_db, open_reader
-    from .siamese import SiameseResult, convert_siamese
+    from mnist2db.formats.datum import array_to_datum, datum_to_array, decode_datum, encode_datum
+    from mnist2db.formats.idx import IdxHeader
+    from mnist2db.formats.idx_reader import open_idx, read_header, read_idx
+    from mnist2db.mean import MeanResult, compute_mean, write_mean
+    from mnist2db.siamese import SiameseResult, convert_siamese
+    from mnist2db.storage.backends import detect_backend
+    from mnist2db.storage.readers import iter_db, open_reader
 
 
 def __getattr__(name: str) -> Any:

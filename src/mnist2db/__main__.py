@@ -4,7 +4,7 @@ Importing click costs about 25 ms, a quarter of converting the whole MNIST train
 command line that is exactly ``mnist2db convert [options] IMAGES LABELS OUT_DB`` with the
 options spelled plainly (``--backend``, ``--batch-size``, ``--overwrite``, ``-q/--quiet``)
 and no progress bar to draw is run here, with the same output, messages and exit codes as
-the click command in :mod:`mnist2db.cli`. Everything else (help, version, other commands,
+the click command in :mod:`mnist2db.cli.app`. Everything else (help, version, other commands,
 the conversion options ``--transpose``, ``--label-column``, ``--shuffle``/``--seed``,
 ``--offset``/``--count``, anything unusual or wrong) goes to click unchanged, so click stays the one definition of the
 interface; ``tests/test_main.py`` checks that both paths behave the same.
@@ -23,7 +23,7 @@ def parse_convert(args: list[str]) -> dict[str, object] | None:
     """
     if not args or args[0] != "convert":
         return None
-    from .backends import BACKENDS
+    from mnist2db.storage.backends import BACKENDS
 
     found: dict[str, object] = {}
     positional: list[str] = []
@@ -63,9 +63,9 @@ def parse_convert(args: list[str]) -> dict[str, object] | None:
 
 
 def _run_convert(options: dict[str, object]) -> int:
-    from .backends import DEFAULT_BACKEND, DEFAULT_BATCH_SIZE
-    from .conversion import convert
-    from .errors import Mnist2dbError
+    from mnist2db.conversion import convert
+    from mnist2db.errors import Mnist2dbError
+    from mnist2db.storage.backends import DEFAULT_BACKEND, DEFAULT_BATCH_SIZE
 
     quiet = bool(options.get("quiet", False))
     try:
@@ -90,10 +90,10 @@ def main() -> None:
     options = parse_convert(sys.argv[1:])
     # A progress bar (stderr is a terminal and not --quiet) is click's job.
     if options is not None and (options.get("quiet") or not sys.stderr.isatty()):
-        from .interrupt import run
+        from mnist2db.interrupt import run
 
         sys.exit(run(lambda: _run_convert(options)))
-    from .cli import main as click_main
+    from mnist2db.cli.app import main as click_main
 
     click_main()
 

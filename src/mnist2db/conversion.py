@@ -13,7 +13,21 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 
-from .backends import (
+from mnist2db.errors import Mnist2dbError, printable
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
+from mnist2db.formats.datum import (
+    KEY_LIMIT,
+    check_record_count,
+    datum_prefix,
+    encode_raw_batch,
+    record_keys,
+)
+from mnist2db.formats.idx import LABELS_MAGIC, check_pair
+from mnist2db.formats.idx_reader import IdxReader, open_idx
+from mnist2db.formats.png import check_encoding
+from mnist2db.progress import Progress, reporting
+from mnist2db.recipe import Recipe, iter_records, metadata_for, write_metadata
+from mnist2db.storage.backends import (
     DEFAULT_BACKEND,
     DEFAULT_BATCH_SIZE,
     check_backend,
@@ -21,16 +35,11 @@ from .backends import (
     open_writer,
     size_hint,
 )
-from .datum import KEY_LIMIT, datum_prefix, encode_raw_batch, record_keys
-from .errors import Mnist2dbError, printable
-from .fsutil import TEMP_MARK
-from .idx import LABELS_MAGIC, check_pair
-from .idxreader import IdxReader, open_idx
-from .pngdatum import check_encoding
-from .progress import Progress, reporting
-from .recipe import Recipe, iter_records, metadata_for, write_metadata
-from .staging import remove_stale_staging, staged_database
-from .startup import NamedTuple
+from mnist2db.storage.files import TEMP_MARK
+from mnist2db.storage.staging import remove_stale_staging, staged_database
+
+if TYPE_CHECKING:
+    from mnist2db.storage.files import PathArg
 
 __all__ = ["ConvertResult", "convert", "remove_stale_staging", "write_database"]
 
@@ -77,9 +86,9 @@ class ConvertResult(_ConvertResultFields):
 
 
 def convert(
-    images: str | os.PathLike[str],
-    labels: str | os.PathLike[str],
-    out: str | os.PathLike[str],
+    images: PathArg,
+    labels: PathArg,
+    out: PathArg,
     backend: str = DEFAULT_BACKEND,
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -110,7 +119,7 @@ def convert(
         backend: ``"lmdb"`` (default) or ``"leveldb"``.
         batch_size: records per transaction (Caffe: 1000).
         overwrite: replace an existing ``backend`` database at ``out`` (see
-            :func:`mnist2db.staging.check_replaceable`: never a directory holding anything
+            :func:`mnist2db.storage.staging.check_replaceable`: never a directory holding anything
             else, nor one holding an input).
         progress: called as ``progress(done, total)`` after each batch.
         transpose: swap each image's height and width (EMNIST's stored images).
@@ -120,7 +129,7 @@ def convert(
         seed: 0 … 2**64-1; the same seed gives the same database byte for byte.
         offset, count: only source items ``offset … offset+count-1`` (count None: to the end).
         encoded: ``"png"``: each record's ``data`` a grayscale PNG of the image,
-            ``encoded: true``, the shape fields filled in (:mod:`mnist2db.pngdatum`).
+            ``encoded: true``, the shape fields filled in (:mod:`mnist2db.formats.png`).
 
     Returns:
         A :class:`ConvertResult`.
@@ -133,7 +142,7 @@ def convert(
     """
     progress = reporting(progress)
     start = time.perf_counter()
-    out = os.fspath(out)
+    images, labels, out = os.fsdecode(images), os.fsdecode(labels), os.fsdecode(out)
     check_backend(backend)
     check_batch_size(batch_size)
     if not out:
@@ -152,6 +161,7 @@ def convert(
                 image_reader, label_reader, out, backend, recipe, batch_size, overwrite, progress
             )._replace(seconds=time.perf_counter() - start)
         count = image_reader.header.count
+        check_record_count(count, images, "items")
         rows, cols = image_reader.header.dims[1], image_reader.header.dims[2]
         value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 3
         inputs = (images, labels)
@@ -192,14 +202,15 @@ def _convert_recipe(
     progress: Progress,
 ) -> ConvertResult:
     """The pipeline with options: numpy batches from :func:`mnist2db.recipe.iter_records`."""
-    from .datum import encode_batch
-    from .pngdatum import encode_png_batch
-    from .recipe import check_label_column, check_range
+    from mnist2db.formats.datum import encode_batch
+    from mnist2db.formats.png import encode_png_batch
+    from mnist2db.recipe import check_label_column, check_range
 
     header = image_reader.header
     check_label_column(label_reader.header, recipe.label_column)
     stop = check_range(image_reader.path, header.count, recipe.offset, recipe.count)
     total = stop - recipe.offset
+    check_record_count(total, image_reader.path, "items")
     rows, cols = header.dims[1], header.dims[2]
     if recipe.transpose:
         rows, cols = cols, rows
@@ -246,8 +257,9 @@ def write_database(
     mnist2db makes (:func:`convert`, :func:`mnist2db.siamese.convert_siamese`).
 
     ``value_size`` (bytes per value) and ``streaming`` (the count is a pipe's promise) size
-    LMDB's map (:func:`mnist2db.backends.size_hint`).
+    LMDB's map (:func:`mnist2db.storage.backends.size_hint`).
     """
+    check_record_count(total, staging)  # each writer checked already, before any work
     hint = size_hint(total, value_size, streaming=streaming)
     writer = open_writer(backend, staging, size_hint=hint, append=total <= KEY_LIMIT)
     try:

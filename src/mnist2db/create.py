@@ -6,13 +6,19 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .backends import DEFAULT_BACKEND
-from .datasets import DEFAULT_DATASET, Dataset, default_data_dir, default_out_dir, get_dataset
-from .errors import IdxFormatError
-from .progress import NamedProgress, labelled, named_reporting
+from mnist2db.errors import IdxFormatError
+from mnist2db.fetch.catalog import (
+    DEFAULT_DATASET,
+    Dataset,
+    default_data_dir,
+    default_out_dir,
+    get_dataset,
+)
+from mnist2db.progress import NamedProgress, labelled, named_reporting
+from mnist2db.storage.backends import DEFAULT_BACKEND
 
 if TYPE_CHECKING:
-    from .conversion import ConvertResult
+    from mnist2db.conversion import ConvertResult
 
 __all__ = ["create_databases", "orientation_note"]
 
@@ -50,7 +56,7 @@ def create_databases(
     """Convert a fetched dataset into ``mnist_train_<backend>`` and ``mnist_test_<backend>``.
 
     The same conversion as ``mnist2db convert`` (:func:`mnist2db.conversion.convert`), run
-    for each of the dataset's splits (:attr:`Dataset.splits <mnist2db.datasets.Dataset>`:
+    for each of the dataset's splits (:attr:`Dataset.splits <mnist2db.fetch.catalog.Dataset>`:
     training and test), as Caffe's ``create_mnist.sh`` does. Each input is the unpacked
     file, or its ``.gz`` (or ``.xz``) when only that is present.
 
@@ -65,7 +71,7 @@ def create_databases(
         on_database: called with each ``ConvertResult`` once that database is complete.
         transpose: swap height and width; None (default) writes upright images, that is
             transposes the datasets stored transposed (EMNIST,
-            :attr:`Dataset.stored_transposed <mnist2db.datasets.Dataset>`) and no other.
+            :attr:`Dataset.stored_transposed <mnist2db.fetch.catalog.Dataset>`) and no other.
         label_column, shuffle, seed, encoded: as :func:`mnist2db.conversion.convert` (one seed for
             every split: a fresh one is drawn once when None).
 
@@ -76,8 +82,8 @@ def create_databases(
         IdxFormatError: an input is missing (with a hint to run ``mnist2db fetch``) or bad.
         OutputExistsError, BackendError: as :func:`mnist2db.conversion.convert`.
     """
-    from .backends import DEFAULT_BATCH_SIZE
-    from .conversion import convert
+    from mnist2db.conversion import convert
+    from mnist2db.storage.backends import DEFAULT_BATCH_SIZE
 
     spec = get_dataset(dataset)
     if transpose is None:

@@ -18,7 +18,7 @@ Records in the layout of the first record (same shape, raw uint8 pixels, a label
 to 127: every MNIST record) are read without protobuf, straight from the stored bytes;
 any other record goes through protobuf.
 
-Processes and threads: see :mod:`mnist2db.readers`. A pickled dataset carries no handle
+Processes and threads: see :mod:`mnist2db.storage.readers`. A pickled dataset carries no handle
 and opens its own on first use (spawn, forkserver); a forked child reopens LMDB on first
 use; LevelDB admits one process at a time, so a worker process reading a LevelDB database
 that its parent holds fails with one :class:`~mnist2db.errors.BackendError` saying what
@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from .backends import detect_backend
-from .datum import KEY_LIMIT, datum_to_array, decode_datum, record_key
-from .errors import DatumError, MissingKeyError, Mnist2dbError, RecordIndexError
-from .readers import DbReader
+from mnist2db.errors import DatumError, MissingKeyError, Mnist2dbError, RecordIndexError
+from mnist2db.formats.datum import KEY_LIMIT, datum_to_array, decode_datum, record_key
+from mnist2db.storage.backends import detect_backend
+from mnist2db.storage.readers import DbReader, iterate
+from mnist2db.storage.readhandles import READ_HANDLES, ReadHandle
 
 if TYPE_CHECKING:
     import numpy as np
@@ -49,11 +51,23 @@ __all__ = [
 _ndarray: Any = None
 _uint8: Any = None
 
+#: Guards a dataset's reader while threads open and close it (rarely: not per read).
+_READER_LOCK = threading.RLock()
+
+
+def _after_fork_in_child() -> None:
+    global _READER_LOCK
+    _READER_LOCK = threading.RLock()  # another thread may have held it at fork time
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 def _layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | None:
     """``(length, prefix, shape, pixels offset)`` of a record in Caffe's fixed layout
     (``channels, height, width, data, label`` with a one-byte label), else None."""
-    from .datum import datum_prefix, encode_datum
+    from mnist2db.formats.datum import datum_prefix, encode_datum
 
     try:
         datum = decode_datum(value)
@@ -70,11 +84,11 @@ def _layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | None
     return len(value), prefix, shape, len(prefix)
 
 
-def _decode_image(data: bytes, where: str) -> np.ndarray:
-    """An encoded Datum's image as Caffe's data layer decodes it (see :mod:`mnist2db.pngdatum`)."""
-    from .pngdatum import decode_image
-
-    return decode_image(data, where)
+#: mnist2db.formats.png_codec's decode_image (an encoded Datum's image as Caffe's data layer
+#: decodes it) and decode_png_record, bound on first use: an import per record would
+#: cost a microsecond.
+_decode_image: Any = None
+_decode_png_record: Any = None
 
 
 class DatumDataset:
@@ -87,6 +101,7 @@ class DatumDataset:
     __slots__ = (
         "_errors",
         "_fast",
+        "_identity",
         "_keys",
         "_layout",
         "_length",
@@ -100,14 +115,17 @@ class DatumDataset:
     #: Attributes that belong to one process: not pickled (a worker opens its own handle).
     _PROCESS_LOCAL = ("_reader", "_local", "_errors")
 
-    def __init__(self, path: str | os.PathLike[str], backend: str | None = None) -> None:
-        self.path = os.fspath(path)
+    def __init__(self, path: str | os.PathLike[str] | bytes, backend: str | None = None) -> None:
+        self.path = os.fsdecode(path)
         self.backend = backend or detect_backend(self.path)
         self._reader: DbReader | None = None
         self._local: Any = None  # the handle's thread-local transactions (LMDB)
+        #: The database directory this dataset reads: used again, it must find that one.
+        self._identity: tuple[int, int] | None = None
         self._keys: list[bytes] | None = None
         self._layout: tuple[int, bytes, tuple[int, int, int], int] | None = None
         reader = self._open()
+        self._identity = reader.identity
         # Record i is read under Caffe's key "%08d" % i only if the keys are exactly that
         # sequence; otherwise by position in key order. One pass over the keys tells (about
         # 0.5 µs a key: 30 ms for MNIST's training set) and counts them for LevelDB.
@@ -126,31 +144,46 @@ class DatumDataset:
     def _init_fast(self) -> None:
         import numpy as np
 
-        global _ndarray, _uint8
+        from mnist2db.formats.png_codec import decode_image, decode_png_record
+
+        global _ndarray, _uint8, _decode_image, _decode_png_record
         _ndarray, _uint8 = np.ndarray, np.dtype(np.uint8)
+        _decode_image, _decode_png_record = decode_image, decode_png_record
         # db[i]'s fast path: LMDB, Caffe's keys, a first record in Caffe's fixed layout.
-        self._fast = self._layout if self._sequential and self.backend == "lmdb" else None
-        if self.backend == "lmdb":
-            import lmdb
+        handle_class = READ_HANDLES[self.backend]
+        self._fast = self._layout if self._sequential and handle_class.backend == "lmdb" else None
+        self._errors: tuple[type[Exception], ...] = handle_class.errors()
 
-            self._errors: tuple[type[Exception], ...] = (lmdb.Error,)
-        else:
-            import plyvel
-
-            self._errors = (plyvel.Error,)
-
-    # -- the handle, shared by the process (mnist2db.readers) ----------------------------
+    # -- the handle, shared by the process (mnist2db.storage.readers) ----------------------------
 
     def _open(self) -> DbReader:
-        if self._reader is None:
-            self._reader = DbReader(self.path, self.backend)
-            self._local = self._reader.handle._local
-        return self._reader
+        with _READER_LOCK:
+            reader = self._reader
+            if reader is None or reader.closed:
+                reader = DbReader(self.path, self.backend, identity=self._identity)
+                self._local = getattr(reader.handle, "local", None)
+                self._reader = reader
+            return reader
+
+    def _pinned(self) -> ReadHandle:
+        """The handle, pinned for one read (opened again if the dataset was closed)."""
+        while True:
+            reader = self._reader
+            handle = (reader if reader is not None else self._open()).pin()
+            if handle is not None:
+                return handle
+            # Closed by another thread between the two steps: open it again.
+            self._open()
 
     def close(self) -> None:
-        """Release the database handle (it is reopened if the dataset is used again)."""
-        reader, self._reader = self._reader, None
-        self._local = None
+        """Release the database handle (it is reopened if the dataset is used again).
+
+        Safe from any thread while others read: a read in progress finishes, and the next
+        one opens the handle again.
+        """
+        with _READER_LOCK:
+            reader, self._reader = self._reader, None
+            self._local = None
         if reader is not None:
             reader.close()
 
@@ -200,27 +233,23 @@ class DatumDataset:
         if self._sequential:
             return record_key(position)
         if self._keys is None:
-            self._keys = [bytes(k) for k in self._open().iter_keys()]
+            self._keys = [bytes(k) for k in iterate(self._pinned, None, keys_only=True)]
         return self._keys[position]
 
     # -- records -------------------------------------------------------------------------
 
     def _fetch(self, key: bytes) -> bytes:
+        handle = self._pinned()
         try:
-            if self.backend == "lmdb":
-                value = self._open().handle.txn().get(key)
-            else:
-                value = self._open().handle.db().get(key)
-        except self._errors as exc:
-            from .backends import backend_message
-
-            raise self._failed(exc, backend_message(exc)) from exc
+            value = handle.get(key)
+        finally:
+            DbReader.unpin(handle)
         if value is None:
             raise MissingKeyError(f"{self.path}: no record with key {key.decode(errors='replace')}")
-        return value  # type: ignore[no-any-return]
+        return value
 
     def _failed(self, exc: Exception, text: str) -> Mnist2dbError:
-        from .errors import BackendError
+        from mnist2db.errors import BackendError
 
         return BackendError(f"{self.path}: {self.backend} read failed: {text}")
 
@@ -234,6 +263,10 @@ class DatumDataset:
             and value.startswith(layout[1])
         ):
             return _ndarray(layout[2], _uint8, bytearray(value), layout[3]), value[-1]
+        if layout is None:  # perhaps a PNG record as mnist2db writes them: no protobuf
+            record = _decode_png_record(value)
+            if record is not None:
+                return record  # type: ignore[no-any-return]
         where = f"{self.path}: key {key.decode(errors='replace')}"
         try:
             datum = decode_datum(value)
@@ -281,7 +314,7 @@ class DatumDataset:
             except (AttributeError, TypeError):
                 pass
             except self._errors as exc:
-                from .backends import backend_message
+                from mnist2db.storage.backends import backend_message
 
                 raise self._failed(exc, backend_message(exc)) from exc
         if isinstance(index, slice):
@@ -299,17 +332,17 @@ class DatumDataset:
                 keys = [b"%08d" % (i + length if i < 0 else i) for i in indices]
                 try:
                     get = self._local.txn.get
-                except AttributeError:  # no transaction in this process or thread yet
+                except AttributeError:  # no transaction in this thread yet, or closed
                     self._fetch(keys[0])
-                    get = self._local.txn.get
+                    get = getattr(getattr(self._local, "txn", None), "get", None)
                 try:
-                    values = list(map(get, keys))
+                    found: list[Any] = list(map(get, keys)) if get is not None else [None]
                 except self._errors as exc:
-                    from .backends import backend_message
+                    from mnist2db.storage.backends import backend_message
 
                     raise self._failed(exc, backend_message(exc)) from exc
-                if None not in values:
-                    images, labels = self._stack(keys, values)
+                if None not in found:
+                    images, labels = self._stack(keys, found)
                     return list(zip(images, labels.tolist(), strict=True))
         keys = [self.key(i) for i in indices]
         values = [self._fetch(key) for key in keys]
@@ -318,17 +351,17 @@ class DatumDataset:
 
     def read_range(self, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Records ``start`` to ``stop`` (exclusive) as one ``(n, c, h, w)`` image array and
-        one ``(n,)`` int64 label array, read sequentially (one cursor).
+        one ``(n,)`` int64 label array, read sequentially (one cursor). The bounds are
+        those of a slice, ``db[start:stop]``: negative ones count from the end.
 
         Raises:
             DatumError: the records do not all have one shape and dtype.
         """
-        stop = self._length if stop is None else max(0, min(stop, self._length))
-        start = max(0, start + self._length if start < 0 else start)
+        start, stop, _ = slice(start, stop).indices(self._length)
         keys: list[bytes] = []
         values: list[bytes] = []
         if start < stop:
-            for key, value in self._open().iter_from(self.key(start)):
+            for key, value in iterate(self._pinned, self.key(start), keys_only=False):
                 if len(keys) == stop - start:
                     break
                 keys.append(bytes(key))
@@ -351,7 +384,11 @@ class DatumDataset:
                 size = shape[0] * shape[1] * shape[2]
                 images = matrix[:, offset : offset + size].reshape(n, *shape).copy()
                 return images, matrix[:, -1].astype(np.int64)
-        records = [self._decode(k, v) for k, v in zip(keys, values, strict=True)]
+        from mnist2db.formats.png_codec import (
+            decode_many,  # encoded records decode on a few threads
+        )
+
+        records = decode_many(self._decode, keys, values)
         if not records:
             shape = layout[2] if layout is not None else (0, 0, 0)
             return np.empty((0, *shape), np.uint8), np.empty(0, np.int64)
@@ -378,19 +415,19 @@ class DatumDataset:
         self, start: int = 0, stop: int | None = None
     ) -> Iterator[tuple[int, bytes, np.ndarray, int]]:
         """Stream ``(index, key, image, label)`` for records ``start`` to ``stop`` (exclusive),
-        in key order, reading sequentially (one cursor, no lookups)."""
-        stop = self._length if stop is None else min(stop, self._length)
+        in key order, reading sequentially (one cursor, no lookups). Negative bounds count
+        from the end, as in a slice."""
+        start, stop, _ = slice(start, stop).indices(self._length)
         if start >= stop:
             return
+        from mnist2db.formats.png_codec import decode_stream
+
         first_key = self.key(start)
-        index = start
-        for key, value in self._open().iter_from(first_key):
-            if index >= stop:
-                break
-            key = bytes(key)
-            image, label = self._decode(key, bytes(value))
+        # A few records at a time, so that encoded ones decode on a few threads.
+        records = iterate(self._pinned, first_key, keys_only=False)
+        stream = decode_stream(self._decode, records, stop - start)
+        for index, (key, (image, label)) in enumerate(stream, start):
             yield index, key, image, label
-            index += 1
 
     def __repr__(self) -> str:
         return f"<DatumDataset {self.path!r} ({self.backend}, {self._length} records)>"

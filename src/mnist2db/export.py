@@ -7,7 +7,7 @@ offset+count-1`` as the source stores them. The label file holds the Datum label
 uint8 (idx1): for a QMNIST source, the column the database was written with, not the
 source's idx2-int rows (the other seven columns are not in the database).
 
-The two files appear together or not at all (:mod:`mnist2db.pairs`): both targets are
+The two files appear together or not at all (:mod:`mnist2db.storage.placement`): both targets are
 checked before any work, both are written under temporary names, and both are placed, the
 first put back if the second cannot be.
 """
@@ -20,16 +20,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .backends import DEFAULT_BATCH_SIZE as _BATCH
-from .datum import decode_datum, key_text
-from .errors import DatumError, Mnist2dbError, OutputExistsError, printable
-from .fsutil import AtomicFile, make_parents, remove_made
-from .idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
-from .pairs import check_file_target, place_together, recover_together
-from .pngdatum import datum_encoding, decoded_datum
-from .progress import Progress, reporting
-from .readers import shared_reader
-from .recipe import Recipe, item_range, permutation, read_metadata
+from mnist2db.errors import DatumError, Mnist2dbError, OutputExistsError, printable
+from mnist2db.formats.datum import decode_datum, key_text
+from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
+from mnist2db.formats.png import datum_encoding, decoded_datum
+from mnist2db.progress import Progress, reporting
+from mnist2db.recipe import Recipe, item_range, permutation, read_metadata
+from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
+from mnist2db.storage.files import AtomicFile, make_parents, remove_made
+from mnist2db.storage.placement import check_file_target, place_together, recover_together
+from mnist2db.storage.readers import shared_reader
+from mnist2db.storage.staging import check_apart
 
 __all__ = ["ExportResult", "default_prefix", "export_db"]
 
@@ -109,15 +110,11 @@ def export_db(
         )
     images_out = os.path.join(out, f"{stem}-images-idx3-ubyte")
     labels_out = os.path.join(out, f"{stem}-labels-idx1-ubyte")
-    real_db = os.path.realpath(db_path)
-    if os.path.realpath(out) == real_db or os.path.realpath(out).startswith(real_db + os.sep):
-        raise OutputExistsError(
-            f"{out}: is inside the database {db_path}; write the files elsewhere"
-        )
+    check_apart(out, [db_path])  # before recovering anything in it
     if os.path.isdir(out):
         recover_together([images_out, labels_out])
     for target in (images_out, labels_out):
-        check_file_target(target, overwrite, makes_parents=True)
+        check_file_target(target, overwrite, [db_path], makes_parents=True)
     found = read_metadata(db_path)
     recipe = Recipe() if found is None else found[0]
     with shared_reader(db_path) as reader:

@@ -8,11 +8,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .backends import DEFAULT_BATCH_SIZE as _BATCH
-from .backends import detect_backend
-from .datum import datum_to_array, decode_datum, key_text, record_key
-from .errors import DatumError
-from .idx import (
+from mnist2db.errors import DatumError
+from mnist2db.formats.datum import datum_to_array, decode_datum, key_text, record_key
+from mnist2db.formats.idx import (
     CORRUPT_ERRORS,
     LABELS_MAGIC,
     IdxHeader,
@@ -23,10 +21,12 @@ from .idx import (
     parse_header,
     size_error,
 )
-from .pngdatum import datum_encoding as _datum_encoding
-from .progress import Progress, reporting
-from .readers import shared_reader
-from .recipe import describe_db
+from mnist2db.formats.png import datum_encoding as _datum_encoding
+from mnist2db.progress import Progress, reporting
+from mnist2db.recipe import describe_db
+from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
+from mnist2db.storage.backends import detect_backend
+from mnist2db.storage.readers import shared_reader
 
 __all__ = ["DbInfo", "IdxInfo", "db_info", "idx_info"]
 

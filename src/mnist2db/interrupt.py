@@ -12,7 +12,7 @@ import contextlib
 import signal
 import sys
 
-from .startup import TYPE_CHECKING
+from mnist2db.fastpath import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

@@ -8,7 +8,7 @@ The options (all off by default, when ``convert`` writes exactly Caffe's records
   column that becomes the Datum label (0, the class, by default);
 * ``offset``/``count``: source items ``offset … offset+count-1`` only;
 * ``encoded`` (``"png"``): each record's ``data`` a PNG of the image, ``encoded: true``
-  (:mod:`mnist2db.pngdatum`); the order and the items are unchanged;
+  (:mod:`mnist2db.formats.png`); the order and the items are unchanged;
 * ``seed`` (shuffle): the selected items in a seeded random order, still under the keys
   ``00000000…``: the permutation is ``argsort`` of ``count`` raw 64-bit words of numpy's
   PCG64 seeded with ``seed`` (a stream numpy keeps stable across versions).
@@ -28,17 +28,17 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from .errors import IdxFormatError, Mnist2dbError, printable
-from .idx import QMNIST_LABELS_MAGIC
-from .startup import TYPE_CHECKING, NamedTuple
+from mnist2db.errors import IdxFormatError, Mnist2dbError, printable
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
+from mnist2db.formats.idx import QMNIST_LABELS_MAGIC
 
 if TYPE_CHECKING:
     from typing import Any
 
     import numpy as np
 
-    from .idx import IdxHeader
-    from .idxreader import IdxReader
+    from mnist2db.formats.idx import IdxHeader
+    from mnist2db.formats.idx_reader import IdxReader
 
 
 class _RecipeFields(NamedTuple):
@@ -181,7 +181,7 @@ def iter_records(
         for images, labels in selected:
             yield _transform(images, recipe), _label_values(labels, recipe.label_column)
         return
-    from .spill import spill_to_map
+    from mnist2db.storage.spill import spill_to_map
 
     count = stop - start
     rows, cols = header.dims[1], header.dims[2]
@@ -294,7 +294,7 @@ def write_metadata(directory: str, metadata: dict[str, Any], out: str) -> None:
     """
     import json
 
-    from .errors import BackendError
+    from mnist2db.errors import BackendError
 
     text = json.dumps(metadata, indent=1) + "\n"
     try:

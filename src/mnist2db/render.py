@@ -15,12 +15,14 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .errors import RenderError
-from .fsutil import AtomicFile
-from .pairs import check_file_target
+from mnist2db.errors import RenderError
+from mnist2db.storage.files import AtomicFile
+from mnist2db.storage.placement import check_file_target
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from mnist2db.storage.files import PathArg
 
 __all__ = [
     "ASCII_RAMP",
@@ -155,30 +157,35 @@ def cell_origin(position: int, columns: int, height: int, width: int) -> tuple[i
 def write_png_grid(
     images: Sequence[np.ndarray],
     captions: Sequence[str],
-    path: str | os.PathLike[str],
+    path: PathArg,
     *,
     overwrite: bool = False,
+    inputs: Sequence[PathArg | None] = (),
 ) -> tuple[int, int]:
     """Write ``images`` (each ``(channels, height, width)`` uint8, one shape) as a PNG grid,
     each under its caption; white background, pixels as stored (MNIST: white on black).
 
     The file is written beside ``path`` under a temporary name and renamed when complete.
 
+    ``inputs``: the files and databases the images were read from: ``path`` may be none of
+    them, nor inside one.
+
     Returns:
         The PNG's ``(width, height)``.
 
     Raises:
-        OutputExistsError: ``path`` exists and ``overwrite`` is false, or is not a file.
+        OutputExistsError: ``path`` exists and ``overwrite`` is false, is not a file, or is
+            (or is inside) one of ``inputs``.
         RenderError: no images, images of different shapes, a canvas larger than
             :data:`MAX_PNG_PIXELS`, too little memory, or the file cannot be written.
     """
     import numpy as np
     from PIL import Image, ImageDraw, ImageFont
 
-    out = os.fspath(path)
+    out = os.fsdecode(path)
     if not images:
         raise RenderError(f"{out}: no images to draw")
-    check_file_target(out, overwrite)
+    check_file_target(out, overwrite, [os.fsdecode(i) for i in inputs if i is not None])
     grays = [image_to_gray(image) for image in images]
     height, width = grays[0].shape
     for gray in grays:

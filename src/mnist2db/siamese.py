@@ -29,21 +29,22 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .backends import (
+from mnist2db.errors import IdxFormatError, Mnist2dbError, printable
+from mnist2db.formats.datum import check_record_count, datum_prefix, splitter
+from mnist2db.formats.idx import INT32_MAX, check_pair
+from mnist2db.progress import Progress, reporting
+from mnist2db.storage.backends import (
     DEFAULT_BATCH_SIZE,
     SIAMESE_BACKEND,
     check_backend,
     check_batch_size,
 )
-from .datum import datum_prefix, splitter
-from .errors import IdxFormatError, Mnist2dbError, printable
-from .idx import INT32_MAX, check_pair
-from .progress import Progress, reporting
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .idx import IdxHeader
+    from mnist2db.formats.idx import IdxHeader
+    from mnist2db.storage.files import PathArg
 
 
 class _SiameseResultFields(NamedTuple):
@@ -89,8 +90,8 @@ def _load(images: str, labels: str, spill_dir: str) -> tuple[Any, Any, IdxHeader
     """Validate both files; return (images as a read-only memory map, labels, both headers)."""
     import numpy as np
 
-    from .idxreader import open_idx
-    from .spill import spill_to_map
+    from mnist2db.formats.idx_reader import open_idx
+    from mnist2db.storage.spill import spill_to_map
 
     with open_idx(images) as image_reader, open_idx(labels) as label_reader:
         check_pair(image_reader.header, label_reader.header)
@@ -157,9 +158,9 @@ class _PairDrawer:
 
 
 def convert_siamese(
-    images: str | os.PathLike[str],
-    labels: str | os.PathLike[str],
-    out: str | os.PathLike[str],
+    images: PathArg,
+    labels: PathArg,
+    out: PathArg,
     backend: str = SIAMESE_BACKEND,
     *,
     seed: int | None = None,
@@ -197,19 +198,20 @@ def convert_siamese(
     import numpy as np
 
     start_time = time.perf_counter()
-    out = os.fspath(out)
-    images, labels = os.fspath(images), os.fspath(labels)
+    images, labels, out = os.fsdecode(images), os.fsdecode(labels), os.fsdecode(out)
     check_backend(backend)
     check_batch_size(batch_size)
     if pairs is not None and pairs < 0:
         raise Mnist2dbError(f"the number of pairs must be at least 0, got {pairs}")
+    if pairs is not None:
+        check_record_count(pairs, out, "pairs")
     if seed is None:
         seed = int.from_bytes(os.urandom(8), "little")
     elif not 0 <= seed < 1 << 64:
         raise Mnist2dbError(f"seed must be between 0 and 2**64-1, got {seed}")
-    from .conversion import write_database
-    from .recipe import pairs_metadata, write_metadata
-    from .staging import staged_database
+    from mnist2db.conversion import write_database
+    from mnist2db.recipe import pairs_metadata, write_metadata
+    from mnist2db.storage.staging import staged_database
 
     with staged_database(out, backend, overwrite=overwrite, inputs=(images, labels)) as staging:
         pixels, label_array, image_header, label_header = _load(images, labels, staging)
@@ -221,6 +223,7 @@ def convert_siamese(
                 f"(at most {INT32_MAX} bytes)"
             )
         total = count if pairs is None else pairs
+        check_record_count(total, images, "pairs (one per image)")
         if total and not count:
             raise IdxFormatError(f"{images}: no images to pair")
         if balanced and total and len(np.unique(label_array)) < 2:

@@ -13,15 +13,15 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .backends import DEFAULT_BATCH_SIZE as _BATCH
-from .datum import decode_datum, encode_batch, key_text, record_key
-from .errors import DatumError, VerifyError
-from .idx import check_pair
-from .idxreader import open_idx
-from .pngdatum import decode_image, decoded_datum, encode_png_batch
-from .progress import Progress, reporting
-from .readers import shared_reader
-from .recipe import Recipe, iter_records, permutation, read_metadata
+from mnist2db.errors import DatumError, VerifyError
+from mnist2db.formats.datum import decode_datum, encode_batch, key_text, record_key
+from mnist2db.formats.idx import check_pair
+from mnist2db.formats.idx_reader import open_idx
+from mnist2db.formats.png import decode_image, decoded_datum, encode_png_batch
+from mnist2db.progress import Progress, reporting
+from mnist2db.recipe import Recipe, iter_records, permutation, read_metadata
+from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
+from mnist2db.storage.readers import shared_reader
 
 if TYPE_CHECKING:
     import numpy as np

@@ -1,0 +1,227 @@
+"""The commands that look at the data: ``show``, ``info``, ``verify``, ``export``."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import click
+
+from mnist2db.cli.common import echo, library_errors, progress_reporter
+from mnist2db.cli.options import (
+    Path,
+    label_column_option,
+    quiet_option,
+    range_options,
+    transpose_option,
+)
+
+
+def _check_drawable(source: str, record: Any) -> None:
+    """Name the source and the record when an image cannot be drawn (float pixels, or 4 or
+    more channels)."""
+    from mnist2db.errors import RenderError
+    from mnist2db.render import image_to_gray
+
+    try:
+        image_to_gray(record.image)
+    except RenderError as exc:
+        raise click.ClickException(f"{source}: record {record.index}: {exc}") from None
+
+
+@click.command()
+@click.argument("source", type=Path(path_type=str))
+@click.option(
+    "--labels",
+    type=Path(dir_okay=False, path_type=str),
+    help="IDX label file for an IDX SOURCE (default: the *-labels-idx1-ubyte file beside it).",
+)
+@range_options("record", 10)
+@transpose_option
+@label_column_option
+@click.option(
+    "--threshold",
+    type=click.IntRange(0, 255),
+    default=None,
+    metavar="T",
+    help="Print the seed's 0/1 view: 1 where a pixel is above T.",
+)
+@click.option("--ascii", "ascii_", is_flag=True, help="Draw with plain ASCII characters.")
+@click.option(
+    "--png",
+    type=Path(dir_okay=False, path_type=str),
+    default=None,
+    help="Write a labelled grid of the images to this PNG file instead.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace the --png file if it exists.")
+def show(
+    source: str,
+    labels: str | None,
+    offset: int,
+    count: int,
+    threshold: int | None,
+    ascii_: bool,
+    png: str | None,
+    overwrite: bool,
+    transpose: bool,
+    label_column: int,
+) -> None:
+    """Show records of an IDX image file or a Datum database: index, key, label, image.
+
+    SOURCE is an IDX image file (plain, gzip or xz; its labels are read from --labels or
+    the matching *-labels-idx1-ubyte or *-labels-idx2-int file beside it) or an
+    LMDB/LevelDB database directory. Images are drawn in the terminal with Unicode shading
+    (--ascii for plain terminals, --threshold for a 0/1 view), or written as a PNG grid
+    with --png; --transpose swaps height and width (EMNIST's stored images).
+
+    Example: mnist2db show examples/mnist/mnist_train_lmdb --offset 40000 --count 10 --png digits.png
+    """
+    import os
+
+    from mnist2db.formats.datum import key_text
+    from mnist2db.render import check_canvas, drawn_size, image_to_text, write_png_grid
+    from mnist2db.show import find_labels, select_records
+    from mnist2db.storage.placement import check_file_target
+
+    if png is not None and (threshold is not None or ascii_):
+        raise click.UsageError(
+            "--png draws images itself: it does not combine with --threshold or --ascii"
+        )
+    if labels is not None and os.path.isdir(source):
+        raise click.UsageError("--labels is for an IDX image file; a database holds its labels")
+    if label_column and os.path.isdir(source):
+        raise click.UsageError(
+            "--label-column picks a column of an idx2-int label file; a database holds its labels"
+        )
+    if threshold is not None and ascii_:
+        raise click.UsageError("--threshold prints 0/1 digits: it does not combine with --ascii")
+    with library_errors():
+        if png is not None:
+            inputs = [source, labels if labels is not None else find_labels(source)]
+            check_file_target(png, overwrite, [i for i in inputs if i])  # before any reading
+        total, records = select_records(
+            source,
+            labels,
+            offset=offset,
+            count=count,
+            transpose=transpose,
+            label_column=label_column,
+        )
+        # A generator holding the files open: closed even when a check below stops early.
+        with contextlib.closing(records):  # type: ignore[type-var]
+            shown = 0
+            if png is not None:
+                selected: list[Any] = []
+                for record in records:
+                    _check_drawable(source, record)
+                    if not selected:  # the grid is held in memory: bound it before filling it
+                        check_canvas(png, min(count, total - offset), *drawn_size(record.image))
+                    selected.append(record)
+                captions = [
+                    f"#{r.index}: {r.label if r.label is not None else '-'}" for r in selected
+                ]
+                width, height = write_png_grid(
+                    [r.image for r in selected], captions, png, overwrite=overwrite, inputs=inputs
+                )
+                shown = len(selected)
+                noun = "image" if shown == 1 else "images"
+                echo(f"Wrote {png}: {shown} {noun}, {width} × {height} pixels.", err=True)
+            else:
+                for record in records:
+                    _check_drawable(source, record)
+                    head = f"#{record.index}"
+                    if record.key is not None:
+                        head += f"  key {key_text(record.key)}"
+                    head += f"  label {record.label if record.label is not None else '-'}"
+                    echo(head)
+                    for line in image_to_text(record.image, threshold=threshold, ascii=ascii_):
+                        echo(line)
+                    echo()
+                    shown += 1
+    if shown < count:
+        echo(f"Showed {shown} of {count} requested: {source} ends at {total} records.", err=True)
+
+
+@click.command()
+@click.argument("path", type=Path(path_type=str))
+def info(path: str) -> None:
+    """Describe an IDX file or a Datum database; exit 1 if it is not valid.
+
+    For an IDX file: magic, type, dimensions, item count, expected and actual size, gzip,
+    xz or plain (and the label histogram of a label file). For a database: backend, record
+    count, key range, Datum shape and encoding, label histogram, the options it was
+    written with (source, items, orientation, label column, order), size on disk. Reading
+    an LMDB database does not wait for, or block, other processes using it.
+
+    Example: mnist2db info examples/mnist/mnist_train_lmdb
+    """
+    import os
+
+    from mnist2db.info import db_info, idx_info
+
+    with library_errors():
+        described = db_info(path) if os.path.isdir(path) else idx_info(path)
+        for name, value in described.rows():
+            echo(f"{name:<12}{value}")
+        problem = described.problem
+        echo(f"{'valid':<12}{'yes' if problem is None else 'no'}")
+    if problem is not None:
+        raise click.ClickException(f"{path}: {problem}")
+
+
+@click.command()
+@click.argument("db", type=Path(path_type=str))
+@click.argument("images", type=Path(path_type=str))
+@click.argument("labels", type=Path(path_type=str))
+@quiet_option
+def verify(db: str, images: str, labels: str, quiet: bool) -> None:
+    """Check that database DB holds exactly the records converted from IMAGES and LABELS.
+
+    Every record is compared (key, channels, height, width, data, label); the first
+    difference exits 1 naming the key and the field, as do missing or extra records. A
+    database written with --transpose, --shuffle, --offset/--count or --label-column is
+    compared with what those options (recorded in DB/mnist2db.json) make of the source.
+
+    Example: mnist2db verify examples/mnist/mnist_train_lmdb data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte
+    """
+    from mnist2db.verify import verify_db
+
+    with library_errors(), progress_reporter("Verifying", quiet) as progress:
+        result = verify_db(db, images, labels, progress=progress)
+    if not quiet:
+        echo(f"OK: {db} holds the {result.count} records of {images} and {labels}.")
+
+
+@click.command()
+@click.argument("db", type=Path(path_type=str))
+@click.argument("out_dir", type=Path(file_okay=False, path_type=str))
+@click.option(
+    "--prefix",
+    default=None,
+    help="File name stem: PREFIX-images-idx3-ubyte, PREFIX-labels-idx1-ubyte "
+    "(default: t10k for a test database, train for a training one).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace existing files of the same names.")
+@quiet_option
+def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bool) -> None:
+    """Write the IDX image and label files back from database DB into OUT_DIR.
+
+    For a database made by convert, the files equal the originals byte for byte; one made
+    with options (DB/mnist2db.json) is mapped back to its source items: a shuffle and a
+    transposition are undone, and the labels are the Datum labels as uint8 (idx1). The
+    files appear only when both are complete.
+
+    Example: mnist2db export examples/mnist/mnist_train_lmdb out/
+    """
+    from mnist2db.export import export_db
+
+    with library_errors(), progress_reporter("Exporting", quiet) as progress:
+        result = export_db(db, out_dir, prefix=prefix, overwrite=overwrite, progress=progress)
+    if not quiet:
+        echo(
+            f"Wrote {result.images} and {result.labels} ({result.count} items, "
+            f"{result.rows} × {result.cols}).",
+            err=True,
+        )
+        for note in result.notes:
+            echo(f"  {note}", err=True)

@@ -1,0 +1,136 @@
+"""The command-line options several commands share: defined once, used by ``cli.py``.
+
+Each option mirrors a keyword argument of the library (``--label-column`` ↔
+``label_column``). Only click and the dataset table (no network imports) are imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from mnist2db.fetch.catalog import DATASET_NAMES, DEFAULT_DATASET
+from mnist2db.storage.backends import BACKENDS, DEFAULT_BACKEND
+
+__all__ = [
+    "Path",
+    "backend_option",
+    "data_dir_option",
+    "encoded_option",
+    "dataset_option",
+    "label_column_option",
+    "quiet_option",
+    "range_options",
+    "record_options",
+    "shuffle_options",
+    "transpose_option",
+]
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+class Path(click.Path):
+    """click.Path that refuses an empty string up front (a usage error, exit 2)."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if value == "":
+            self.fail("an empty path names nothing", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+backend_option = click.option(
+    "--backend",
+    type=click.Choice(BACKENDS, case_sensitive=False),
+    default=DEFAULT_BACKEND,
+    show_default=True,
+    help="Database to write.",
+)
+quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+
+
+def dataset_option(help_text: str) -> Decorator:
+    return click.option(
+        "--dataset",
+        type=click.Choice(DATASET_NAMES),
+        default=DEFAULT_DATASET,
+        show_default=True,
+        help=help_text,
+    )
+
+
+def data_dir_option(help_text: str) -> Decorator:
+    return click.option(
+        "--data", "data_dir", type=click.Path(file_okay=False, path_type=str), help=help_text
+    )
+
+
+def range_options(noun: str, count_default: int | None) -> Decorator:
+    """``--offset N --count M``: the ``noun`` items (records, source items) ``N … N+M-1``,
+    from 0; ``count_default`` None means to the end of the source. The range is checked by
+    :func:`mnist2db.recipe.check_range`."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        func = click.option(
+            "--count",
+            type=click.IntRange(min=1 if count_default is not None else 0),
+            default=count_default,
+            show_default=count_default is not None,
+            help=f"Number of {noun}s."
+            + ("" if count_default is not None else "  [default: to the end]"),
+        )(func)
+        return click.option(
+            "--offset",
+            type=click.IntRange(min=0),
+            default=0,
+            show_default=True,
+            help=f"First {noun} (from 0).",
+        )(func)
+
+    return decorate
+
+
+transpose_option = click.option(
+    "--transpose",
+    is_flag=True,
+    help="Swap each image's height and width (EMNIST stores its images transposed).",
+)
+label_column_option = click.option(
+    "--label-column",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="For a QMNIST idx2-int label file: the column that is the label (0: the class).",
+)
+
+
+def shuffle_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--shuffle`` and ``--seed N``: records in a seeded random order."""
+    func = click.option(
+        "--seed",
+        type=click.IntRange(0, 2**64 - 1),
+        default=None,
+        help="Seed of --shuffle: the same seed gives the same database.  [default: fresh]",
+    )(func)
+    return click.option(
+        "--shuffle",
+        is_flag=True,
+        help="Write the records in a random order (keys still 00000000, ...).",
+    )(func)
+
+
+encoded_option = click.option(
+    "--encoded",
+    type=click.Choice(["png"]),  # mnist2db.formats.png.ENCODINGS (not imported: keeps --help fast)
+    default=None,
+    help="Store each image as a PNG in Datum.data (encoded: true; Caffe's data layer decodes "
+    "it).  [default: raw pixels]",
+)
+
+
+def record_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``convert``'s and ``create``'s options on how records are written: ``--shuffle``,
+    ``--seed`` and ``--encoded``."""
+    return shuffle_options(encoded_option(func))

@@ -1,0 +1,1 @@
+"""The file formats: IDX (the format, its reader, pipes) and Caffe's Datum (raw and PNG-encoded)."""

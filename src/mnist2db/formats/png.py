@@ -1,0 +1,183 @@
+"""Encoded Datums: PNG images in ``Datum.data`` (``--encoded png``), written and read.
+
+Caffe's ``convert_imageset --encoded`` stores each image file's bytes in ``data``, sets
+``encoded: true`` and leaves ``channels``, ``height`` and ``width`` 0; its DataTransformer
+decodes them with OpenCV ``imdecode(..., IMREAD_UNCHANGED)``, in their native channels. mnist2db
+writes grayscale PNGs, so a record decodes to exactly its pixels, 1 channel, and fills in
+``channels=1``, ``height`` and ``width`` as well (NVIDIA/DIGITS#514), so that a reader knows
+the shape without decoding.
+
+The PNG writer is a small one of mnist2db's own (signature, ``IHDR``, one ``IDAT`` of
+zlib at level :data:`PNG_LEVEL`, ``IEND``, each with its CRC-32; filter type 0 on every row):
+deterministic for a given zlib, and several times faster than Pillow per image. Reading
+goes through :mod:`mnist2db.formats.png_codec`: PNGs by zlib and numpy (Pillow for the kinds it
+leaves), any other image (JPEG) by Pillow; every reader of the project calls
+:func:`decode_image`.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+from mnist2db.fastpath import TYPE_CHECKING
+from mnist2db.formats.datum import encode_varint
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+    import numpy as np
+
+__all__ = [
+    "ENCODINGS",
+    "PNG_LEVEL",
+    "check_encoding",
+    "datum_encoding",
+    "decode_image",
+    "decode_images",
+    "encode_png",
+    "encode_png_batch",
+    "is_png",
+]
+
+#: The encodings ``convert``/``create`` can write (``encoded=``); None writes raw pixels.
+ENCODINGS = ("png",)
+#: zlib's compression level of the PNG data (zlib's default).
+PNG_LEVEL = 6
+_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_IEND = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+
+
+def check_encoding(encoded: str | None) -> None:
+    """Refuse an unknown ``encoded`` value (one line naming the choices)."""
+    from mnist2db.errors import Mnist2dbError
+
+    if encoded is not None and encoded not in ENCODINGS:
+        raise Mnist2dbError(
+            f"unknown encoding {encoded!r}: expected one of {', '.join(ENCODINGS)} (or none)"
+        )
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return (
+        struct.pack(">I", len(body))
+        + kind
+        + body
+        + struct.pack(">I", zlib.crc32(body, zlib.crc32(kind)))
+    )
+
+
+def _header(rows: int, cols: int) -> bytes:
+    # width, height, bit depth 8, colour type 0 (grey), deflate, filter method 0, no interlace
+    return _SIGNATURE + _chunk(b"IHDR", struct.pack(">IIBBBBB", cols, rows, 8, 0, 0, 0, 0))
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    """A grayscale PNG of one ``(rows, cols)`` uint8 image."""
+    rows, cols = image.shape
+    return _header(rows, cols) + _body(_scanlines(image[None])[0])
+
+
+def _scanlines(images: np.ndarray) -> list[bytes]:
+    """Each image's PNG scanlines: every row preceded by its filter type, 0 (None)."""
+    import numpy as np
+
+    n, rows, cols = images.shape
+    matrix = np.zeros((n, rows, cols + 1), dtype=np.uint8)
+    matrix[:, :, 1:] = images
+    size = rows * (cols + 1)
+    raw = matrix.tobytes()
+    return [raw[i : i + size] for i in range(0, n * size, size)]
+
+
+def _body(scanlines: bytes) -> bytes:
+    return _chunk(b"IDAT", zlib.compress(scanlines, PNG_LEVEL)) + _IEND
+
+
+def encode_png_batch(images: np.ndarray, labels: np.ndarray) -> list[bytes]:
+    """Serialize one encoded Datum per image: ``channels=1``, ``height``, ``width``, ``data``
+    a PNG of the image, ``label``, ``encoded=true`` (bytes as ``SerializeToString()``).
+
+    Args:
+        images: uint8 array of shape ``(n, rows, cols)``.
+        labels: integer array of shape ``(n,)``.
+    """
+    n, rows, cols = images.shape
+    if n == 0:
+        return []
+    header = _header(rows, cols)
+    head = b"\x08\x01\x10" + encode_varint(rows) + b"\x18" + encode_varint(cols) + b"\x22"
+    out = []
+    for scanlines, label in zip(_scanlines(images), labels.tolist(), strict=True):
+        png = header + _body(scanlines)
+        out.append(
+            b"".join(
+                (
+                    head,
+                    encode_varint(len(png)),
+                    png,
+                    _TAILS[label]
+                    if 0 <= label < 256
+                    else b"\x28" + encode_varint(label) + b"\x38\x01",
+                )
+            )
+        )
+    return out
+
+
+#: ``label`` (field 5) and ``encoded: true`` (field 7), for every uint8 label.
+_TAILS = [b"\x28" + encode_varint(label) + b"\x38\x01" for label in range(256)]
+
+
+def is_png(data: bytes) -> bool:
+    """True when ``data`` begins with the PNG signature."""
+    return bytes(data[:8]) == _SIGNATURE
+
+
+def datum_encoding(datum: object) -> str:
+    """How a Datum holds its image, as ``info`` names it."""
+    if getattr(datum, "encoded", False):
+        kind = "PNG-encoded" if is_png(getattr(datum, "data", b"")) else "encoded"
+        return f"{kind} image (Datum.encoded)"
+    if len(getattr(datum, "data", b"")):
+        return "uint8 data"
+    if len(getattr(datum, "float_data", ())):
+        return "float_data"
+    return "empty"
+
+
+def decode_image(data: bytes, where: str) -> np.ndarray:
+    """An encoded Datum's image as Caffe's data layer decodes it: ``(c, h, w)`` uint8, BGR
+    for colour (OpenCV's order), 1 channel for grey (:mod:`mnist2db.formats.png_codec`: PNG by
+    zlib and numpy, anything else by Pillow; 16-bit refused as Caffe refuses it).
+
+    Raises:
+        DatumError: the data is not an image that can be decoded, naming ``where``.
+    """
+    from mnist2db.formats.png_codec import decode_image as decode
+
+    return decode(data, where)
+
+
+def decode_images(datas: Sequence[bytes], wheres: Sequence[str]) -> list[np.ndarray]:
+    """:func:`decode_image` of each, in order, on a few threads when there are many."""
+    from mnist2db.formats.png_codec import decode_image as decode
+    from mnist2db.formats.png_codec import decode_many
+
+    return decode_many(decode, datas, wheres)
+
+
+def decoded_datum(datum: Any, where: str) -> Any:
+    """``datum`` with an encoded image replaced by its raw pixels (``encoded`` false, the
+    decoded shape); a raw Datum is returned as it is. Changes ``datum`` in place.
+
+    Raises:
+        DatumError: the image cannot be decoded.
+    """
+    if datum.encoded:
+        image = decode_image(datum.data, where)
+        datum.channels, datum.height, datum.width = (int(d) for d in image.shape)
+        datum.data = image.tobytes()
+        datum.encoded = False
+    return datum

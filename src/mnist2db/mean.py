@@ -1,0 +1,269 @@
+"""The mean image of a Datum database, as Caffe's ``compute_image_mean`` writes it.
+
+Caffe sums every record's pixels into a ``BlobProto`` of float32, record by record in key
+order (``sum = sum + pixel``), then divides each element by the record count in float32,
+and writes the ``BlobProto`` with ``num=1``, ``channels``, ``height``, ``width`` and packed
+``data``; no ``shape``. float32 sums of uint8 values are exact only below 2**24 (65 793
+records of 255); past that the result depends on the order of the additions, so the sums
+here are sequential float32 additions in key order too: ``numpy.cumsum`` along the record
+axis of a batch whose first row is the running sum (an accumulation is sequential, unlike
+``numpy.sum``'s pairwise summation), one batch at a time. The bytes are Caffe's for any
+database. The standard deviation (not in Caffe's file) is computed exactly from integer
+sums of pixels and squared pixels.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from mnist2db.errors import Mnist2dbError
+from mnist2db.formats.datum import encode_varint, key_text
+from mnist2db.formats.png import decoded_datum
+from mnist2db.progress import Progress, reporting
+from mnist2db.storage.backends import DEFAULT_BATCH_SIZE, check_batch_size
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from mnist2db.storage.files import PathArg
+
+
+class _MeanResultFields(NamedTuple):
+    path: str
+    backend: str
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
+    mean: np.ndarray
+    channel_means: tuple[float, ...]
+    channel_stds: tuple[float, ...]
+
+
+__all__ = ["MeanResult", "blobproto_bytes", "compute_mean", "write_mean"]
+
+#: Records summed per numpy call; the batch's float32 copy is batch × pixels × 4 bytes.
+
+
+class MeanResult(_MeanResultFields):
+    """What :func:`compute_mean` found (immutable).
+
+    Fields: ``path``, ``backend``, ``count`` (records), ``mean`` (float32 array of shape
+    ``(channels, height, width)``, Caffe's mean image), ``channel_means`` and
+    ``channel_stds`` (per channel, over every pixel of every record, on the 0–255 scale).
+    """
+
+    __slots__ = ()
+
+    def caffe_channel_means(self) -> list[float]:
+        """Caffe's logged ``mean_value channel [c]``: a float32 sum of the channel's mean
+        pixels in order, divided by their number in float32."""
+        import numpy as np
+
+        channels = self.mean.shape[0]
+        flat = self.mean.reshape(channels, -1)
+        values = []
+        for c in range(channels):
+            total = np.cumsum(flat[c], dtype=np.float32)[-1] if flat.shape[1] else 0
+            values.append(float(np.float32(total) / np.float32(flat.shape[1])))
+        return values
+
+
+def _records(path: str, backend: str | None) -> Iterator[tuple[bytes, Any]]:
+    """The database's ``(key, Datum)`` in key order: the one place the readers are used."""
+    from mnist2db.storage.readers import iter_db
+
+    return iter_db(path, backend)
+
+
+def _pixels(key: bytes, datum: Any, path: str) -> tuple[tuple[int, int, int], Any]:
+    """A record's shape and its values as a flat numpy array (uint8 data or float32)."""
+    import numpy as np
+
+    name = key_text(key)
+    # An encoded image is decoded first, as Caffe's DecodeDatumNative does.
+    datum = decoded_datum(datum, f"{path}: key {name}")
+    shape = (int(datum.channels), int(datum.height), int(datum.width))
+    size = shape[0] * shape[1] * shape[2]
+    if len(datum.data):
+        values = np.frombuffer(datum.data, dtype=np.uint8)
+    else:
+        values = np.array(datum.float_data, dtype=np.float32)
+    if len(values) != size:
+        raise Mnist2dbError(
+            f"{path}: key {name}: {len(values)} values, but channels × height × width "
+            f"{' × '.join(map(str, shape))} needs {size}"
+        )
+    return shape, values
+
+
+def compute_mean(
+    path: PathArg,
+    backend: str | None = None,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: Progress | None = None,
+) -> MeanResult:
+    """Compute Caffe's mean image of the database at ``path``, streaming a batch at a time.
+
+    Args:
+        path: an LMDB or LevelDB database of Datums (backend detected when None).
+        batch_size: records summed per step (memory: a batch of float32 pixels).
+        progress: called as ``progress(records_done, 0)`` after each batch.
+
+    Returns:
+        A :class:`MeanResult`.
+
+    Raises:
+        BackendError: ``path`` is not a database.
+        DatumError: a value is not a Datum.
+        Mnist2dbError: the database is empty, or its records differ in shape.
+    """
+    progress = reporting(progress)
+    import numpy as np
+
+    path = os.fsdecode(path)
+    check_batch_size(batch_size)
+    from mnist2db.storage.backends import detect_backend
+
+    backend = backend or detect_backend(path)
+    shape: tuple[int, int, int] | None = None
+    total: Any = None  # float32 running sum, Caffe's sum_blob
+    sums: Any = None  # exact per-channel sums of pixels and squared pixels (float64 for floats)
+    squares: Any = None
+    count = 0
+    pending: list[Any] = []
+
+    def flush() -> None:
+        nonlocal total, sums, squares
+        channels = sums.size
+        block = np.empty((len(pending) + 1, total.size), dtype=np.float32)
+        block[0] = total
+        for row, values in enumerate(pending, start=1):
+            block[row] = values
+        # Sequential float32 additions down the record axis: Caffe's order, exactly.
+        np.cumsum(block, axis=0, dtype=np.float32, out=block)
+        total = block[-1].copy()
+        stacked = np.stack(pending).reshape(len(pending), channels, -1)
+        wide = stacked.astype(np.int64 if stacked.dtype == np.uint8 else np.float64)
+        sums = sums + wide.sum(axis=(0, 2))
+        squares = squares + (wide * wide).sum(axis=(0, 2))
+        pending.clear()
+
+    for key, datum in _records(path, backend):
+        record_shape, values = _pixels(key, datum, path)
+        if shape is None:
+            shape = record_shape
+            total = np.zeros(values.size, dtype=np.float32)
+            sums = np.zeros(shape[0], dtype=np.float64)
+            squares = np.zeros(shape[0], dtype=np.float64)
+        elif record_shape != shape:
+            raise Mnist2dbError(
+                f"{path}: key {key.decode('ascii', errors='backslashreplace')}: shape "
+                f"{' × '.join(map(str, record_shape))} differs from the first record's "
+                f"{' × '.join(map(str, shape))}"
+            )
+        pending.append(values)
+        count += 1
+        if len(pending) >= batch_size:
+            flush()
+            progress(count, 0)
+    if shape is None:
+        raise Mnist2dbError(f"{path}: the database holds no records; a mean needs at least one")
+    if pending:
+        flush()
+        progress(count, 0)
+    mean = (total / np.float32(count)).astype(np.float32).reshape(shape)
+    pixels = count * shape[1] * shape[2]
+    means = tuple(float(s) / pixels if pixels else 0.0 for s in sums)
+    stds = tuple(
+        math.sqrt(max(float(q) / pixels - m * m, 0.0)) if pixels else 0.0
+        for q, m in zip(squares, means, strict=True)
+    )
+    return MeanResult(path, backend, count, mean, means, stds)
+
+
+def blobproto_bytes(mean: np.ndarray) -> bytes:
+    """Serialize a ``(channels, height, width)`` float32 mean as Caffe's ``BlobProto``.
+
+    The fields Caffe's ``compute_image_mean`` sets, in field-number order: ``num`` (1) = 1,
+    ``channels`` (2), ``height`` (3), ``width`` (4), then ``data`` (5) as a packed run of
+    little-endian float32 values — exactly ``BlobProto.SerializeToString()``.
+    """
+    import numpy as np
+
+    channels, height, width = (int(d) for d in mean.shape)
+    data = np.ascontiguousarray(mean, dtype="<f4").tobytes()
+    head = b"".join(
+        bytes([tag]) + encode_varint(value)
+        for tag, value in ((0x08, 1), (0x10, channels), (0x18, height), (0x20, width))
+    )
+    # An empty packed field is not written at all, as protobuf does.
+    body = b"\x2a" + encode_varint(len(data)) + data if data else b""
+    return head + body
+
+
+def check_mean_target(
+    out: PathArg,
+    overwrite: bool = False,
+    inputs: Sequence[PathArg] = (),
+) -> None:
+    """Raise unless the mean may be written to ``out``: call it before computing the mean,
+    so that a bad target fails at once, not after reading the whole database.
+
+    Args:
+        inputs: the database(s) the mean is computed from: ``out`` may be neither one of
+            them nor a file inside one (:func:`mnist2db.storage.placement.check_file_target`).
+
+    Raises:
+        OutputExistsError: ``out`` exists and ``overwrite`` is false, it is not a file, or it
+            is (or is inside) one of ``inputs``.
+        Mnist2dbError: its directory does not exist or cannot be written.
+    """
+    from mnist2db.storage.placement import check_file_target
+
+    check_file_target(os.fsdecode(out), overwrite, [os.fsdecode(i) for i in inputs])
+
+
+def write_mean(
+    result: MeanResult,
+    out: PathArg,
+    *,
+    overwrite: bool = False,
+    npy: bool | None = None,
+) -> int:
+    """Write the mean to ``out``: Caffe's BlobProto bytes, or the float32
+    ``(channels, height, width)`` array as ``.npy`` (``npy``; None: when ``out`` ends in
+    ``.npy``). Atomic (temporary file, then rename).
+
+    Returns:
+        The number of bytes written.
+
+    Raises:
+        OutputExistsError: ``out`` exists and ``overwrite`` is false, it is not a file, or
+            it is the database the mean was computed from (or a file inside it).
+        Mnist2dbError: the file cannot be written.
+    """
+    import io
+
+    import numpy as np
+
+    from mnist2db.storage.files import AtomicFile
+
+    out = os.fsdecode(out)
+    check_mean_target(out, overwrite, [result.path])
+    if npy is None:
+        npy = out.endswith(".npy")
+    if npy:
+        buffer = io.BytesIO()
+        np.save(buffer, result.mean.astype(np.float32), allow_pickle=False)
+        payload = buffer.getvalue()
+    else:
+        payload = blobproto_bytes(result.mean)
+    try:
+        with AtomicFile(out) as target:
+            target.stream.write(payload)
+            target.commit()
+    except OSError as exc:
+        raise Mnist2dbError(f"{out}: cannot write: {exc.strerror or exc}") from None
+    return len(payload)

@@ -1,0 +1,338 @@
+"""LMDB and LevelDB behind one small interface: writers that take key/value batches, readers
+that iterate ``(key, value)`` in key order.
+
+Writers are opened on a fresh directory (the staging directory of :mod:`mnist2db.conversion`)
+and do not fsync per batch: the finished database is flushed once, by :meth:`Writer.close`,
+before it is moved to its final name. Caffe's own options are kept (LMDB: a directory with
+``data.mdb`` and ``lock.mdb``; LevelDB: 64 KiB blocks, 256 MiB write buffer, 100 open files).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections import deque
+from collections.abc import Iterator, Sequence
+
+from mnist2db.errors import BackendError
+from mnist2db.fastpath import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_BACKEND",
+    "DEFAULT_BATCH_SIZE",
+    "SIAMESE_BACKEND",
+    "DATABASE_FILES",
+    "Writer",
+    "check_backend",
+    "check_batch_size",
+    "detect_backend",
+    "open_writer",
+    "size_hint",
+]
+
+#: The databases mnist2db writes and reads, the default first.
+BACKENDS = ("lmdb", "leveldb")
+#: The backend every writer uses unless told (Caffe's convert_mnist_data: ``--backend=lmdb``).
+DEFAULT_BACKEND = BACKENDS[0]
+#: The backend of siamese pair databases unless told: Caffe's convert_mnist_siamese_data
+#: writes LevelDB only, and its example's net reads LevelDB.
+SIAMESE_BACKEND = "leveldb"
+#: Records per transaction (LMDB) or write batch (LevelDB), as Caffe's convert_mnist_data commits.
+DEFAULT_BATCH_SIZE = 1000
+
+#: Caffe's LevelDB options (caffe/src/caffe/util/db_leveldb.cpp).
+LEVELDB_OPTIONS: dict[str, Any] = {
+    "block_size": 65536,
+    "write_buffer_size": 268435456,
+    "max_open_files": 100,
+}
+
+#: Mode for LMDB's files, as Caffe's ``mdb_env_open(..., 0664)``; the umask applies.
+LMDB_FILE_MODE = 0o664
+
+_MIN_MAP_SIZE = 64 << 20
+
+
+def _drain(iterator: Iterator[object]) -> None:
+    deque(iterator, maxlen=0)
+
+
+class Writer(Protocol):
+    """Receives records in increasing key order, one batch per transaction."""
+
+    def write_batch(self, items: Sequence[tuple[bytes, bytes]]) -> None: ...
+
+    def close(self) -> None:
+        """Flush everything to disk and close; the database is then complete."""
+
+    def abort(self) -> None:
+        """Close without flushing; the caller discards the directory."""
+
+
+class LmdbWriter:
+    """Writes an LMDB environment, one transaction per batch, growing the map when full."""
+
+    def __init__(self, path: str, size_hint: int, append: bool = True) -> None:
+        import lmdb
+
+        self._lmdb = lmdb
+        self.path = path
+        self._append = append
+        self.map_size = max(_MIN_MAP_SIZE, size_hint)
+        try:
+            self._env = lmdb.open(
+                os.fsencode(path),
+                map_size=self.map_size,
+                subdir=True,
+                # One fsync at the end (close) instead of one per commit: the database
+                # lives under a temporary name until it is complete and flushed.
+                sync=False,
+                metasync=False,
+                readahead=False,
+                meminit=False,
+                max_dbs=0,
+                mode=LMDB_FILE_MODE,
+            )
+        except lmdb.Error as exc:
+            raise BackendError(f"{path}: cannot create LMDB environment: {exc}") from exc
+        self._writeback = _Writeback(path, "data.mdb")
+
+    def write_batch(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        self._write(items)
+        if items:
+            self._writeback.wrote(len(items) * (len(items[0][0]) + len(items[0][1]) + 16))
+
+    def _write(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        lmdb = self._lmdb
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    consumed, added = txn.cursor().putmulti(items, append=self._append)
+                if added != len(items):
+                    raise BackendError(
+                        f"{self.path}: LMDB stored {added} of {len(items)} records "
+                        "(duplicate or out-of-order keys)"
+                    )
+                return
+            except lmdb.MapFullError:
+                # The transaction was aborted as a whole; double the map and redo it.
+                self.map_size *= 2
+                try:
+                    self._env.set_mapsize(self.map_size)
+                except lmdb.Error as exc:
+                    raise BackendError(
+                        f"{self.path}: cannot grow LMDB map to {self.map_size} bytes: {exc}"
+                    ) from exc
+            except lmdb.Error as exc:
+                raise BackendError(f"{self.path}: LMDB write failed: {exc}") from exc
+
+    def close(self) -> None:
+        self._writeback.close()
+        try:
+            self._env.sync(True)
+            self._env.close()
+        except self._lmdb.Error as exc:
+            raise BackendError(f"{self.path}: LMDB flush failed: {exc}") from exc
+
+    def abort(self) -> None:
+        self._writeback.close()
+        self._env.close()
+
+
+class _Writeback:
+    """Starts the kernel writing the database's dirty pages to disk every few MiB, unwaited.
+
+    The writers do not sync per batch, so without this all the data waits for the final
+    fsync, which then takes as long as the disk needs for the whole database. Started
+    early, that writing overlaps the conversion and the final fsync (still the one that
+    makes the database durable) has little left to do. Linux only (sync_file_range);
+    elsewhere, and on any failure, this does nothing.
+
+    Args:
+        directory: the database directory.
+        suffix: which of its files to write back (``data.mdb``; ``.log`` for LevelDB).
+    """
+
+    EVERY = 4 << 20
+    _SYNC_FILE_RANGE_WRITE = 2
+
+    def __init__(self, directory: str, suffix: str) -> None:
+        self._directory = directory
+        self._suffix = suffix
+        self._pending = 0
+        self._fds: dict[str, int] = {}
+        self._func: Any = None
+        if not hasattr(os, "posix_fadvise"):  # not Linux-like: skip quietly
+            return
+        try:
+            import ctypes
+
+            func = ctypes.CDLL(None, use_errno=True).sync_file_range
+        except (OSError, AttributeError):
+            return
+        func.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+        self._func = func
+
+    def wrote(self, size: int) -> None:
+        self._pending += size
+        if self._pending < self.EVERY or self._func is None:
+            return
+        self._pending = 0
+        try:
+            for entry in os.scandir(self._directory):
+                if entry.name.endswith(self._suffix) and entry.name not in self._fds:
+                    self._fds[entry.name] = os.open(entry.path, os.O_RDONLY)
+        except OSError:
+            self.close()
+            return
+        for fd in self._fds.values():
+            if self._func(fd, 0, 0, self._SYNC_FILE_RANGE_WRITE) != 0:
+                self.close()  # not supported here: stop trying
+                return
+
+    def close(self) -> None:
+        self._func = None
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+class LeveldbWriter:
+    """Writes a LevelDB database with Caffe's options, one write batch per batch."""
+
+    def __init__(self, path: str) -> None:
+        import plyvel
+
+        self._plyvel = plyvel
+        self.path = path
+        try:
+            self._db = plyvel.DB(
+                os.fsencode(path), create_if_missing=True, error_if_exists=True, **LEVELDB_OPTIONS
+            )
+        except plyvel.Error as exc:
+            raise BackendError(
+                f"{path}: cannot create LevelDB database: {backend_message(exc)}"
+            ) from exc
+        self._writeback = _Writeback(path, ".log")
+
+    def write_batch(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        try:
+            with self._db.write_batch() as batch:
+                # starmap drained by a zero-length deque: the loop runs in C.
+                _drain(itertools.starmap(batch.put, items))
+        except self._plyvel.Error as exc:
+            raise BackendError(
+                f"{self.path}: LevelDB write failed: {backend_message(exc)}"
+            ) from exc
+        if items:
+            self._writeback.wrote(len(items) * (len(items[0][0]) + len(items[0][1]) + 16))
+
+    def close(self) -> None:
+        self._writeback.close()
+        try:
+            # A synced empty write flushes LevelDB's log; the files are fsynced by the caller.
+            self._db.write_batch(sync=True).write()
+            self._db.close()
+        except self._plyvel.Error as exc:
+            raise BackendError(
+                f"{self.path}: LevelDB flush failed: {backend_message(exc)}"
+            ) from exc
+
+    def abort(self) -> None:
+        self._writeback.close()
+        self._db.close()
+
+
+def check_backend(backend: str) -> None:
+    """Raises BackendError unless ``backend`` is one of :data:`BACKENDS`."""
+    if backend not in BACKENDS:
+        raise BackendError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+
+
+def check_batch_size(batch_size: int) -> None:
+    """Raises Mnist2dbError unless a writer's ``batch_size`` is at least 1."""
+    if batch_size < 1:
+        from mnist2db.errors import Mnist2dbError
+
+        raise Mnist2dbError(f"batch size must be at least 1, got {batch_size}")
+
+
+def size_hint(records: int, value_size: int, *, streaming: bool = False) -> int:
+    """The ``size_hint`` of :func:`open_writer` for ``records`` values of ``value_size`` bytes
+    under Caffe's 8-byte keys: LMDB's pages hold small records side by side and give large
+    ones whole overflow pages; twice that for the B-tree's slack, plus 16 MiB.
+
+    ``streaming``: the count comes from a pipe's header, not checked against its size before
+    the data arrives: reserve at most 1 GiB of what it merely promises (the map grows when
+    needed).
+    """
+    record = value_size + 8 + 16
+    page = 4096
+    if record > page // 2:
+        record = -(-record // page) * page
+    hint = 2 * records * record + (16 << 20)
+    return min(hint, 1 << 30) if streaming else hint
+
+
+def open_writer(backend: str, path: str, size_hint: int = 0, append: bool = True) -> Writer:
+    """Create a new, empty database of ``backend`` in the directory ``path``.
+
+    Args:
+        backend: ``"lmdb"`` or ``"leveldb"``.
+        path: a directory to create the database in (LMDB) or at (LevelDB).
+        size_hint: expected bytes of keys and values, used to size LMDB's map.
+        append: keys arrive in strictly increasing order (lets LMDB append).
+
+    Raises:
+        BackendError: unknown backend, or the backend could not create the database.
+    """
+    if backend == "lmdb":
+        return LmdbWriter(path, size_hint, append=append)
+    check_backend(backend)
+    return LeveldbWriter(path)
+
+
+def detect_backend(path: str | os.PathLike[str]) -> str:
+    """Tell which backend wrote the database at ``path``, from its files.
+
+    Raises:
+        BackendError: the path is missing, or is neither an LMDB nor a LevelDB database.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise BackendError(f"{path}: no such database")
+    if not os.path.isdir(path):
+        raise BackendError(f"{path}: not a database directory (LMDB or LevelDB)")
+    if os.path.isfile(os.path.join(path, "data.mdb")):
+        return "lmdb"
+    if os.path.isfile(os.path.join(path, "CURRENT")):
+        return "leveldb"
+    raise BackendError(f"{path}: neither an LMDB (no data.mdb) nor a LevelDB (no CURRENT) database")
+
+
+#: The files each backend creates in its directory (regular expressions for whole names):
+#: what ``--overwrite`` may remove. LevelDB numbers its tables, logs and manifests
+#: (``000005.ldb``, ``000003.log``, ``MANIFEST-000002``), so a user's ``notes.log`` is not
+#: one of them. Anything else in a directory means it is not (only) a database.
+DATABASE_FILES: dict[str, str] = {
+    "lmdb": r"data\.mdb|lock\.mdb",
+    "leveldb": r"CURRENT|LOCK|LOG|LOG\.old|MANIFEST-[0-9]+|[0-9]+\.(?:log|ldb|sst)",
+}
+
+
+def is_database_file(backend: str, name: str) -> bool:
+    """True if ``name`` is a file name ``backend`` creates in a database directory."""
+    import re
+
+    return re.fullmatch(DATABASE_FILES[backend], name, re.ASCII) is not None
+
+
+def backend_message(exc: BaseException) -> str:
+    """A backend's message as text (plyvel gives ``b'...'`` bytes), on one line."""
+    arg = exc.args[0] if exc.args else exc
+    text = arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
+    return " ".join(text.split())

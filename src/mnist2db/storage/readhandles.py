@@ -1,0 +1,434 @@
+"""The backends' read handles: one small class per backend, chosen once (:data:`READ_HANDLES`),
+as the writers are (:mod:`mnist2db.backends`).
+
+A handle is one open database in this process; :mod:`mnist2db.readers` shares it between
+readers, counts who uses it (readers and reads in progress) and tells it when the last one
+is gone. A handle is opened through a descriptor of the database's directory, so it reads
+the directory it was opened on even when the path is given to another one meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+from mnist2db.errors import BackendError
+from mnist2db.storage.backends import backend_message
+
+__all__ = [
+    "LMDB_READ_OPTIONS",
+    "READ_HANDLES",
+    "LeveldbHandle",
+    "LmdbHandle",
+    "ReadHandle",
+    "held_elsewhere",
+]
+
+#: py-lmdb's options for reading a finished database. lock=False: a finished database never
+#: changes, so readers need no reader table; nothing is written to lock.mdb (read-only media
+#: work as any other), a killed worker leaves no stale reader slot, and max_readers does not
+#: apply. readahead=False: random access to a database larger than the page cache then
+#: reads only the pages it needs.
+LMDB_READ_OPTIONS: dict[str, Any] = {
+    "readonly": True,
+    "lock": False,
+    "readahead": False,
+    "subdir": True,
+    "max_dbs": 0,
+}
+
+_LEVELDB_HINT = (
+    "LevelDB admits one process at a time: read it with num_workers=0 (in the process "
+    "that opened it), or convert it to LMDB (mnist2db convert --backend lmdb), which any "
+    "number of processes can read"
+)
+
+_PROC_FD: bool | None = None
+#: Milliseconds an LMDB open waits for a dropped environment of the same files to end.
+_ENDING_WAITS = 2000
+
+
+def _proc_fd() -> bool:
+    """True where a directory descriptor can be opened as a path (/proc/self/fd/N)."""
+    global _PROC_FD
+    if _PROC_FD is None:
+        _PROC_FD = os.path.isdir("/proc/self/fd")
+    return _PROC_FD
+
+
+def held_elsewhere(reason: str) -> bool:
+    """True if LevelDB's ``reason`` for not opening is another process holding its lock."""
+    return "lock" in reason.lower() and "temporarily unavailable" in reason.lower()
+
+
+class ReadHandle:
+    """One open database in this process, read-only.
+
+    ``refs`` (readers sharing it, and reads in progress) is kept by :mod:`mnist2db.readers`
+    under its table lock; :meth:`ensure_open` and :meth:`release` are called there too.
+    """
+
+    backend: ClassVar[str] = ""
+
+    def __init__(self, path: str, dir_fd: int, identity: tuple[int, int]) -> None:
+        self.path = path
+        self.dir_fd = dir_fd
+        #: ``(st_dev, st_ino)`` of the database directory.
+        self.identity = identity
+        self.refs = 0
+        self.forked_from: int | None = None  # LevelDB: the pid that opened it, in a child
+        self._open_lock = threading.Lock()
+
+    @property
+    def location(self) -> str:
+        """The path the backend is opened at: the directory's descriptor where possible."""
+        return f"/proc/self/fd/{self.dir_fd}" if _proc_fd() else self.path
+
+    def message(self, exc: BaseException) -> str:
+        """The backend's message for ``exc``, naming the database by the user's path."""
+        return backend_message(exc).replace(self.location, self.path)
+
+    def failed(self, exc: BaseException) -> BackendError:
+        return BackendError(f"{self.path}: {self.backend} read failed: {self.message(exc)}")
+
+    def check_path_after_open(self) -> None:
+        """Opened by path (no /proc): the path must still name the directory."""
+        if self.location != self.path:
+            return
+        status = os.stat(self.path)
+        if (status.st_dev, status.st_ino) != self.identity:
+            self.release()
+            raise BackendError(
+                f"{self.path}: the database was replaced while it was being opened; open it again"
+            )
+
+    # -- what each backend provides --------------------------------------------------------
+
+    @classmethod
+    def errors(cls) -> tuple[type[Exception], ...]:
+        """The backend library's exception classes."""
+        raise NotImplementedError
+
+    def ensure_open(self) -> None:
+        """Open the backend if it is not open (under the table lock)."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """No reader and no read is left: let the backend go."""
+        raise NotImplementedError
+
+    def alive(self) -> bool:
+        """True while the backend is open (or still in use by a read that took no pin)."""
+        raise NotImplementedError
+
+    def count(self) -> int:
+        raise NotImplementedError
+
+    def get(self, key: bytes) -> bytes | None:
+        raise NotImplementedError
+
+    def iterate(self, start: bytes | None, keys_only: bool, reverse: bool) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def after_fork_in_child(self, parent: int) -> None:
+        raise NotImplementedError
+
+    def forget(self) -> None:
+        """The handle leaves the table: close the directory's descriptor."""
+        fd, self.dir_fd = self.dir_fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class LmdbHandle(ReadHandle):
+    """An LMDB environment; each thread reads through one long-lived read transaction of
+    its own (LMDB transactions belong to one thread; with no writer, a long one costs
+    nothing), kept in :attr:`local` (``local.txn``), which datasets read directly.
+
+    The environment is never closed explicitly while threads may use it: py-lmdb reads
+    with the GIL released, so closing under a read would unmap the pages it reads.
+    :meth:`release` drops the environment and every thread's transaction instead; each
+    transaction holds its environment, so the environment ends when the last transaction
+    in use does. Until then it is taken up again by the next reader (:meth:`ensure_open`):
+    py-lmdb refuses a second environment on the same files in one process.
+    """
+
+    backend = "lmdb"
+
+    def __init__(self, path: str, dir_fd: int, identity: tuple[int, int]) -> None:
+        super().__init__(path, dir_fd, identity)
+        self._env: Any = None
+        self._env_ref: Any = None  # weakref.ref to the environment last opened
+        self.local = threading.local()
+
+    @classmethod
+    def errors(cls) -> tuple[type[Exception], ...]:
+        import lmdb
+
+        return (lmdb.Error,)
+
+    def ensure_open(self) -> None:
+        if self._env is not None:
+            return
+        env = self._env_ref() if self._env_ref is not None else None
+        if env is None:
+            env = self._open_env()
+        self._env, self._env_ref = env, weakref.ref(env)
+        self.check_path_after_open()
+
+    def _open_env(self) -> Any:
+        import lmdb
+
+        # The environment last dropped may be ending in another thread this moment (its
+        # weak reference already cleared, py-lmdb's record of it not yet): wait for it.
+        waited = 0
+        while True:
+            try:
+                return lmdb.open(os.fsencode(self.location), **LMDB_READ_OPTIONS)
+            except lmdb.Error as exc:
+                if "already open in this process" not in str(exc) or waited == _ENDING_WAITS:
+                    raise BackendError(
+                        f"{self.path}: cannot open LMDB database: {self.message(exc)}"
+                    ) from exc
+            waited += 1
+            time.sleep(0.001)
+
+    def release(self) -> None:
+        self._env = None
+        self.local = threading.local()  # every thread's transaction dropped with it
+
+    def alive(self) -> bool:
+        return self._env is not None or (self._env_ref is not None and self._env_ref() is not None)
+
+    def after_fork_in_child(self, parent: int) -> None:
+        # The same local object (datasets hold it), emptied: after fork only this thread is
+        # left, and its transaction belongs to the parent's environment.
+        with contextlib.suppress(AttributeError):
+            del self.local.txn
+        self._open_lock = threading.Lock()
+        env, self._env, self._env_ref = self._env, None, None
+        if env is not None:
+            with contextlib.suppress(Exception):
+                env.close()  # one thread: nothing else can be reading it
+
+    def txn(self) -> Any:
+        """This thread's read transaction."""
+        try:
+            return self.local.txn
+        except AttributeError:
+            pass
+        import lmdb
+
+        with self._open_lock:
+            if self._env is None:  # a forked child's first read
+                self.ensure_open()
+            env = self._env
+        try:
+            txn = self.local.txn = env.begin(buffers=False)
+        except lmdb.Error as exc:
+            raise self.failed(exc) from exc
+        return txn
+
+    def count(self) -> int:
+        try:
+            return int(self.txn().stat()["entries"])
+        except self.errors() as exc:
+            raise self.failed(exc) from exc
+
+    def get(self, key: bytes) -> bytes | None:
+        try:
+            value = self.txn().get(key)
+        except self.errors() as exc:
+            raise self.failed(exc) from exc
+        return None if value is None else bytes(value)
+
+    def iterate(self, start: bytes | None, keys_only: bool, reverse: bool) -> Iterator[Any]:
+        try:
+            cursor = self.txn().cursor()
+            if reverse:
+                found = cursor.last()
+            elif start is None:
+                found = cursor.first()
+            else:
+                found = cursor.set_range(start)
+            if not found:
+                return
+            step = cursor.iterprev if reverse else cursor.iternext
+            yield from step(keys=True, values=not keys_only)
+        except self.errors() as exc:
+            raise self.failed(exc) from exc
+
+
+class LeveldbHandle(ReadHandle):
+    """A LevelDB database, read with block checksums verified on every path: without, a
+    damaged block whose bytes still decode (no compression, or damage snappy misses) is
+    read as if it were data. Closed only when no reader and no read is left: closing it
+    under a read in another thread ends the process (SIGSEGV)."""
+
+    backend = "leveldb"
+
+    def __init__(self, path: str, dir_fd: int, identity: tuple[int, int]) -> None:
+        super().__init__(path, dir_fd, identity)
+        self._db: Any = None
+
+    @classmethod
+    def errors(cls) -> tuple[type[Exception], ...]:
+        import plyvel
+
+        return (plyvel.Error,)
+
+    def _forked(self) -> BackendError:
+        return BackendError(
+            f"{self.path}: this LevelDB database was opened by process "
+            f"{self.forked_from} before it forked this one; {_LEVELDB_HINT}"
+        )
+
+    def ensure_open(self) -> None:
+        if self._db is not None:
+            return
+        if self.forked_from is not None:
+            raise self._forked()
+        import plyvel
+
+        if self.location != self.path and _lock_holder(self.dir_fd) == os.getpid():
+            # Opened through /proc, LevelDB's own check for a lock this process holds (by
+            # file name) cannot see one taken through the path: said here, in its words.
+            raise BackendError(
+                f"{self.path}: cannot open LevelDB database: IO error: lock "
+                f"{os.path.join(self.path, 'LOCK')}: already held by process"
+            )
+        try:
+            # LevelDB has no read-only mode: opening may write its log into a table file and
+            # compact (the README says so); the records do not change.
+            self._db = plyvel.DB(os.fsencode(self.location), create_if_missing=False)
+        except plyvel.Error as exc:
+            text = self.message(exc)
+            hint = ""
+            # EAGAIN on LOCK: another process holds the database ("already held by process"
+            # cannot happen here: the table opens each database once per process).
+            if held_elsewhere(text):
+                # Named first: `mnist2db info` users have no DataLoader to tune.
+                hint = f" (another process has it open; {_LEVELDB_HINT})"
+            raise BackendError(f"{self.path}: cannot open LevelDB database: {text}{hint}") from exc
+        self.check_path_after_open()
+
+    def release(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            db.close()
+
+    def alive(self) -> bool:
+        return self._db is not None
+
+    def after_fork_in_child(self, parent: int) -> None:
+        self._open_lock = threading.Lock()
+        if self._db is not None:
+            _keep_forever(self._db)
+        self._db = None
+        self.forked_from = parent
+
+    def db(self) -> Any:
+        if self._db is None:
+            if self.forked_from is not None:
+                raise self._forked()
+            raise BackendError(f"{self.path}: the database is closed")
+        return self._db
+
+    def count(self) -> int:
+        return sum(1 for _ in self.iterate(None, True, False))
+
+    def get(self, key: bytes) -> bytes | None:
+        try:
+            value = self.db().get(key, verify_checksums=True)
+        except self.errors() as exc:
+            raise self.failed(exc) from exc
+        return None if value is None else bytes(value)
+
+    def iterate(self, start: bytes | None, keys_only: bool, reverse: bool) -> Iterator[Any]:
+        # plyvel's checksummed iterator just stops at damage (it does not check the
+        # iterator's status): an end before the database's own end is that.
+        try:
+            last: bytes | None = None
+            with self.db().iterator(
+                start=start, include_value=not keys_only, reverse=reverse, verify_checksums=True
+            ) as records:
+                for record in records:
+                    last = record if keys_only else record[0]
+                    yield record
+            self._check_end(start, last, reverse)
+        except self.errors() as exc:
+            raise self.failed(exc) from exc
+
+    def _check_end(self, start: bytes | None, last: bytes | None, reverse: bool) -> None:
+        """Raise if a checksummed iteration ended before the database's end."""
+        db = self.db()
+        # The key a complete iteration ends at: forward, the last key (if at or past
+        # `start`); in reverse, the first key at or past `start`.
+        with db.iterator(
+            start=start if reverse else None, include_value=False, reverse=not reverse
+        ) as ends:
+            end = next(ends, None)
+        if end is not None and not reverse and start is not None and end < start:
+            end = None
+        if end is None or last == end:
+            return
+        # The key after the last one read, found without checksums, read with them.
+        with db.iterator(
+            start=None if reverse else last,
+            stop=last if reverse else None,
+            include_value=False,
+            include_start=last is None,
+            reverse=reverse,
+        ) as rest:
+            following = next(rest, None)
+        if following is not None:
+            db.get(following, verify_checksums=True)  # raises CorruptionError, as expected
+        from mnist2db.formats.datum import key_text
+
+        where = "its first record" if last is None else f"key {key_text(last)}"
+        raise BackendError(
+            f"{self.path}: leveldb read stopped at {where}, before its last record "
+            "(a damaged table file?)"
+        )
+
+
+def _lock_holder(dir_fd: int) -> int | None:
+    """The pid holding LevelDB's lock (a POSIX record lock on ``LOCK``) in the directory
+    ``dir_fd``, or None. Asked with an open file description lock, which conflicts with
+    every record lock, this process's own included (where the system has them)."""
+    import fcntl
+    import struct
+
+    query = getattr(fcntl, "F_OFD_GETLK", None)
+    if query is None:
+        return None
+    try:
+        fd = os.open("LOCK", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
+    except OSError:
+        return None
+    layout = "hhqqi4x"  # struct flock: type, whence, start, len, pid (Linux, 64-bit off_t)
+    try:
+        answer = fcntl.fcntl(fd, query, struct.pack(layout, fcntl.F_WRLCK, 0, 0, 0, 0))
+        kind, _, _, _, pid = struct.unpack(layout, answer)
+    except (OSError, struct.error):
+        return None
+    finally:
+        os.close(fd)
+    return None if kind == fcntl.F_UNLCK or pid <= 0 else int(pid)
+
+
+def _keep_forever(obj: object) -> None:
+    """Leak a reference so ``obj`` is never freed (a LevelDB handle inherited by fork)."""
+    import ctypes
+
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
+#: The read handle of each backend (the one place a backend's name chooses its reader).
+READ_HANDLES: dict[str, type[ReadHandle]] = {"lmdb": LmdbHandle, "leveldb": LeveldbHandle}

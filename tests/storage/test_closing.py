@@ -1,0 +1,176 @@
+"""close() while other threads read: no native crash, no raw Python error, and the dataset
+reads on (reopened) when used again; a database replaced meanwhile is never read as half
+of each. Real threads, in a real child process (a crash is its exit status, not pytest's)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import write_idx
+
+import mnist2db
+from mnist2db import BackendError, convert, open_db
+
+# Four threads read through every way a dataset reads (db[i] on the hot path, slices,
+# batched fetch, read_range, iteration, keys, and a reader of their own) and check every
+# label; the main thread closes the dataset as fast as it can for a while.
+_HAMMER = r"""
+import sys, threading, time
+import numpy as np
+import mnist2db
+
+path, seconds = sys.argv[1], float(sys.argv[2])
+labels = np.frombuffer(open(sys.argv[3], "rb").read()[8:], np.uint8).astype(int).tolist()
+db = mnist2db.open_db(path)
+n = len(db)
+stop = threading.Event()
+errors, reads = [], [0]
+
+def check(i, label):
+    if label != labels[i]:
+        raise AssertionError(f"record {i}: label {label}, expected {labels[i]}")
+
+def reader(seed):
+    rng = np.random.default_rng(seed)
+    while not stop.is_set():
+        try:
+            i = int(rng.integers(n))
+            check(i, db[i][1])
+            check(i, db[i - n][1])
+            for j, (_, label) in zip(range(i, i + 3), db[i:i + 3]):
+                check(j, label)
+            for j, (_, label) in zip([i, 0], db.__getitems__([i, 0])):
+                check(j, label)
+            images, got = db.read_range(i, i + 5)
+            for j, label in zip(range(i, i + 5), got.tolist()):
+                check(j, label)
+            if seed == 0:
+                for j, (_, label) in enumerate(db):
+                    check(j, label)
+            if seed == 1:
+                for j, (key, datum) in enumerate(mnist2db.iter_db(path)):
+                    check(j, datum.label)
+            reads[0] += 1
+        except BaseException as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+            return
+
+threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(4)]
+for thread in threads:
+    thread.start()
+closes = 0
+end = time.monotonic() + seconds
+while time.monotonic() < end and not errors:
+    db.close()
+    closes += 1
+    time.sleep(0.0005 * (closes % 3))
+stop.set()
+for thread in threads:
+    thread.join()
+check(n - 1, db[n - 1][1])  # used again after all that: reopened
+db.close()
+print(f"closes {closes} reads {reads[0]} errors {len(errors)}")
+for error in errors[:3]:
+    print(error)
+sys.exit(1 if errors else 0)
+"""
+
+
+@pytest.fixture(scope="module")
+def databases(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], Path]:
+    base = tmp_path_factory.mktemp("closing")
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 256, (600, 6, 5), dtype=np.uint8)
+    labels = rng.integers(0, 256, 600, dtype=np.uint8)
+    image_path, label_path = write_idx(base / "i", images), write_idx(base / "l", labels)
+    paths = {}
+    for backend in ("lmdb", "leveldb"):
+        paths[backend] = base / f"db_{backend}"
+        convert(image_path, label_path, paths[backend], backend)
+    return paths, label_path
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_close_while_threads_read_never_crashes(databases, backend: str) -> None:
+    """Today's main: LevelDB ends in SIGSEGV, LMDB readers get AttributeError."""
+    paths, label_path = databases
+    done = subprocess.run(
+        [sys.executable, "-c", _HAMMER, str(paths[backend]), "2", str(label_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    closes, reads = (int(word) for word in done.stdout.split()[1:4:2])
+    assert closes > 100 and reads > 10, done.stdout
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_an_iteration_finishes_across_close_in_another_thread(databases, backend: str) -> None:
+    paths, label_path = databases
+    labels = np.frombuffer(label_path.read_bytes()[8:], np.uint8).tolist()
+    db = open_db(paths[backend])
+    records = iter(db)
+    reader = mnist2db.open_reader(paths[backend])
+    keys = iter(reader)
+    first = [next(records)[1] for _ in range(10)]
+    next(keys)
+    closer = threading.Thread(target=lambda: (db.close(), reader.close()))
+    closer.start()
+    closer.join()
+    rest = [label for _, label in records]
+    assert first + rest == labels
+    assert sum(1 for _ in keys) == len(labels) - 1  # the reader's iteration, too
+    with pytest.raises(BackendError, match="the reader is closed"):
+        reader.get(b"00000000")  # a closed reader says so; a dataset opens again:
+    assert db[len(labels) - 1][1] == labels[-1]
+    db.close()
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_a_dataset_used_after_close_reads_the_database_it_opened_or_says_why(
+    tmp_path: Path, backend: str
+) -> None:
+    """convert --overwrite between close() and the next read: the dataset's length, keys
+    and layout are those of the old database; reading the new one under them would mix
+    two versions, so it says so instead."""
+    first = write_idx(tmp_path / "i1", np.full((4, 2, 2), 1, np.uint8))
+    labels = write_idx(tmp_path / "l1", np.arange(4, dtype=np.uint8))
+    path = tmp_path / "db"
+    convert(first, labels, path, backend)
+    db = open_db(path)
+    assert db[3][1] == 3
+    db.close()
+    assert db[2][1] == 2  # reopened: the same database
+    db.close()
+    other = write_idx(tmp_path / "i2", np.full((9, 3, 3), 7, np.uint8))
+    other_labels = write_idx(tmp_path / "l2", np.arange(9, dtype=np.uint8))
+    convert(other, other_labels, path, backend, overwrite=True)
+    with pytest.raises(BackendError) as caught:
+        db[0]
+    assert str(caught.value) == (
+        f"{path}: the database was replaced while it was being read (convert --overwrite?); "
+        "open it again"
+    )
+    with open_db(path) as again:
+        assert len(again) == 9 and again[8][1] == 8
+
+
+def test_pickled_dataset_checks_it_finds_the_same_database(tmp_path: Path) -> None:
+    import pickle
+
+    images = write_idx(tmp_path / "i", np.full((3, 2, 2), 1, np.uint8))
+    labels = write_idx(tmp_path / "l", np.arange(3, dtype=np.uint8))
+    path = tmp_path / "db"
+    convert(images, labels, path)
+    with open_db(path) as db:
+        state = pickle.dumps(db)
+    assert pickle.loads(state)[2][1] == 2
+    convert(images, labels, path, overwrite=True)
+    with pytest.raises(BackendError, match="was replaced while it was being read"):
+        pickle.loads(state)[0]
