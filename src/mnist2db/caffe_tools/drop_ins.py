@@ -31,8 +31,11 @@ __all__ = [
     "compute_image_mean",
     "convert_mnist_siamese_data",
     "main",
+    "log_here",
     "parse_flags",
     "run",
+    "run_tool",
+    "tool_main",
 ]
 
 PROG = "convert_mnist_data"
@@ -369,6 +372,12 @@ def _main(tool: Callable[[list[str], str], int], name: str) -> None:
 
     argv0 = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else name
     sys.exit(run(lambda: tool(sys.argv[1:], argv0)))
+
+
+#: For the drop-ins in other modules (convert_imageset): the same frame and entry point.
+run_tool = _run_tool
+tool_main = _main
+log_here = _here
 
 
 def main() -> None:

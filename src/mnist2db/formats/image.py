@@ -29,7 +29,7 @@ import struct
 import zlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import ImageError
+from mnist2db.errors import ImageError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -240,7 +240,7 @@ def _inverted_cmyk(opened: Any) -> bool:
 def _png16_rgb(opened: Any) -> np.ndarray:
     """A 16-bit colour PNG's samples in full (h, w, 3) uint16, alpha dropped: libpng's grey
     conversion works on them before keeping the high byte, and Pillow keeps only that."""
-    from .png16 import decode_png16
+    from mnist2db.formats.png16 import decode_png16
 
     return decode_png16(opened.fp, opened.size)
 

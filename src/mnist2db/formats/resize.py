@@ -21,7 +21,7 @@ OpenCV's own ``INTER_LINEAR_EXACT`` reproduces. The steps, as OpenCV 4 runs them
 
 from __future__ import annotations
 
-from .startup import TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
