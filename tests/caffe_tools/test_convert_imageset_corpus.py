@@ -41,9 +41,7 @@ def read_db(path: str, backend: str) -> dict[str, str]:
     return records
 
 
-RUNS = [
-    (name, backend) for name in sorted(DIGESTS["runs"]) for backend in ("lmdb", "leveldb")
-]
+RUNS = [(name, backend) for name in sorted(DIGESTS["runs"]) for backend in ("lmdb", "leveldb")]
 
 
 @pytest.mark.parametrize(("name", "backend"), RUNS, ids=[f"{n}-{b}" for n, b in RUNS])
@@ -69,5 +67,7 @@ def test_corpus_covers_every_flag() -> None:
         "--gray", "--resize_width", "--resize_height", "--encoded", "--encode_type",
         "--check_size",
     }  # fmt: skip
-    types = {f.split("=")[1] for r in DIGESTS["runs"].values() for f in r["flags"] if "encode_type" in f}
+    types = {
+        f.split("=")[1] for r in DIGESTS["runs"].values() for f in r["flags"] if "encode_type" in f
+    }
     assert types == {"png", "jpg"}

@@ -108,7 +108,9 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
     def started(total: int) -> None:
         logger.log("I", "convert_imageset.cpp:89", f"A total of {total} images.")
         if encode_type and not parsed["encoded"]:
-            logger.log("I", "convert_imageset.cpp:92", "encode_type specified, assuming encoded=true.")
+            logger.log(
+                "I", "convert_imageset.cpp:92", "encode_type specified, assuming encoded=true."
+            )
         logger.log("I", OPENED_AT.get(backend, "db.cpp:0"), f"Opened {backend} {db_path}")
 
     def skipped(gone: Skipped) -> None:

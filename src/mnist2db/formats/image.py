@@ -113,7 +113,7 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
     try:
         with Image.open(io.BytesIO(data), formats=[kind]) as opened:
             pixels, model = _samples(opened, kind, color, data)
-            gamma = _png_gamma(opened.info) if kind == "PNG" else None
+            gamma = _png_gamma(dict(opened.info)) if kind == "PNG" else None
             orientation = 1
             if kind in ("JPEG", "PNG") and color is not None:
                 orientation = int(opened.getexif().get(_EXIF_ORIENTATION, 1) or 1)
@@ -188,7 +188,7 @@ def _pnm_maxval(data: bytes) -> int:
     return int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else 255
 
 
-def _png_gamma(info: dict[str, Any]) -> int | None:
+def _png_gamma(info: dict[Any, Any]) -> int | None:
     """A PNG's gamma as libpng holds it (1/100000), when it makes libpng's grey conversion
     go through linear light: an sRGB chunk (45455) or a gAMA chunk away from 1.0."""
     if "srgb" in info:
@@ -270,10 +270,10 @@ def _convert(
         same = (r == g) & (g == b)
         return np.where(same, r, from_linear[mixed]).astype(np.uint8)
     if kind == "PNG":
-        grey = (_PNG_R * r + _PNG_G * g + _PNG_B * b) >> 15
+        weighted: np.ndarray = (_PNG_R * r + _PNG_G * g + _PNG_B * b) >> 15
         if pixels.dtype != np.uint8:
-            grey = grey >> 8
-        return grey.astype(np.uint8)
+            weighted = weighted >> 8
+        return weighted.astype(np.uint8)
     if kind == "WEBP":
         return ((_CV15_R * r + _CV15_G * g + _CV15_B * b + (1 << 14)) >> 15).astype(np.uint8)
     return ((_CV_R * r + _CV_G * g + _CV_B * b + (1 << 13)) >> 14).astype(np.uint8)
@@ -287,8 +287,10 @@ def _cmyk(samples: np.ndarray, color: bool) -> np.ndarray:
     k = wide[:, :, 3]
     c, m, y = (k - (((255 - wide[:, :, i]) * k) >> 8) for i in range(3))
     if color:
-        return np.stack([y, m, c], axis=2).astype(np.uint8)
-    return ((_CV_B * y + _CV_G * m + _CV_R * c + (1 << 13)) >> 14).astype(np.uint8)
+        bgr: np.ndarray = np.stack([y, m, c], axis=2).astype(np.uint8)
+        return bgr
+    grey: np.ndarray = ((_CV_B * y + _CV_G * m + _CV_R * c + (1 << 13)) >> 14).astype(np.uint8)
+    return grey
 
 
 def _orient(image: np.ndarray, orientation: int) -> np.ndarray:

@@ -73,9 +73,11 @@ def decode_png16(fp: IO[bytes], size: tuple[int, int]) -> np.ndarray:
         if kind == 0:
             row = line.copy()
         elif kind == 1:
-            row = (np.cumsum(line.reshape(width, bpp), axis=0, dtype=np.uint64) % 256).astype(
-                np.uint8
-            ).reshape(stride)
+            row = (
+                (np.cumsum(line.reshape(width, bpp), axis=0, dtype=np.uint64) % 256)
+                .astype(np.uint8)
+                .reshape(stride)
+            )
         elif kind == 2:
             row = line + previous
         elif kind in (3, 4):

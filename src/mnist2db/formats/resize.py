@@ -32,9 +32,7 @@ _COEF_BITS = 11
 _COEF_SCALE = 1 << _COEF_BITS
 
 
-def _taps(
-    source: int, target: int, *, clamp: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _taps(source: int, target: int, *, clamp: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per destination index: the first source index, the second, and the two weights.
 
     ``clamp``: columns beyond an edge take the edge column with weight 1 (OpenCV's
@@ -79,8 +77,8 @@ def resize_linear(image: np.ndarray, width: int, height: int) -> np.ndarray:
     channels = pixels.shape[2]
     if cols == 2 * width and rows == 2 * height:
         blocks = pixels.astype(np.uint16).reshape(height, 2, width, 2, channels)
-        out = ((blocks.sum(axis=(1, 3)) + 2) >> 2).astype(np.uint8)
-        return out[:, :, 0] if grey else out
+        half: np.ndarray = ((blocks.sum(axis=(1, 3)) + 2) >> 2).astype(np.uint8)
+        return half[:, :, 0] if grey else half
     x0, x1, xw = _taps(cols, width, clamp=True)
     y0, y1, yw = _taps(rows, height, clamp=False)
     wide = pixels.astype(np.int64)
@@ -92,5 +90,5 @@ def resize_linear(image: np.ndarray, width: int, height: int) -> np.ndarray:
     b1 = yw[1][:, None]
     v0, v1 = s0 >> 4, s1 >> 4
     out = (((b0 * v0) >> 16) + ((b1 * v1) >> 16) + 2) >> 2
-    result = np.clip(out, 0, 255).astype(np.uint8).reshape(height, width, channels)
+    result: np.ndarray = np.clip(out, 0, 255).astype(np.uint8).reshape(height, width, channels)
     return result[:, :, 0] if grey else result

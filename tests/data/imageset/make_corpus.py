@@ -3,6 +3,7 @@ digests of what Caffe's own convert_imageset writes from them.
 
     python make_corpus.py images                 # (re)write images/ and the list files
     python make_corpus.py digests CONVERT_IMAGESET   # run Caffe's tool; write digests.json
+    python make_corpus.py resize OPENCV_PROBE    # OpenCV's resize on random sizes: resize.json
 
 The images are generated from fixed seeds (smooth gradients with noise, so that JPEG and
 resizing have something to do), in every format and pixel layout whose decoding is
@@ -61,7 +62,7 @@ def _scene(seed: int, height: int, width: int, channels: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:height, 0:width].astype(np.float64)
     planes = []
-    for c in range(channels):
+    for _ in range(channels):
         a, b, phase = rng.uniform(0.05, 0.4, 2).tolist() + [rng.uniform(0, 6.3)]
         wave = 127 + 100 * np.sin(a * x + b * y + phase)
         planes.append(wave + rng.normal(0, 18, (height, width)))
@@ -136,12 +137,27 @@ def make_images() -> dict[str, tuple[int, int]]:
     wide = _scene(5, 19, 27, 4).astype(np.uint16) * 257 + np.random.default_rng(6).integers(
         0, 256, (19, 27, 4), dtype=np.uint16
     )
-    write("png_grey16.png", _raw_png([r.astype(">u2").tobytes() for r in wide[:, :, 0]], 27, 19, 16, 0), (27, 19))
-    write("png_rgb16.png", _raw_png([r.astype(">u2").tobytes() for r in wide[:, :, :3]], 27, 19, 16, 2), (27, 19))
-    write("png_rgba16.png", _raw_png([r.astype(">u2").tobytes() for r in wide], 27, 19, 16, 6), (27, 19))
-    plain = open(os.path.join(IMAGES, "png_rgb.png"), "rb").read()
-    for name, chunk in (("png_gamma.png", _chunk(b"gAMA", struct.pack(">I", 45455))),
-                        ("png_srgb.png", _chunk(b"sRGB", b"\x00"))):
+    write(
+        "png_grey16.png",
+        _raw_png([r.astype(">u2").tobytes() for r in wide[:, :, 0]], 27, 19, 16, 0),
+        (27, 19),
+    )
+    write(
+        "png_rgb16.png",
+        _raw_png([r.astype(">u2").tobytes() for r in wide[:, :, :3]], 27, 19, 16, 2),
+        (27, 19),
+    )
+    write(
+        "png_rgba16.png",
+        _raw_png([r.astype(">u2").tobytes() for r in wide], 27, 19, 16, 6),
+        (27, 19),
+    )
+    with open(os.path.join(IMAGES, "png_rgb.png"), "rb") as stream:
+        plain = stream.read()
+    for name, chunk in (
+        ("png_gamma.png", _chunk(b"gAMA", struct.pack(">I", 45455))),
+        ("png_srgb.png", _chunk(b"sRGB", b"\x00")),
+    ):
         write(name, plain[:33] + chunk + plain[33:], rgb.size)  # after IHDR
     # BMP
     save("bmp_1bit.bmp", grey.convert("1"))
@@ -155,7 +171,11 @@ def make_images() -> dict[str, tuple[int, int]]:
     save("pgm_grey.pgm", grey)
     save("pbm_bilevel.pbm", grey.convert("1"))
     shallow = (np.asarray(grey).astype(np.int64) * 100 // 255).astype(np.uint8)
-    write("pgm_maxval100.pgm", b"P5\n# made by make_corpus.py\n31 23\n100\n" + shallow.tobytes(), (31, 23))
+    write(
+        "pgm_maxval100.pgm",
+        b"P5\n# made by make_corpus.py\n31 23\n100\n" + shallow.tobytes(),
+        (31, 23),
+    )
     save("pgm_grey16.pgm", Image.fromarray(wide[:, :, 1].astype(np.uint16)).convert("I"))
     # TIFF
     save("tiff_rgb.tif", rgb)
@@ -238,7 +258,14 @@ def make_digests(tool: str) -> None:
             for backend in BACKENDS:
                 db = os.path.join(scratch, f"{name}-{backend}")
                 subprocess.run(
-                    [tool, *flags, f"--backend={backend}", IMAGES + "/", os.path.join(HERE, listing), db],
+                    [
+                        tool,
+                        *flags,
+                        f"--backend={backend}",
+                        IMAGES + "/",
+                        os.path.join(HERE, listing),
+                        db,
+                    ],
                     check=True,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
@@ -251,10 +278,38 @@ def make_digests(tool: str) -> None:
         stream.write("\n")
 
 
+def make_resize_cases(probe: str, count: int = 300) -> None:
+    """OpenCV's ``cv::resize`` (INTER_LINEAR) of random images to random sizes, through
+    opencv_probe.cpp (imread of a PNG, resize, raw pixels out): per case the seed, the
+    shapes and the SHA-256 of OpenCV's pixels."""
+    rng = np.random.default_rng(2026)
+    cases = []
+    with tempfile.TemporaryDirectory() as scratch:
+        source = os.path.join(scratch, "in.png")
+        for i in range(count):
+            h, w = (int(v) for v in rng.integers(1, 120, 2))
+            c = int(rng.choice([1, 3]))
+            nh, nw = (int(v) for v in rng.integers(1, 160, 2))
+            if i % 10 == 0:
+                nh, nw = max(1, h // 2), max(1, w // 2)
+            pixels = np.random.default_rng(i).integers(0, 256, (h, w, c), dtype=np.uint8)
+            Image.fromarray(pixels[:, :, 0] if c == 1 else pixels[:, :, ::-1]).save(source)
+            flag = "0" if c == 1 else "1"
+            raw = subprocess.run([probe, source, flag, str(nw), str(nh)], check=True,
+                                 capture_output=True).stdout.split(b"\n", 1)[1]  # fmt: skip
+            cases.append({"seed": i, "shape": [h, w, c], "size": [nw, nh],
+                          "sha256": hashlib.sha256(raw).hexdigest()})  # fmt: skip
+    with open(os.path.join(HERE, "resize.json"), "w") as stream:
+        json.dump({"tool": "cv::resize, OpenCV 4.6 (Debian 12)", "cases": cases}, stream, indent=0)
+        stream.write("\n")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["images"]:
         write_lists(make_images())
     elif sys.argv[1:2] == ["digests"] and len(sys.argv) == 3:
         make_digests(sys.argv[2])
+    elif sys.argv[1:2] == ["resize"] and len(sys.argv) == 3:
+        make_resize_cases(sys.argv[2])
     else:
         sys.exit(__doc__)
