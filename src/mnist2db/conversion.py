@@ -203,7 +203,7 @@ def _convert_recipe(
 ) -> ConvertResult:
     """The pipeline with options: numpy batches from :func:`mnist2db.recipe.iter_records`."""
     from mnist2db.formats.datum import encode_batch
-    from mnist2db.formats.png import encode_png_batch
+    from mnist2db.formats.png import check_png_shape, encode_png_batch
     from mnist2db.recipe import check_label_column, check_range
 
     header = image_reader.header
@@ -214,6 +214,8 @@ def _convert_recipe(
     rows, cols = header.dims[1], header.dims[2]
     if recipe.transpose:
         rows, cols = cols, rows
+    if recipe.encoded:  # a side of 0: no PNG can hold it, refused before any work
+        check_png_shape(rows, cols, image_reader.path)
     value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 11
     inputs = (image_reader.path, label_reader.path)
     with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:

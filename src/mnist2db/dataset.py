@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from mnist2db.errors import DatumError, MissingKeyError, Mnist2dbError, RecordIndexError
-from mnist2db.formats.datum import KEY_LIMIT, datum_to_array, decode_datum, record_key
+from mnist2db.formats.datum import KEY_LIMIT, datum_to_array, decode_datum, key_text, record_key
 from mnist2db.storage.backends import detect_backend
 from mnist2db.storage.readers import DbReader, iterate
 from mnist2db.storage.readhandles import READ_HANDLES, ReadHandle
@@ -267,7 +267,7 @@ class DatumDataset:
             record = _decode_png_record(value)
             if record is not None:
                 return record  # type: ignore[no-any-return]
-        where = f"{self.path}: key {key.decode(errors='replace')}"
+        where = f"{self.path}: key {key_text(key)}"
         try:
             datum = decode_datum(value)
             image = _decode_image(datum.data, where) if datum.encoded else datum_to_array(datum)

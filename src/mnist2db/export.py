@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnist2db.errors import DatumError, Mnist2dbError, OutputExistsError, printable
-from mnist2db.formats.datum import decode_datum, key_text
+from mnist2db.formats.datum import check_datum, decode_datum, key_text
 from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
 from mnist2db.formats.png import datum_encoding, decoded_datum
 from mnist2db.progress import Progress, reporting
@@ -53,10 +53,15 @@ class ExportResult:
 
 
 def _decode_record(db_path: str, key: bytes, value: bytes) -> Any:
+    """A record as a raw Datum: parsed, checked, an encoded image decoded."""
+    where = f"{db_path}: key {key_text(key)}"
     try:
-        return decode_datum(value)
+        datum = decode_datum(value)
+        check_datum(datum, where)
     except DatumError as exc:
-        raise DatumError(f"{db_path}: key {key_text(key)}: {exc}") from None
+        text = str(exc)
+        raise DatumError(text if text.startswith(where) else f"{where}: {text}") from None
+    return decoded_datum(datum, where)
 
 
 def default_prefix(db: str | os.PathLike[str]) -> str:
@@ -122,10 +127,7 @@ def export_db(
         rows, cols = EMPTY_SHAPE
         if total:
             first_key = reader.first_key() or b""
-            first = decoded_datum(
-                _decode_record(db_path, first_key, reader.get(first_key) or b""),
-                f"{db_path}: key {key_text(first_key)}",
-            )
+            first = _decode_record(db_path, first_key, reader.get(first_key) or b"")
             rows, cols = int(first.height), int(first.width)
         if found is not None and recipe.count != total:
             raise DatumError(
@@ -239,7 +241,7 @@ def _records(reader: Any, db_path: str, rows: int, cols: int) -> Iterator[Any]:
     """The Datums of ``reader`` in key order, each checked to fit an IDX image and label."""
     for key, value in reader:
         where = f"{db_path}: key {key_text(bytes(key))}"
-        datum = decoded_datum(_decode_record(db_path, bytes(key), bytes(value)), where)
+        datum = _decode_record(db_path, bytes(key), bytes(value))
         if (datum.channels, datum.height, datum.width) != (1, rows, cols):
             raise DatumError(
                 f"{where}: Datum {datum.channels}×{datum.height}×{datum.width}, "

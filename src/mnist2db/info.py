@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mnist2db.errors import DatumError
-from mnist2db.formats.datum import datum_to_array, decode_datum, key_text, record_key
+from mnist2db.formats.datum import datum_shape, decode_datum, key_text, record_key
 from mnist2db.formats.idx import (
     CORRUPT_ERRORS,
     LABELS_MAGIC,
@@ -22,11 +23,15 @@ from mnist2db.formats.idx import (
     size_error,
 )
 from mnist2db.formats.png import datum_encoding as _datum_encoding
+from mnist2db.formats.png import decode_image
 from mnist2db.progress import Progress, reporting
 from mnist2db.recipe import describe_db
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
 from mnist2db.storage.backends import detect_backend
 from mnist2db.storage.readers import shared_reader
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["DbInfo", "IdxInfo", "db_info", "idx_info"]
 
@@ -187,6 +192,11 @@ def _count_rows(counts: dict[int, int]) -> list[tuple[str, object]]:
     return [("labels" if i == 0 else "", line) for i, line in enumerate(lines)]
 
 
+def _decoded_shape(image: np.ndarray) -> tuple[int, int, int]:
+    channels, height, width = (int(side) for side in image.shape)
+    return channels, height, width
+
+
 def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> DbInfo:
     """Describe a database: backend, records, key range, Datum shape and encoding, labels.
 
@@ -215,14 +225,20 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
             count += 1
             if info.problem is not None:
                 continue
+            where = f"key {key_text(bytes(key))}"
             try:
                 datum = decode_datum(bytes(value))
-                if not datum.encoded:
-                    datum_to_array(datum)  # data length against channels × height × width
+                # Every record as a reader sees it: an encoded image decoded (its header,
+                # chunks and size checked first), a raw one's shape and data checked.
+                shape = (
+                    _decoded_shape(decode_image(datum.data, where))
+                    if datum.encoded
+                    else datum_shape(datum, where)
+                )
             except DatumError as exc:
-                info.problem = f"key {key_text(bytes(key))}: {exc}"
+                text = str(exc)
+                info.problem = text if text.startswith(where) else f"{where}: {text}"
                 continue
-            shape = (int(datum.channels), int(datum.height), int(datum.width))
             encoding = _datum_encoding(datum)
             if info.shape is None:
                 info.shape, info.encoding = shape, encoding

@@ -56,10 +56,12 @@ def _same_decoded(value: bytes, image: np.ndarray, label: int) -> bool:
 def _describe_mismatch(key: bytes, value: bytes, image: np.ndarray, label: int) -> str:
     """Name the first field in which ``value`` differs from the Datum Caffe writes (an
     encoded Datum's image decoded first)."""
+    where = f"key {key_text(key)}"
     try:
-        datum = decoded_datum(decode_datum(value), f"key {key_text(key)}")
+        datum = decoded_datum(decode_datum(value), where)
     except DatumError as exc:
-        return f"key {key_text(key)}: {exc}"
+        text = str(exc)  # the decoder names the key already; decode_datum does not
+        return text if text.startswith(where) else f"{where}: {text}"
     rows, cols = image.shape
     for name, got, want in (
         ("channels", datum.channels, 1),

@@ -249,3 +249,63 @@ def test_fashion_test_set_png_round_trip(tmp_path: Path, backend: str) -> None:
     for path, kind in ((images, "images-idx3"), (labels, "labels-idx1")):
         exported = (tmp_path / f"out/t-{kind}-ubyte").read_bytes()
         assert exported == gzip.decompress(path.read_bytes())
+
+
+def test_the_png_bytes_are_pinned() -> None:
+    """The encoder's bytes for one image: a zlib that compresses otherwise (another version,
+    zlib-ng) fails here, before any database of it differs from ours."""
+    image = (np.arange(20, dtype=np.uint8).reshape(4, 5) * 13) % 7 * 30
+    assert encode_png(image).hex() == PINNED_PNG
+
+
+PINNED_PNG = "89504e470d0a1a0a0000000d49484452000000050000000408000000006358aa9c000000204944415478016360d832ad228ac1468e61cb34868a281b3906862dd32aa26c00572a07457cf041a90000000049454e44ae426082"
+
+
+def test_records_are_the_same_bytes_on_one_thread_and_on_several(tmp_path: Path) -> None:
+    """Threads compress the images; a process confined to one processor uses none."""
+    import hashlib
+    import sys
+
+    images = make_images(3000, 9, 11, seed=4)
+    labels = np.arange(3000) % 300 - 20
+    digest = hashlib.sha256(b"".join(encode_png_batch(images, labels))).hexdigest()
+    np.save(tmp_path / "images.npy", images)
+    script = (
+        "import hashlib, os, sys, numpy as np\n"
+        "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+        "from mnist2db.formats.png import encode_png_batch\n"
+        "images = np.load(sys.argv[1])\n"
+        "labels = np.arange(3000) % 300 - 20\n"
+        "print(hashlib.sha256(b''.join(encode_png_batch(images, labels))).hexdigest())\n"
+    )
+    alone = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "images.npy")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert alone == digest
+    # Each record also equals the image encoded alone.
+    values = encode_png_batch(images[:200], labels[:200])
+    assert [decode_datum(v).data for v in values] == [encode_png(im) for im in images[:200]]
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(0, 5), (4, 0)])
+def test_images_with_a_side_of_0_are_refused_before_any_work(
+    tmp_path: Path, mnist_pair: Pair, rows: int, cols: int
+) -> None:
+    images_path, labels_path, _, _ = mnist_pair(3, rows=rows, cols=cols)
+    out = tmp_path / "db"
+    result = run("convert", "--encoded", "png", str(images_path), str(labels_path), str(out))
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {images_path}: images of {rows}x{cols} pixels cannot be PNG-encoded: "
+        "a PNG's sides are 1 to 2^31-1 pixels\n"
+    )
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [images_path.name, labels_path.name]
+    )
+    from mnist2db.errors import DatumError
+
+    with pytest.raises(DatumError, match="cannot be PNG-encoded"):
+        encode_png_batch(np.zeros((2, rows, cols), np.uint8), np.zeros(2, np.int64))

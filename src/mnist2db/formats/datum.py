@@ -29,6 +29,7 @@ __all__ = [
     "array_to_datum",
     "check_datum",
     "check_record_count",
+    "datum_shape",
     "datum_to_array",
     "datum_type",
     "decode_datum",
@@ -372,20 +373,29 @@ def _is_empty(datum: Any) -> bool:
     )
 
 
-def check_datum(datum: Any, where: str = "") -> tuple[int, int, int] | None:
-    """Check that a raw Datum's fields describe an image as Caffe's data layer takes one:
-    ``channels`` at least 1, ``height`` and ``width`` at least 0, and ``data`` (uint8) or
-    else ``float_data`` holding exactly ``channels × height × width`` values. Returns the
-    shape; None for an encoded Datum, whose image is checked when it is decoded.
+def check_datum(datum: Any, where: str = "") -> None:
+    """Check that a raw Datum's fields describe an image (:func:`datum_shape`); an encoded
+    Datum's image is checked when it is decoded (:mod:`mnist2db.formats.png_codec`).
 
-    Every reader checks a record with this before using its fields, so that what a
-    database holds, however made, is read or refused in one line, never a numpy error.
+    Every reader checks a record so before using its fields, so that what a database
+    holds, however made, is read or refused in one line, never a numpy error.
 
     Raises:
         DatumError: naming ``where`` (the database and the key) and what is wrong.
     """
-    if datum.encoded:
-        return None
+    if not datum.encoded:
+        datum_shape(datum, where)
+
+
+def datum_shape(datum: Any, where: str = "") -> tuple[int, int, int]:
+    """The shape of a raw (not encoded) Datum, checked as Caffe's data layer takes one:
+    ``channels`` at least 1, ``height`` and ``width`` at least 0, at most 2^31-1 values
+    (Caffe's blob limit), and ``data`` (uint8) or else ``float_data`` holding exactly
+    ``channels × height × width`` values.
+
+    Raises:
+        DatumError: naming ``where`` (the database and the key) and what is wrong.
+    """
     prefix = f"{where}: " if where else ""
     shape = (int(datum.channels), int(datum.height), int(datum.width))
     if _is_empty(datum):
@@ -435,7 +445,7 @@ def datum_to_array(datum: Any) -> np.ndarray:
 
         return decode_image(datum.data, "encoded Datum")
 
-    shape = check_datum(datum)
+    shape = datum_shape(datum)
     if len(datum.data) or datum.HasField("data"):
         # A writable copy, as pycaffe's caffe.io.datum_to_array returns.
         return np.frombuffer(datum.data, dtype=np.uint8).reshape(shape).copy()

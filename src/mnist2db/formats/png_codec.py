@@ -48,6 +48,7 @@ __all__ = [
     "decode_png",
     "decode_png_record",
     "decode_stream",
+    "run_chunks",
 ]
 
 SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -535,14 +536,26 @@ def decode_many(
     if threaded is None:
         first = values[0] if n else None
         threaded = isinstance(first, bytes) and looks_encoded(first)
-    if not threaded or n < 2 * _CHUNK or _threads() < 2:
+    if not threaded:
         return [decode(k, v) for k, v in zip(keys, values, strict=True)]
 
-    def run(start: int) -> list[T]:
-        return [decode(keys[i], values[i]) for i in range(start, min(n, start + _CHUNK))]
+    def run(start: int, stop: int) -> list[T]:
+        return [decode(keys[i], values[i]) for i in range(start, stop)]
 
+    return run_chunks(run, n)
+
+
+def run_chunks(work: Callable[[int, int], list[T]], n: int) -> list[T]:
+    """``work(start, stop)`` over ``range(n)`` in chunks of :data:`_CHUNK` or more, on this
+    process's threads when there are at least two chunks' worth and two processors, the
+    lists joined in order (the first failure, in order, is raised)."""
+    threads = _threads()
+    if n < 2 * _CHUNK or threads < 2:
+        return work(0, n)
+    # A few chunks a thread: even when one thread is slowed, the others take the rest.
+    size = max(_CHUNK, -(-n // (4 * threads)))
     out: list[T] = []
-    for part in _get_pool().map(run, range(0, n, _CHUNK)):
+    for part in _get_pool().map(lambda start: work(start, min(n, start + size)), range(0, n, size)):
         out += part
     return out
 
