@@ -43,6 +43,7 @@ __all__ = [
     "encoding_of",
     "image_record",
     "write_imageset",
+    "write_imageset_idx",
 ]
 
 #: Bytes of records per transaction at most (a batch also stops at ``batch_size`` records).
@@ -283,7 +284,8 @@ def write_imageset(
                 + "; nothing written"
             )
         if metadata is not None:
-            write_metadata(staging, {**metadata, "records": state["count"]}, out)
+            source = {**metadata.get("source", {}), "items": total}
+            write_metadata(staging, {**metadata, "source": source, "records": state["count"]}, out)
     return ImagesetResult(
         path=out,
         backend=backend,
@@ -312,7 +314,12 @@ def _batches(
     batch: list[tuple[bytes, bytes]] = []
     size = 0
     first: tuple[ListEntry, tuple[int, int, int]] | None = None
-    for entry, record in _records(entries, root, color, resize, encoded, encode_type):
+
+    def work(entry: ListEntry) -> tuple[bytes, tuple[int, int, int]]:
+        encoding = encoding_of(entry, encode_type) if encoded else None
+        return image_record(entry, root=root, color=color, resize=resize, encoding=encoding)
+
+    for entry, record in _records(entries, work, root):
         if isinstance(record, str):
             skip(entry, record)
             continue
@@ -323,13 +330,8 @@ def _batches(
         elif shape != first[1]:
             state["mixed"] = True
             if check_size:
-                raise ImageError(
-                    f"{where}:{entry.line + 1}: {printable(os.fsdecode(entry.path))} is "
-                    "{} × {} × {}".format(*shape)
-                    + f", the first image ({printable(os.fsdecode(first[0].path))}) "
-                    + "{} × {} × {}".format(*first[1])
-                    + " (--check_size: every image one size; or give a resize)"
-                )
+                raise _other_size(where, entry, shape, *first,
+                                  "--check_size: every image one size; or give a resize")  # fmt: skip
         batch.append((image_key(entry), value))
         size += len(value)
         state["count"] += 1
@@ -341,22 +343,16 @@ def _batches(
 
 
 def _records(
-    entries: Iterable[ListEntry],
-    root: bytes,
-    color: bool,
-    resize: tuple[int, int] | None,
-    encoded: bool,
-    encode_type: str | None,
-) -> Iterator[tuple[ListEntry, tuple[bytes, tuple[int, int, int]] | str]]:
-    """Each entry with its record, or the reason it could not be read; decoded on a few
-    threads (Pillow, zlib and numpy release the GIL), in order, a bounded window ahead."""
+    entries: Iterable[ListEntry], work: Callable[[ListEntry], Any], root: bytes
+) -> Iterator[tuple[ListEntry, Any]]:
+    """Each entry with ``work(entry)``, or the reason (a str) it could not be read; run on a
+    few threads (Pillow, zlib and numpy release the GIL), in order, a bounded window ahead."""
     from collections import deque
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    def one(entry: ListEntry) -> tuple[bytes, tuple[int, int, int]] | str:
-        encoding = encoding_of(entry, encode_type) if encoded else None
+    def one(entry: ListEntry) -> Any:
         try:
-            return image_record(entry, root=root, color=color, resize=resize, encoding=encoding)
+            return work(entry)
         except ImageError as exc:
             return str(exc)
         except OSError as exc:
@@ -377,3 +373,99 @@ def _records(
         finally:
             for _, future in window:
                 future.cancel()
+
+
+def _other_size(where: str, entry: ListEntry, shape: tuple[int, ...], first: ListEntry,
+                first_shape: tuple[int, ...], hint: str) -> ImageError:  # fmt: skip
+    return ImageError(
+        f"{where}:{entry.line + 1}: {printable(os.fsdecode(entry.path))} is "
+        + " × ".join(map(str, shape))
+        + f", the first image ({printable(os.fsdecode(first.path))}) "
+        + " × ".join(map(str, first_shape))
+        + f" ({hint})"
+    )
+
+
+def write_imageset_idx(
+    root: str | bytes,
+    entries: Entries,
+    prefix: str,
+    *,
+    resize: tuple[int, int] | None = None,
+    overwrite: bool = False,
+    where: str = "list",
+    inputs: Iterable[str] = (),
+    progress: Progress | None = None,
+    on_skip: Callable[[Skipped], None] | None = None,
+) -> ImagesetResult:
+    """Write the images ``entries()`` names as an MNIST pair, ``PREFIX-images-idx3-ubyte``
+    and ``PREFIX-labels-idx1-ubyte``: grey (as OpenCV reads grey), all one size (or
+    ``resize``), labels 0-255. Both files appear together, complete, or neither.
+
+    Raises:
+        Mnist2dbError: a target may not be written, a label outside 0-255, an image of
+            another size, no image readable; nothing is then written.
+    """
+    from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
+    from mnist2db.formats.resize import resize_linear
+    from mnist2db.storage.files import AtomicFile
+    from mnist2db.storage.placement import check_file_target, place_together
+
+    progress = reporting(progress)
+    started = time.perf_counter()
+    root_bytes = os.fsencode(root)
+    targets = (f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte")
+    for target in targets:
+        check_file_target(target, overwrite, list(inputs))
+    if resize is not None and min(resize) < 1:
+        raise Mnist2dbError(f"cannot resize to {resize[0]} × {resize[1]}: both must be ≥ 1")
+    total = check_entries(entries(), root=root_bytes, backend="idx", encoded=False,
+                          encode_type=None, resize=resize, where=where)  # fmt: skip
+    for entry in entries():
+        if not 0 <= entry.label <= 255:
+            raise Mnist2dbError(
+                f"{where}:{entry.line + 1}: label {entry.label}: an idx1 label file holds "
+                "0 … 255 (write a database instead)"
+            )
+
+    def pixels(entry: ListEntry) -> Any:
+        image = read_image(root_bytes + entry.path, color=False)
+        return image if resize is None else resize_linear(image, *resize)
+
+    skipped: list[Skipped] = []
+    count = 0
+    first: tuple[ListEntry, tuple[int, ...]] | None = None
+    try:
+        with AtomicFile(targets[0]) as images, AtomicFile(targets[1]) as labels:
+            images.write(pack_header(IMAGES_MAGIC, 0, 0, 0))
+            labels.write(pack_header(LABELS_MAGIC, 0))
+            for entry, image in _records(entries(), pixels, root_bytes):
+                if isinstance(image, str):
+                    skipped.append(Skipped(entry, image))
+                    if on_skip is not None:
+                        on_skip(skipped[-1])
+                    continue
+                if first is None:
+                    first = (entry, image.shape)
+                elif image.shape != first[1]:
+                    raise _other_size(where, entry, image.shape, *first,
+                                      "an IDX file holds one size: give a resize")  # fmt: skip
+                images.write(image.tobytes())
+                labels.write(bytes((entry.label,)))
+                count += 1
+                if count % 1000 == 0:
+                    progress(count, total)
+            if first is None:
+                raise ImageError(f"{where}: no image could be read; nothing written")
+            images.stream.seek(0)
+            images.write(pack_header(IMAGES_MAGIC, count, *first[1]))
+            labels.stream.seek(0)
+            labels.write(pack_header(LABELS_MAGIC, count))
+            place_together([images, labels])
+    except OSError as exc:
+        raise Mnist2dbError(f"{exc.filename or prefix}: cannot write: {exc.strerror}") from None
+    progress(count, total)
+    return ImagesetResult(
+        path=targets[0], backend="idx", count=count, lines=total, skipped=tuple(skipped),
+        shape=(1, int(first[1][0]), int(first[1][1])), seconds=time.perf_counter() - started,
+    )  # fmt: skip

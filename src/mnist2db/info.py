@@ -22,6 +22,7 @@ from mnist2db.formats.idx import (
     parse_header,
     size_error,
 )
+from mnist2db.formats.image import image_format
 from mnist2db.formats.png import datum_encoding as _datum_encoding
 from mnist2db.formats.png import decode_image
 from mnist2db.progress import Progress, reporting
@@ -213,6 +214,8 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
     backend = detect_backend(path)
     info = DbInfo(path, backend, 0, None, None, True, None, None)
     counts: dict[int, int] = {}
+    shapes: set[tuple[int, ...]] = set()
+    kinds: set[str] = set()
     with shared_reader(path, backend) as reader:
         total = len(reader) if counted else 0
         count = 0
@@ -242,6 +245,12 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
             encoding = _datum_encoding(datum)
             if info.shape is None:
                 info.shape, info.encoding = shape, encoding
+                if datum.encoded:
+                    kinds.add(image_format(datum.data) or "unknown")
+            elif datum.encoded and info.encoding and "encoded" in info.encoding:
+                # convert_imageset writes images of any size and type (JPEG and PNG mixed).
+                shapes.add(shape)
+                kinds.add(image_format(datum.data) or "unknown")
             elif shape != info.shape or encoding != info.encoding:
                 info.problem = (
                     f"key {key_text(bytes(key))}: Datum {'×'.join(map(str, shape))} "
@@ -252,6 +261,8 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
             if count % _BATCH == 0:
                 progress(count, total)
         info.last_key = bytes(key) if count else None
+    if info.encoding and (shapes - {info.shape} or len(kinds) > 1):
+        info.encoding += f"; {len(shapes | {info.shape})} sizes, {' and '.join(sorted(kinds))}"
     info.count = count
     # Measured after closing: opening a LevelDB database may rewrite its log into a table.
     info.disk_size = sum(

@@ -54,6 +54,7 @@ __all__ = [
     "METADATA_NAME",
     "Recipe",
     "check_range",
+    "imageset_metadata",
     "iter_records",
     "pairs_metadata",
     "permutation",
@@ -277,6 +278,44 @@ def pairs_metadata(
     }
 
 
+def imageset_metadata(
+    *, root: str, listing: str, lines: int, options: dict[str, Any], seed: int | None
+) -> dict[str, Any]:
+    """What :func:`write_metadata` records for a database of image files
+    (:mod:`mnist2db.imageset`): the root and list (or class folders), how the images
+    were read (``options``: gray, resize, encode_type), and the shuffle's seed."""
+    return {
+        "format": _FORMAT,
+        "version": _VERSION,
+        "source": {"images": root, "labels": listing, "items": lines},
+        "imageset": {
+            **options,
+            "shuffle": None if seed is None else {"seed": seed, "method": SHUFFLE_METHOD},
+        },
+    }
+
+
+def _imageset_lines(metadata: dict[str, Any]) -> list[tuple[str, str]] | None:
+    """``info``'s lines on an image-file database, else None."""
+    found = metadata.get("imageset")
+    if found is None:
+        return None
+    shuffle = found.get("shuffle")
+    read = "grey" if found.get("gray") else "colour (BGR)"
+    if found.get("resize"):
+        read += ", resized to {} × {}".format(*found["resize"])
+    lines = [("images", read)]
+    if found.get("encode_type"):
+        lines.append(("encoded", f"{found['encode_type']} in Datum.data (encoded: true)"))
+    order = (
+        "list order"
+        if shuffle is None
+        else f"shuffled, seed {shuffle['seed']} ({shuffle['method']})"
+    )
+    lines.append(("order", order))
+    return lines
+
+
 def _pairs_of(metadata: dict[str, Any]) -> tuple[int, int, bool, str] | None:
     """``(count, seed, balanced, method)`` of a pair database's metadata, else None."""
     pairs = metadata.get("pairs")
@@ -365,6 +404,11 @@ def read_metadata(db: str | os.PathLike[str]) -> tuple[Recipe, dict[str, Any]] |
     if loaded is None:
         return None
     path, metadata = loaded
+    if "imageset" in metadata:
+        raise Mnist2dbError(
+            f"{os.fspath(db)}: a database of image files ({printable(metadata['source']['images'])}): "
+            "its records are not items of IDX files"
+        )
     pairs = _pairs_of(metadata)
     if pairs is not None:
         raise Mnist2dbError(
@@ -413,6 +457,9 @@ def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
     source = loaded[1]["source"]
     items = int(source["items"])
     names = f"{printable(source['images'])} + {printable(source['labels'])}"
+    imageset = _imageset_lines(loaded[1])
+    if imageset is not None:
+        return [("source", f"{names} ({items} images listed)"), *imageset]
     lines = [("source", f"{names} ({items} items)")]
     pairs = _pairs_of(loaded[1])
     if pairs is not None:

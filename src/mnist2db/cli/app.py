@@ -16,6 +16,7 @@ from mnist2db.cli.caffe_commands import mean, siamese
 from mnist2db.cli.common import check_seed, echo, library_errors, progress_reporter
 from mnist2db.cli.data_commands import export, info, show, verify
 from mnist2db.cli.fetch_commands import create, fetch
+from mnist2db.cli.imageset_commands import imageset
 from mnist2db.cli.options import (
     Path,
     backend_option,
@@ -107,5 +108,5 @@ def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
     sys.exit(run(lambda: cli.main(args=args, prog_name=prog_name or "mnist2db")))
 
 
-for _command in (show, info, verify, export, mean, siamese, fetch, create):
+for _command in (show, info, verify, export, mean, siamese, fetch, create, imageset):
     cli.add_command(_command)
