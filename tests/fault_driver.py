@@ -13,6 +13,7 @@ import sys
 import time
 
 import mnist2db.cli.app as cli
+import mnist2db.cli.convert_commands as convert_command
 import mnist2db.storage.staging as conv
 
 cfg = json.loads(sys.argv[1])
@@ -43,21 +44,21 @@ if stage == "midway":
 
         yield report
 
-    cli.progress_reporter = reporter
+    convert_command.progress_reporter = reporter
     if cfg.get("pause_cleanup"):  # a second stop, while the staging directory is removed
 
         def checkpoint(s, staging):
             if s == "cleanup":
                 pause(staging, cfg["flag"] + "-cleanup", cfg["release_cleanup"])
 
-        conv._checkpoint = checkpoint
+        conv.checkpoint = checkpoint
 elif stage:
 
     def checkpoint(s, staging):
         if s == stage:
             pause(staging)
 
-    conv._checkpoint = checkpoint
+    conv.checkpoint = checkpoint
 
 if cfg.get("fsize"):
     resource.setrlimit(resource.RLIMIT_FSIZE, (cfg["fsize"], cfg["fsize"]))

@@ -71,14 +71,16 @@ def test_create_goes_through_the_one_conversion_pipeline(
 ) -> None:
     write_dataset(tmp_path / "data")
     convert_module = importlib.import_module("mnist2db.conversion")
+    create_module = importlib.import_module("mnist2db.create")
     calls = []
     real = convert_module.convert
+    assert create_module.convert is real  # create calls the pipeline's own function
 
     def spy(*args: object, **kwargs: object) -> object:
         calls.append((Path(str(args[0])).name, Path(str(args[2])).name, args[3]))
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(convert_module, "convert", spy)
+    monkeypatch.setattr(create_module, "convert", spy)
     create_databases("mnist", tmp_path / "data", tmp_path / "out", "leveldb")
     assert calls == [
         ("train-images-idx3-ubyte", "mnist_train_leveldb", "leveldb"),

@@ -1,12 +1,15 @@
-"""The start-up budget of the fast paths, kept by this one test (see mnist2db/startup.py).
+"""The fast paths, kept by this one test (see mnist2db/fastpath.py).
 
 A plain ``mnist2db convert`` and Caffe's drop-in ``convert_mnist_data`` run in a fresh
-interpreter; afterwards none of the modules whose import would cost a visible share of a
-conversion may be loaded. Speed itself belongs in ``make bench``.
+interpreter; afterwards no mnist2db module outside :data:`mnist2db.fastpath.FAST_PATH` and
+none of the modules whose import would cost a visible share of a conversion may be loaded;
+together the runs load every module the set names (so the set stays exact). ``mnist2db
+--help`` loads click and the group alone. Speed itself belongs in ``make bench``.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,38 +18,68 @@ import numpy as np
 import pytest
 from helpers import write_idx
 
-#: Imported by none of the fast paths (each costs 5-80 ms of start-up; README, Performance).
+from mnist2db.fastpath import FAST_PATH
+
+#: Imported by none of the fast paths (each costs 5-80 ms of start-up; docs, Performance).
 BANNED = ("click", "numpy", "typing", "dataclasses", "tempfile", "ctypes.util", "google.protobuf")
 
 RUN = """
-import sys
+import json, sys
 sys.argv = [{argv0!r}, *{args!r}]
 from {module} import main
 try:
     main()
 except SystemExit as exc:
     code = exc.code
-print(code, sorted(m for m in {banned!r} if m in sys.modules))
+print(json.dumps([code, sorted(m for m in {banned!r} if m in sys.modules),
+                  sorted(m for m in sys.modules if m.split(".")[0] == "mnist2db")]))
 """
 
+RUNS = [
+    ("mnist2db.__main__", "mnist2db", ["convert"]),
+    ("mnist2db.__main__", "mnist2db", ["convert", "--backend", "leveldb", "-q"]),
+    ("mnist2db.caffe_tools.drop_ins", "convert_mnist_data", []),
+]
 
-@pytest.mark.parametrize(
-    ("module", "argv0", "first"),
-    [
-        ("mnist2db.__main__", "mnist2db", ["convert"]),
-        ("mnist2db.__main__", "mnist2db", ["convert", "--backend", "leveldb", "-q"]),
-        ("mnist2db.caffe_tools.drop_ins", "convert_mnist_data", []),
-    ],
-)
-def test_a_plain_conversion_imports_nothing_heavy(
-    tmp_path: Path, module: str, argv0: str, first: list[str]
-) -> None:
-    rng = np.random.default_rng(5)
-    images = write_idx(tmp_path / "images", rng.integers(0, 256, (30, 4, 5), dtype=np.uint8))
-    labels = write_idx(tmp_path / "labels", rng.integers(0, 10, 30, dtype=np.uint8))
-    args = [*first, str(images), str(labels), str(tmp_path / "db")]
+
+def run_fresh(tmp_path: Path, module: str, argv0: str, args: list[str]) -> tuple[int, list, list]:
     code = RUN.format(argv0=argv0, args=args, module=module, banned=BANNED)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "0 []", done.stderr
+    exit_code, banned, loaded = json.loads(done.stdout.splitlines()[-1])
+    return exit_code, banned, loaded
+
+
+def conversion_args(tmp_path: Path, first: list[str]) -> list[str]:
+    rng = np.random.default_rng(5)
+    images = write_idx(tmp_path / "images", rng.integers(0, 256, (30, 4, 5), dtype=np.uint8))
+    labels = write_idx(tmp_path / "labels", rng.integers(0, 10, 30, dtype=np.uint8))
+    return [*first, str(images), str(labels), str(tmp_path / "db")]
+
+
+@pytest.mark.parametrize(("module", "argv0", "first"), RUNS)
+def test_a_plain_conversion_stays_on_the_fast_path(
+    tmp_path: Path, module: str, argv0: str, first: list[str]
+) -> None:
+    exit_code, banned, loaded = run_fresh(tmp_path, module, argv0, conversion_args(tmp_path, first))
+    assert (exit_code, banned) == (0, [])
+    assert sorted(set(loaded) - FAST_PATH) == []
     assert (tmp_path / "db").is_dir()
+
+
+def test_the_fast_path_set_names_only_what_the_runs_load(tmp_path: Path) -> None:
+    seen: set[str] = set()
+    for i, (module, argv0, first) in enumerate(RUNS):
+        (tmp_path / str(i)).mkdir()
+        seen.update(
+            run_fresh(tmp_path, module, argv0, conversion_args(tmp_path / str(i), first))[2]
+        )
+    assert sorted(FAST_PATH - seen) == []
+
+
+def test_group_help_loads_click_and_the_group_alone(tmp_path: Path) -> None:
+    exit_code, banned, loaded = run_fresh(tmp_path, "mnist2db.cli.app", "mnist2db", ["--help"])
+    assert exit_code == 0
+    assert set(banned) <= {"click", "typing"}  # click's own imports
+    assert loaded == ["mnist2db", "mnist2db.cli", "mnist2db.cli.app", "mnist2db.fastpath",
+                      "mnist2db.interrupt"]  # fmt: skip

@@ -212,6 +212,9 @@ def test_cli_mean(mnist_pair, tmp_path: Path) -> None:
     missing = CliRunner().invoke(cli, ["mean", str(tmp_path / "nothing")])
     assert missing.exit_code == 1
     assert missing.stderr == f"Error: {tmp_path / 'nothing'}: no such database\n"
+    quiet = CliRunner().invoke(cli, ["mean", "-q", "--overwrite", str(tmp_path / "db"), str(out)])
+    assert (quiet.exit_code, quiet.stdout, quiet.stderr) == (0, "", "")  # -q: nothing at all
+    assert out.read_bytes() == blobproto_bytes(np.array([[[127.5, 255]]], dtype=np.float32))
 
 
 def test_compute_image_mean_drop_in(mnist_pair, tmp_path: Path) -> None:

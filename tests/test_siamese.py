@@ -19,9 +19,9 @@ from helpers import write_idx
 from mnist2db.cli.app import cli
 from mnist2db.errors import IdxFormatError, Mnist2dbError, OutputExistsError
 from mnist2db.formats.datum import decode_datum
-from mnist2db.recipe import METADATA_NAME
 from mnist2db.siamese import PAIRS_METHOD, convert_siamese
 from mnist2db.storage.backends import detect_backend, is_database_file
+from mnist2db.storage.metadata import METADATA_NAME
 from mnist2db.storage.readers import open_reader
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,7 +174,7 @@ def test_interrupt_leaves_nothing(mnist_pair, tmp_path: Path) -> None:
         "def stop(stage, staging):\n"
         "    if stage == 'staged':\n"
         "        os.kill(os.getpid(), signal.SIGINT)\n"
-        "c._checkpoint = stop\n"
+        "c.checkpoint = stop\n"
         "from mnist2db.cli.app import main\n"
         "main(sys.argv[1:])\n"
     )

@@ -26,7 +26,7 @@ from mnist2db.formats.idx import LABELS_MAGIC, check_pair
 from mnist2db.formats.idx_reader import IdxReader, open_idx
 from mnist2db.formats.png import check_encoding
 from mnist2db.progress import Progress, reporting
-from mnist2db.recipe import Recipe, iter_records, metadata_for, write_metadata
+from mnist2db.records import iter_records
 from mnist2db.storage.backends import (
     DEFAULT_BACKEND,
     DEFAULT_BATCH_SIZE,
@@ -36,12 +36,11 @@ from mnist2db.storage.backends import (
     size_hint,
 )
 from mnist2db.storage.files import TEMP_MARK
-from mnist2db.storage.staging import remove_stale_staging, staged_database
+from mnist2db.storage.metadata import Recipe, metadata_for, write_metadata
+from mnist2db.storage.staging import staged_database
 
 if TYPE_CHECKING:
     from mnist2db.storage.files import PathArg
-
-__all__ = ["ConvertResult", "convert", "remove_stale_staging", "write_database"]
 
 
 #: Marker in the names of staging directories, so left-overs are recognisable.
@@ -107,7 +106,7 @@ def convert(
     Writes, for item ``i``, key ``b"%08d" % i`` and a serialized ``caffe.Datum`` with
     ``channels=1, height=rows, width=cols``, the item's pixels as ``data`` and its label:
     the same keys and values as Caffe's ``convert_mnist_data``. The options below change
-    which items, in which order and orientation, with which label (:mod:`mnist2db.recipe`);
+    which items, in which order and orientation, with which label (:mod:`mnist2db.records`);
     a database written with any of them also holds the file ``mnist2db.json`` recording
     them (never a record).
 
@@ -201,10 +200,10 @@ def _convert_recipe(
     overwrite: bool,
     progress: Progress,
 ) -> ConvertResult:
-    """The pipeline with options: numpy batches from :func:`mnist2db.recipe.iter_records`."""
+    """The pipeline with options: numpy batches from :func:`mnist2db.records.iter_records`."""
     from mnist2db.formats.datum import encode_batch
     from mnist2db.formats.png import check_png_shape, encode_png_batch
-    from mnist2db.recipe import check_label_column, check_range
+    from mnist2db.records import check_label_column, check_range
 
     header = image_reader.header
     check_label_column(label_reader.header, recipe.label_column)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from mnist2db.conversion import ConvertResult, convert
 from mnist2db.errors import IdxFormatError
 from mnist2db.fetch.catalog import (
     DEFAULT_DATASET,
@@ -15,12 +15,7 @@ from mnist2db.fetch.catalog import (
     get_dataset,
 )
 from mnist2db.progress import NamedProgress, labelled, named_reporting
-from mnist2db.storage.backends import DEFAULT_BACKEND
-
-if TYPE_CHECKING:
-    from mnist2db.conversion import ConvertResult
-
-__all__ = ["create_databases", "orientation_note"]
+from mnist2db.storage.backends import DEFAULT_BACKEND, DEFAULT_BATCH_SIZE
 
 
 def orientation_note(dataset: str | Dataset, as_stored: bool) -> str | None:
@@ -82,9 +77,6 @@ def create_databases(
         IdxFormatError: an input is missing (with a hint to run ``mnist2db fetch``) or bad.
         OutputExistsError, BackendError: as :func:`mnist2db.conversion.convert`.
     """
-    from mnist2db.conversion import convert
-    from mnist2db.storage.backends import DEFAULT_BATCH_SIZE
-
     spec = get_dataset(dataset)
     if transpose is None:
         transpose = spec.stored_transposed

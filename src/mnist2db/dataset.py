@@ -31,21 +31,30 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
-from mnist2db.errors import DatumError, MissingKeyError, Mnist2dbError, RecordIndexError
-from mnist2db.formats.datum import KEY_LIMIT, datum_to_array, decode_datum, key_text, record_key
-from mnist2db.storage.backends import detect_backend
+import numpy as np
+
+from mnist2db.errors import (
+    BackendError,
+    DatumError,
+    MissingKeyError,
+    Mnist2dbError,
+    RecordIndexError,
+)
+from mnist2db.formats.datum import (
+    KEY_LIMIT,
+    datum_prefix,
+    datum_to_array,
+    decode_datum,
+    encode_datum,
+    key_text,
+    record_key,
+)
+from mnist2db.formats.png_codec import decode_image, decode_many, decode_png_record, decode_stream
+from mnist2db.storage.backends import backend_message, detect_backend
 from mnist2db.storage.readers import DbReader, iterate
 from mnist2db.storage.readhandles import READ_HANDLES, ReadHandle
-
-if TYPE_CHECKING:
-    import numpy as np
-
-__all__ = [
-    "DatumDataset",
-    "open_db",
-]
 
 #: numpy's, set on first use (numpy is imported lazily).
 _ndarray: Any = None
@@ -67,8 +76,6 @@ if hasattr(os, "register_at_fork"):
 def _layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | None:
     """``(length, prefix, shape, pixels offset)`` of a record in Caffe's fixed layout
     (``channels, height, width, data, label`` with a one-byte label), else None."""
-    from mnist2db.formats.datum import datum_prefix, encode_datum
-
     try:
         datum = decode_datum(value)
     except DatumError:
@@ -142,10 +149,6 @@ class DatumDataset:
         self._init_fast()
 
     def _init_fast(self) -> None:
-        import numpy as np
-
-        from mnist2db.formats.png_codec import decode_image, decode_png_record
-
         global _ndarray, _uint8, _decode_image, _decode_png_record
         _ndarray, _uint8 = np.ndarray, np.dtype(np.uint8)
         _decode_image, _decode_png_record = decode_image, decode_png_record
@@ -249,8 +252,6 @@ class DatumDataset:
         return value
 
     def _failed(self, exc: Exception, text: str) -> Mnist2dbError:
-        from mnist2db.errors import BackendError
-
         return BackendError(f"{self.path}: {self.backend} read failed: {text}")
 
     def _decode(self, key: bytes, value: bytes) -> tuple[np.ndarray, int]:
@@ -314,8 +315,6 @@ class DatumDataset:
             except (AttributeError, TypeError):
                 pass
             except self._errors as exc:
-                from mnist2db.storage.backends import backend_message
-
                 raise self._failed(exc, backend_message(exc)) from exc
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(self._length))]
@@ -338,8 +337,6 @@ class DatumDataset:
                 try:
                     found: list[Any] = list(map(get, keys)) if get is not None else [None]
                 except self._errors as exc:
-                    from mnist2db.storage.backends import backend_message
-
                     raise self._failed(exc, backend_message(exc)) from exc
                 if None not in found:
                     images, labels = self._stack(keys, found)
@@ -369,8 +366,6 @@ class DatumDataset:
         return self._stack(keys, values)
 
     def _stack(self, keys: list[bytes], values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-        import numpy as np
-
         layout = self._layout
         if layout is not None and values and set(map(len, values)) == {layout[0]}:
             # All of the first record's length: check the layout of all at once, as columns.
@@ -384,9 +379,6 @@ class DatumDataset:
                 size = shape[0] * shape[1] * shape[2]
                 images = matrix[:, offset : offset + size].reshape(n, *shape).copy()
                 return images, matrix[:, -1].astype(np.int64)
-        from mnist2db.formats.png_codec import (
-            decode_many,  # encoded records decode on a few threads
-        )
 
         records = decode_many(self._decode, keys, values)
         if not records:
@@ -420,7 +412,6 @@ class DatumDataset:
         start, stop, _ = slice(start, stop).indices(self._length)
         if start >= stop:
             return
-        from mnist2db.formats.png_codec import decode_stream
 
         first_key = self.key(start)
         # A few records at a time, so that encoded ones decode on a few threads.

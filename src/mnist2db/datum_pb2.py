@@ -11,5 +11,3 @@ from mnist2db.formats.datum import message_type
 Datum = message_type("Datum")
 BlobShape = message_type("BlobShape")
 BlobProto = message_type("BlobProto")
-
-__all__ = ["BlobProto", "BlobShape", "Datum"]

@@ -6,22 +6,6 @@ Each message is one line naming the file, what was expected and what was found.
 
 from __future__ import annotations
 
-__all__ = [
-    "BackendError",
-    "ChecksumError",
-    "DatumError",
-    "DownloadError",
-    "IdxFormatError",
-    "ImageError",
-    "MissingKeyError",
-    "Mnist2dbError",
-    "OutputExistsError",
-    "RecordIndexError",
-    "RenderError",
-    "VerifyError",
-    "printable",
-]
-
 
 def printable(text: str) -> str:
     """``text`` as it can be printed: a path's bytes that are not UTF-8 (which Python holds

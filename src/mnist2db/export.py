@@ -1,6 +1,6 @@
 """Write IDX files back from a database: ``PREFIX-images-idx3-ubyte`` and ``PREFIX-labels-idx1-ubyte``.
 
-A database written with options (``mnist2db.json``, :mod:`mnist2db.recipe`) is mapped back
+A database written with options (``mnist2db.json``, :mod:`mnist2db.storage.metadata`) is mapped back
 to its source items: a shuffle is undone (each record goes to the position of the item it
 came from), a transposition too, so the files hold the source's items ``offset …
 offset+count-1`` as the source stores them. The label file holds the Datum labels, as
@@ -20,20 +20,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from mnist2db.errors import DatumError, Mnist2dbError, OutputExistsError, printable
 from mnist2db.formats.datum import check_datum, decode_datum, key_text
 from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
 from mnist2db.formats.png import datum_encoding, decoded_datum
 from mnist2db.progress import Progress, reporting
-from mnist2db.recipe import Recipe, item_range, permutation, read_metadata
+from mnist2db.records import permutation
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
 from mnist2db.storage.files import AtomicFile, make_parents, remove_made
+from mnist2db.storage.metadata import Recipe, item_range, read_metadata
 from mnist2db.storage.placement import check_file_target, place_together, recover_together
 from mnist2db.storage.readers import shared_reader
 from mnist2db.storage.staging import check_apart
-
-__all__ = ["ExportResult", "default_prefix", "export_db"]
-
 
 #: What an empty database is exported as: it records no image size, so MNIST's.
 EMPTY_SHAPE = (28, 28)
@@ -188,8 +188,6 @@ def _write_pair(
     the positions of the source items they hold. Labels (one byte a record) are collected
     and written after the images.
     """
-    import numpy as np
-
     with AtomicFile(targets[0]) as image_target, AtomicFile(targets[1]) as label_target:
         stored = (cols, rows) if recipe.transpose else (rows, cols)
         head = pack_header(IMAGES_MAGIC, total, *stored)
@@ -258,8 +256,6 @@ def _records(reader: Any, db_path: str, rows: int, cols: int) -> Iterator[Any]:
 
 
 def _untransposed(data: bytes, rows: int, cols: int) -> bytes:
-    import numpy as np
-
     return np.frombuffer(data, dtype=np.uint8).reshape(rows, cols).T.tobytes()
 
 

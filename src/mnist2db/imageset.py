@@ -29,22 +29,12 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from mnist2db.errors import ImageError, Mnist2dbError, printable
-from mnist2db.formats.datum import KEY_LIMIT, datum_prefix, encode_varint
+from mnist2db.formats.datum import KEY_LIMIT, datum_prefix
 from mnist2db.formats.image import ENCODE_TYPES, read_image
 from mnist2db.formats.image_list import KEY_LIMIT_LMDB, ListEntry, image_key
+from mnist2db.formats.protowire import encode_varint
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE, check_backend, check_batch_size
-
-__all__ = [
-    "BATCH_BYTES",
-    "ImagesetResult",
-    "Skipped",
-    "check_entries",
-    "encoding_of",
-    "image_record",
-    "write_imageset",
-    "write_imageset_idx",
-]
 
 #: Bytes of records per transaction at most (a batch also stops at ``batch_size`` records).
 BATCH_BYTES = 64 << 20
@@ -235,7 +225,7 @@ def write_imageset(
             database cannot be written; the destination is then untouched.
     """
     from mnist2db.conversion import write_database
-    from mnist2db.recipe import write_metadata
+    from mnist2db.storage.metadata import write_metadata
     from mnist2db.storage.staging import staged_database
 
     progress = reporting(progress)

@@ -7,37 +7,34 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from mnist2db.errors import DatumError
+import numpy as np
+
+from mnist2db.errors import DatumError, printable
 from mnist2db.formats.datum import datum_shape, decode_datum, key_text, record_key
 from mnist2db.formats.idx import (
-    CORRUPT_ERRORS,
-    LABELS_MAGIC,
+    QMNIST_LABELS_MAGIC,
     IdxHeader,
-    corrupt_stream,
     magic_kind,
-    open_data,
-    open_raw,
-    parse_header,
-    size_error,
 )
+from mnist2db.formats.idx_reader import scan_idx
 from mnist2db.formats.image import image_format
 from mnist2db.formats.png import datum_encoding as _datum_encoding
 from mnist2db.formats.png import decode_image
 from mnist2db.progress import Progress, reporting
-from mnist2db.recipe import describe_db
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
 from mnist2db.storage.backends import detect_backend
+from mnist2db.storage.metadata import (
+    METADATA_NAME,
+    SHUFFLE_METHOD,
+    imageset_lines,
+    item_range,
+    load_metadata,
+    orientation,
+    pairs_of,
+    recipe_of,
+)
 from mnist2db.storage.readers import shared_reader
-
-if TYPE_CHECKING:
-    import numpy as np
-
-__all__ = ["DbInfo", "IdxInfo", "db_info", "idx_info"]
-
-
-_CHUNK = 1 << 20
 
 
 @dataclass
@@ -95,54 +92,13 @@ class IdxInfo:
 
 
 def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
-    """Describe an IDX file: header, sizes, gzip or not, whether it is valid.
-
-    The file is read through once (a chunk at a time) when it is gzip-compressed, a label
-    file or a pipe, to measure its data and count labels; a plain image file is measured by
-    its size. Reading stops one chunk past the declared size, as ``convert`` does, so a
-    decompression bomb is reported as holding "at least" that much.
+    """Describe an IDX file: header, sizes, gzip or not, whether it is valid
+    (:func:`mnist2db.formats.idx_reader.scan_idx` reads it).
 
     Raises:
         IdxFormatError: the file cannot be read or its header cannot be parsed at all.
     """
-    import numpy as np
-
-    path = os.fspath(path)
-    with open_raw(path) as raw:
-        file_size = os.fstat(raw.fileno()).st_size
-        stream, packing, streaming = open_data(raw, path)
-        header = parse_header(stream, path, packing)
-        gzipped = packing != "plain"
-        count_labels = header.magic == LABELS_MAGIC
-        problem = None
-        at_least = False
-        counts = np.zeros(256, dtype=np.int64) if count_labels else None
-        if not gzipped and not count_labels and not streaming:
-            data_size = file_size - header.header_size
-        else:
-            data_size = 0
-            limit = header.payload_size + _CHUNK
-            try:
-                while chunk := stream.read(min(_CHUNK, limit - data_size)):
-                    if counts is not None:
-                        room = max(0, header.payload_size - data_size)
-                        counts += np.bincount(
-                            np.frombuffer(chunk[:room], dtype=np.uint8), minlength=256
-                        )
-                    data_size += len(chunk)
-                    if data_size >= limit:
-                        at_least = True
-                        break
-            except (*CORRUPT_ERRORS, OSError) as exc:
-                problem = f"{corrupt_stream(stream)} after {data_size} bytes of data: {exc}"
-        if streaming and not gzipped:
-            file_size = header.header_size + data_size
-    if problem is None and data_size != header.payload_size:
-        problem = str(size_error(header, data_size, at_least=at_least)).removeprefix(f"{path}: ")
-    label_counts = (
-        {int(v): int(n) for v, n in enumerate(counts) if n} if counts is not None else None
-    )
-    return IdxInfo(header, file_size, data_size, problem, label_counts, at_least, streaming)
+    return IdxInfo(*scan_idx(path))
 
 
 @dataclass
@@ -274,3 +230,48 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
     info.recipe = describe_db(path)
     progress(count, total)
     return info
+
+
+def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
+    """``info``'s lines on what a database holds of its source: ``(name, value)`` pairs.
+
+    Raises:
+        Mnist2dbError: its metadata file is not mnist2db's.
+    """
+    loaded = load_metadata(db)
+    if loaded is None:
+        # Without it the database may be ours without options, or Caffe's, or anyone's:
+        # its orientation, order and range are not known, so none is claimed.
+        return [("options", f"not recorded (no {METADATA_NAME})")]
+    source = loaded[1]["source"]
+    items = int(source["items"])
+    names = f"{printable(source['images'])} + {printable(source['labels'])}"
+    imageset = imageset_lines(loaded[1])
+    if imageset is not None:
+        return [("source", f"{names} ({items} images listed)"), *imageset]
+    lines = [("source", f"{names} ({items} items)")]
+    pairs = pairs_of(loaded[1])
+    if pairs is not None:
+        count, seed, balanced, method = pairs
+        kind = "balanced (half same-class)" if balanced else "uniform (as Caffe)"
+        again = f"--seed {seed} --pairs {count}" + (" --balanced" if balanced else "")
+        lines.append(("pairs", f"{count} {kind}, seed {seed} ({method})"))
+        lines.append(("repeat", f"mnist2db siamese {again} IMAGES LABELS OUT_DB"))
+        return lines
+    recipe = recipe_of(*loaded)
+    if recipe.offset or recipe.count != items:
+        lines.append(("items", f"{item_range(recipe)} of the source ({recipe.count})"))
+    lines.append(("orientation", orientation(recipe.transpose)))
+    if source["label_magic"] == f"0x{QMNIST_LABELS_MAGIC:08x}":
+        lines.append(("label", f"column {recipe.label_column} of the idx2-int label rows"))
+    lines.append(
+        (
+            "order",
+            "source order"
+            if recipe.seed is None
+            else f"shuffled, seed {recipe.seed} ({SHUFFLE_METHOD})",
+        )
+    )
+    if recipe.encoded is not None:
+        lines.append(("encoded", f"{recipe.encoded.upper()} images in Datum.data (encoded: true)"))
+    return lines

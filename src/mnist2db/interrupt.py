@@ -17,8 +17,6 @@ from mnist2db.fastpath import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-__all__ = ["Interrupted", "deferred", "exit_code", "run", "signals_raise_interrupted"]
-
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 EXIT_SIGINT = 128 + signal.SIGINT  # 130
 EXIT_SIGTERM = 128 + signal.SIGTERM  # 143

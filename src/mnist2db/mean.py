@@ -14,38 +14,29 @@ sums of pixels and squared pixels.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
+
 from mnist2db.errors import Mnist2dbError
-from mnist2db.formats.datum import encode_varint, key_text
+from mnist2db.formats.datum import key_text
 from mnist2db.formats.png import decoded_datum
+from mnist2db.formats.protowire import encode_varint
 from mnist2db.progress import Progress, reporting
-from mnist2db.storage.backends import DEFAULT_BATCH_SIZE, check_batch_size
+from mnist2db.storage.backends import DEFAULT_BATCH_SIZE, check_batch_size, detect_backend
+from mnist2db.storage.files import AtomicFile
+from mnist2db.storage.placement import check_file_target
+from mnist2db.storage.readers import iter_db
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from mnist2db.storage.files import PathArg
 
 
-class _MeanResultFields(NamedTuple):
-    path: str
-    backend: str
-    count: int  # type: ignore[assignment]  # the field hides tuple.count
-    mean: np.ndarray
-    channel_means: tuple[float, ...]
-    channel_stds: tuple[float, ...]
-
-
-__all__ = ["MeanResult", "blobproto_bytes", "compute_mean", "write_mean"]
-
-#: Records summed per numpy call; the batch's float32 copy is batch × pixels × 4 bytes.
-
-
-class MeanResult(_MeanResultFields):
+class MeanResult(NamedTuple):
     """What :func:`compute_mean` found (immutable).
 
     Fields: ``path``, ``backend``, ``count`` (records), ``mean`` (float32 array of shape
@@ -53,13 +44,16 @@ class MeanResult(_MeanResultFields):
     ``channel_stds`` (per channel, over every pixel of every record, on the 0–255 scale).
     """
 
-    __slots__ = ()
+    path: str
+    backend: str
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
+    mean: np.ndarray
+    channel_means: tuple[float, ...]
+    channel_stds: tuple[float, ...]
 
     def caffe_channel_means(self) -> list[float]:
         """Caffe's logged ``mean_value channel [c]``: a float32 sum of the channel's mean
         pixels in order, divided by their number in float32."""
-        import numpy as np
-
         channels = self.mean.shape[0]
         flat = self.mean.reshape(channels, -1)
         values = []
@@ -71,15 +65,11 @@ class MeanResult(_MeanResultFields):
 
 def _records(path: str, backend: str | None) -> Iterator[tuple[bytes, Any]]:
     """The database's ``(key, Datum)`` in key order: the one place the readers are used."""
-    from mnist2db.storage.readers import iter_db
-
     return iter_db(path, backend)
 
 
 def _pixels(key: bytes, datum: Any, path: str) -> tuple[tuple[int, int, int], Any]:
     """A record's shape and its values as a flat numpy array (uint8 data or float32)."""
-    import numpy as np
-
     name = key_text(key)
     # An encoded image is decoded first, as Caffe's DecodeDatumNative does.
     datum = decoded_datum(datum, f"{path}: key {name}")
@@ -120,11 +110,9 @@ def compute_mean(
         Mnist2dbError: the database is empty, or its records differ in shape.
     """
     progress = reporting(progress)
-    import numpy as np
 
     path = os.fsdecode(path)
     check_batch_size(batch_size)
-    from mnist2db.storage.backends import detect_backend
 
     backend = backend or detect_backend(path)
     shape: tuple[int, int, int] | None = None
@@ -190,8 +178,6 @@ def blobproto_bytes(mean: np.ndarray) -> bytes:
     ``channels`` (2), ``height`` (3), ``width`` (4), then ``data`` (5) as a packed run of
     little-endian float32 values — exactly ``BlobProto.SerializeToString()``.
     """
-    import numpy as np
-
     channels, height, width = (int(d) for d in mean.shape)
     data = np.ascontiguousarray(mean, dtype="<f4").tobytes()
     head = b"".join(
@@ -220,7 +206,6 @@ def check_mean_target(
             is (or is inside) one of ``inputs``.
         Mnist2dbError: its directory does not exist or cannot be written.
     """
-    from mnist2db.storage.placement import check_file_target
 
     check_file_target(os.fsdecode(out), overwrite, [os.fsdecode(i) for i in inputs])
 
@@ -244,11 +229,6 @@ def write_mean(
             it is the database the mean was computed from (or a file inside it).
         Mnist2dbError: the file cannot be written.
     """
-    import io
-
-    import numpy as np
-
-    from mnist2db.storage.files import AtomicFile
 
     out = os.fsdecode(out)
     check_mean_target(out, overwrite, [result.path])

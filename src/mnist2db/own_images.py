@@ -6,7 +6,7 @@ With a list (Caffe's ``PATH LABEL`` lines, relative to ROOT) the records are exa
 (:mod:`mnist2db.formats.image_folders`); the classes and the list generated from it are
 written beside the output (``OUT.classes.txt``: one class name a line, in label order;
 ``OUT.list.txt``: the list, which ``--list`` takes to repeat the run). ``seed`` shuffles
-the entries repeatably (the permutation of :func:`mnist2db.recipe.permutation`); the seed
+the entries repeatably (the permutation of :func:`mnist2db.records.permutation`); the seed
 and the options are recorded in the database's ``mnist2db.json``.
 """
 
@@ -20,8 +20,6 @@ from mnist2db.errors import Mnist2dbError
 from mnist2db.formats.image_list import ListEntry, read_image_list
 from mnist2db.imageset import ImagesetResult, Skipped, write_imageset, write_imageset_idx
 from mnist2db.progress import Progress
-
-__all__ = ["OwnImagesResult", "convert_images"]
 
 TARGETS = ("db", "idx")
 
@@ -68,7 +66,8 @@ def convert_images(
         Mnist2dbError: see :func:`mnist2db.imageset.write_imageset` and
             :func:`mnist2db.imageset.write_imageset_idx`; nothing is then written.
     """
-    from mnist2db.recipe import imageset_metadata, permutation
+    from mnist2db.records import permutation
+    from mnist2db.storage.metadata import imageset_metadata
     from mnist2db.storage.placement import check_file_target
 
     if to not in TARGETS:

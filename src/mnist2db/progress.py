@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["NamedProgress", "Progress", "labelled", "named_reporting", "reporting"]
-
 #: ``progress(done, total)``.
 Progress = Callable[[int, int], None]
 #: ``progress(name, done, total)``: a :data:`Progress` per named item.

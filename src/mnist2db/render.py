@@ -15,25 +15,15 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
 from mnist2db.errors import RenderError
 from mnist2db.storage.files import AtomicFile
 from mnist2db.storage.placement import check_file_target
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from mnist2db.storage.files import PathArg
-
-__all__ = [
-    "ASCII_RAMP",
-    "SHADE_RAMP",
-    "check_canvas",
-    "drawn_size",
-    "grid_layout",
-    "image_to_gray",
-    "image_to_text",
-    "write_png_grid",
-]
 
 SHADE_RAMP = " ░▒▓█"
 ASCII_RAMP = " .:-=+*#%@"
@@ -63,8 +53,6 @@ def image_to_gray(image: np.ndarray) -> np.ndarray:
     Raises:
         RenderError: another number of channels, or a non-uint8 image.
     """
-    import numpy as np
-
     if image.ndim != 3:
         raise RenderError(f"cannot draw an array of shape {image.shape}: expected (c, h, w)")
     if image.dtype != np.uint8:
@@ -104,8 +92,6 @@ def image_to_text(
             digits separated by spaces, as the seed script prints.
         ascii: use printable ASCII instead of Unicode shading.
     """
-    import numpy as np
-
     gray = image_to_gray(image)
     if threshold is not None:
         bits = (gray > threshold).astype(np.uint8)
@@ -179,9 +165,6 @@ def write_png_grid(
         RenderError: no images, images of different shapes, a canvas larger than
             :data:`MAX_PNG_PIXELS`, too little memory, or the file cannot be written.
     """
-    import numpy as np
-    from PIL import Image, ImageDraw, ImageFont
-
     out = os.fsdecode(path)
     if not images:
         raise RenderError(f"{out}: no images to draw")

@@ -7,19 +7,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+import numpy as np
 
 from mnist2db.dataset import open_db
 from mnist2db.errors import IdxFormatError, RecordIndexError
 from mnist2db.formats.idx import check_pair
 from mnist2db.formats.idx_reader import open_idx
-from mnist2db.recipe import check_label_column, check_range
+from mnist2db.records import check_label_column, check_range
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
-
-if TYPE_CHECKING:
-    import numpy as np
-
-__all__ = ["Record", "find_labels", "select_records"]
 
 
 @dataclass(frozen=True)
@@ -153,7 +149,7 @@ def select_records(
 
 
 def _check_start(path: str, total: int, offset: int, count: int, unit: str) -> None:
-    """The range check ``convert`` makes (:func:`mnist2db.recipe.check_range`), where the
+    """The range check ``convert`` makes (:func:`mnist2db.records.check_range`), where the
     range may stop early; raised as RecordIndexError (an IndexError too)."""
     try:
         check_range(path, total, offset, count, clip=True, unit=unit)

@@ -13,7 +13,7 @@ about 10% on MNIST), at random positions: for each pair the first item is drawn 
 the second uniformly among the items of the same class (a positive pair) or of the other
 classes (a negative pair).
 
-The database also holds mnist2db's ``mnist2db.json`` (:mod:`mnist2db.recipe`; a file
+The database also holds mnist2db's ``mnist2db.json`` (:mod:`mnist2db.storage.metadata`; a file
 beside the backend's own, never a record): the sources, the seed, the number of pairs, the
 balance and how the pairs are drawn, so ``info`` shows the seed and the run can be repeated.
 
@@ -29,9 +29,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
+
+from mnist2db.conversion import write_database
 from mnist2db.errors import IdxFormatError, Mnist2dbError, printable
 from mnist2db.formats.datum import check_record_count, datum_prefix, splitter
-from mnist2db.formats.idx import INT32_MAX, check_pair
+from mnist2db.formats.idx import INT32_MAX, IdxHeader, check_pair
+from mnist2db.formats.idx_reader import open_idx
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import (
     DEFAULT_BATCH_SIZE,
@@ -39,11 +43,11 @@ from mnist2db.storage.backends import (
     check_backend,
     check_batch_size,
 )
+from mnist2db.storage.metadata import pairs_metadata, write_metadata
+from mnist2db.storage.spill import spill_to_map
+from mnist2db.storage.staging import staged_database
 
 if TYPE_CHECKING:
-    import numpy as np
-
-    from mnist2db.formats.idx import IdxHeader
     from mnist2db.storage.files import PathArg
 
 
@@ -58,8 +62,6 @@ class _SiameseResultFields(NamedTuple):
     seconds: float
 
 
-__all__ = ["PAIRS_METHOD", "SiameseResult", "convert_siamese"]
-
 #: How the pairs are drawn from the seed, by balance (recorded in ``mnist2db.json``).
 PAIRS_METHOD = {
     False: "PCG64(seed).random_raw, 2 words a pair: i = word % count, j = word % count",
@@ -67,7 +69,7 @@ PAIRS_METHOD = {
 }
 
 
-class SiameseResult(_SiameseResultFields):
+class SiameseResult(NamedTuple):
     """What :func:`convert_siamese` wrote (immutable).
 
     Fields: ``path``, ``backend``, ``count`` (pairs), ``positives`` (same-class pairs),
@@ -75,7 +77,14 @@ class SiameseResult(_SiameseResultFields):
     ``seconds``.
     """
 
-    __slots__ = ()
+    path: str
+    backend: str
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
+    positives: int
+    rows: int
+    cols: int
+    seed: int
+    seconds: float
 
     def summary(self) -> str:
         share = 100 * self.positives / self.count if self.count else 0.0
@@ -88,11 +97,6 @@ class SiameseResult(_SiameseResultFields):
 
 def _load(images: str, labels: str, spill_dir: str) -> tuple[Any, Any, IdxHeader, IdxHeader]:
     """Validate both files; return (images as a read-only memory map, labels, both headers)."""
-    import numpy as np
-
-    from mnist2db.formats.idx_reader import open_idx
-    from mnist2db.storage.spill import spill_to_map
-
     with open_idx(images) as image_reader, open_idx(labels) as label_reader:
         check_pair(image_reader.header, label_reader.header)
         count = image_reader.header.count
@@ -118,8 +122,6 @@ class _PairDrawer:
     """
 
     def __init__(self, labels: np.ndarray, seed: int, total: int, balanced: bool) -> None:
-        import numpy as np
-
         self.count = len(labels)
         self.labels = labels
         self.bits = np.random.PCG64(seed)
@@ -133,8 +135,6 @@ class _PairDrawer:
             self.sizes = counts.astype(np.uint64)
 
     def draw(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        import numpy as np
-
         count = np.uint64(self.count)
         per_pair = 4 if self.balanced else 2
         words = np.asarray(self.bits.random_raw(per_pair * n), dtype=np.uint64).reshape(n, per_pair)
@@ -195,7 +195,6 @@ def convert_siamese(
             pairs asked of a single class.
     """
     progress = reporting(progress)
-    import numpy as np
 
     start_time = time.perf_counter()
     images, labels, out = os.fsdecode(images), os.fsdecode(labels), os.fsdecode(out)
@@ -209,9 +208,6 @@ def convert_siamese(
         seed = int.from_bytes(os.urandom(8), "little")
     elif not 0 <= seed < 1 << 64:
         raise Mnist2dbError(f"seed must be between 0 and 2**64-1, got {seed}")
-    from mnist2db.conversion import write_database
-    from mnist2db.recipe import pairs_metadata, write_metadata
-    from mnist2db.storage.staging import staged_database
 
     with staged_database(out, backend, overwrite=overwrite, inputs=(images, labels)) as staging:
         pixels, label_array, image_header, label_header = _load(images, labels, staging)
@@ -274,8 +270,6 @@ def _pair_batches(
 ) -> Iterator[Sequence[bytes]]:
     """The values of ``total`` pair records, ``batch_size`` at a time, in key order; the
     same-class pairs are counted into ``positives[0]``."""
-    import numpy as np
-
     size = rows * cols
     prefix = np.frombuffer(datum_prefix(2, rows, cols, 2 * size), dtype=np.uint8)
     head = len(prefix)

@@ -1,6 +1,6 @@
 """``verify``: check that a database holds exactly the records its sources give.
 
-A database written with options (:mod:`mnist2db.recipe`) is compared with what those
+A database written with options (:mod:`mnist2db.storage.metadata`) is compared with what those
 options make of the source, as recorded in its ``mnist2db.json``: the range, the order
 (the permutation is drawn again from the recorded seed), the orientation and the label
 column. Everything streams a batch at a time (a shuffle spills the selected images to an
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+import numpy as np
 
 from mnist2db.errors import DatumError, VerifyError
 from mnist2db.formats.datum import decode_datum, encode_batch, key_text, record_key
@@ -19,14 +20,10 @@ from mnist2db.formats.idx import check_pair
 from mnist2db.formats.idx_reader import open_idx
 from mnist2db.formats.png import decode_image, decoded_datum, encode_png_batch
 from mnist2db.progress import Progress, reporting
-from mnist2db.recipe import Recipe, iter_records, permutation, read_metadata
+from mnist2db.records import iter_records, permutation
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
+from mnist2db.storage.metadata import Recipe, read_metadata
 from mnist2db.storage.readers import shared_reader
-
-if TYPE_CHECKING:
-    import numpy as np
-
-__all__ = ["VerifyResult", "verify_db"]
 
 
 @dataclass(frozen=True)

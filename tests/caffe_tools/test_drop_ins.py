@@ -309,7 +309,7 @@ def test_caffe_lines_come_before_the_records(mnist_pair, tmp_path: Path) -> None
     ipath, lpath, *_ = mnist_pair(5)
     code = (
         "import sys, mnist2db.storage.staging as c, mnist2db.caffe_tools.drop_ins as compat\n"
-        "c._checkpoint = lambda stage, staging: sys.stderr.write(f'<{stage}>\\n')\n"
+        "c.checkpoint = lambda stage, staging: sys.stderr.write(f'<{stage}>\\n')\n"
         "sys.argv = ['convert_mnist_data', *sys.argv[1:]]\n"
         "compat.main()\n"
     )

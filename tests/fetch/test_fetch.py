@@ -39,8 +39,9 @@ from helpers import (
 from mnist2db.cli.app import cli
 from mnist2db.errors import ChecksumError, DownloadError
 from mnist2db.fetch import fetcher as fetch_module
-from mnist2db.fetch.catalog import DATASET_NAMES
-from mnist2db.fetch.fetcher import DATASETS, FILE_NAMES, MANIFEST_NAME, Dataset, Resource, fetch
+from mnist2db.fetch.catalog import DATASET_NAMES, DATASETS, FILE_NAMES, Dataset, Resource
+from mnist2db.fetch.fetcher import fetch
+from mnist2db.fetch.manifest import MANIFEST_NAME
 
 # -- the test server ------------------------------------------------------------------------
 
@@ -302,7 +303,11 @@ def test_table_lists_the_mnist_format_datasets_and_the_cli_offers_them() -> None
         "qmnist-nist",
     ]
     for command in ("fetch", "create"):
-        option = next(p for p in cli.commands[command].params if p.name == "dataset")
+        option = next(
+            p
+            for p in cli.get_command(None, command).params
+            if p.name == "dataset"  # type: ignore[union-attr]
+        )
         assert list(option.type.choices) == list(DATASETS)  # type: ignore[attr-defined]
     for spec in [DATASETS["mnist"], DATASETS["fashion-mnist"], DATASETS["kmnist"]]:
         assert [r.name for r in spec.resources] == list(FILE_NAMES)

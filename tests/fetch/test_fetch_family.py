@@ -26,7 +26,8 @@ from mnist2db.cli.app import cli
 from mnist2db.errors import DownloadError
 from mnist2db.fetch import fetcher as fetch_module
 from mnist2db.fetch.catalog import DATASETS, EMNIST_SPLITS, FILE_NAMES, Archive, Resource
-from mnist2db.fetch.fetcher import MANIFEST_NAME, fetch
+from mnist2db.fetch.fetcher import fetch
+from mnist2db.fetch.manifest import MANIFEST_NAME
 
 SPLITS = ("letters", "digits", "balanced")
 

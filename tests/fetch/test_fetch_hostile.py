@@ -32,7 +32,8 @@ from mnist2db.cli.app import cli
 from mnist2db.errors import ChecksumError, DownloadError
 from mnist2db.fetch import fetcher as fetch_module
 from mnist2db.fetch.catalog import DATASETS, Dataset, Resource
-from mnist2db.fetch.fetcher import MANIFEST_NAME, fetch
+from mnist2db.fetch.fetcher import fetch
+from mnist2db.fetch.manifest import MANIFEST_NAME
 
 #: The most an endless answer sends before the server gives up on its own.
 SERVER_CAP = 64 << 20

@@ -18,7 +18,7 @@ from PIL import Image
 import mnist2db
 from mnist2db.formats.datum import datum_to_array, decode_datum
 from mnist2db.formats.png import encode_png, encode_png_batch, is_png
-from mnist2db.recipe import METADATA_NAME, read_metadata
+from mnist2db.storage.metadata import METADATA_NAME, read_metadata
 from mnist2db.storage.readers import open_reader
 
 Pair = Callable[..., tuple[Path, Path, np.ndarray, np.ndarray]]

@@ -18,8 +18,6 @@ from mnist2db.caffe_tools.gflags import Flag, ParsedArgs
 from mnist2db.caffe_tools.glog import Logger
 from mnist2db.storage.backends import DEFAULT_BACKEND
 
-__all__ = ["FLAGS", "convert_imageset", "main"]
-
 PROG = "convert_imageset"
 
 USAGE = """\

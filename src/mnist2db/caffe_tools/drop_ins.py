@@ -26,18 +26,6 @@ from mnist2db.storage.backends import BACKENDS, DEFAULT_BACKEND, DEFAULT_BATCH_S
 if TYPE_CHECKING:
     from mnist2db.caffe_tools.glog import Logger
 
-__all__ = [
-    "FlagError",
-    "compute_image_mean",
-    "convert_mnist_siamese_data",
-    "main",
-    "log_here",
-    "parse_flags",
-    "run",
-    "run_tool",
-    "tool_main",
-]
-
 PROG = "convert_mnist_data"
 
 USAGE = """\

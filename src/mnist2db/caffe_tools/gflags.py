@@ -29,16 +29,6 @@ import os
 import re
 from collections import namedtuple
 
-__all__ = [
-    "FLAGFILE_LIMIT",
-    "Flag",
-    "FlagError",
-    "ParsedArgs",
-    "parse_command_line",
-    "read_flagfile_text",
-    "usage_text",
-]
-
 #: A flag: its name, gflags type name, default, help text, an optional validator, and
 #: optional ``(low, high)`` bounds that replace the type's range (an mnist2db extension: a
 #: seed is an int64 flag, so that -1 can mean "fresh", that also takes 2**63 … 2**64-1).

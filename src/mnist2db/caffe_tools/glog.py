@@ -23,8 +23,6 @@ from mnist2db.fastpath import TYPE_CHECKING
 if TYPE_CHECKING:
     from mnist2db.caffe_tools.gflags import ParsedArgs
 
-__all__ = ["Logger"]
-
 SEVERITIES = {"I": 0, "W": 1, "E": 2, "F": 3}
 
 

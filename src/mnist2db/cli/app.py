@@ -1,38 +1,59 @@
-"""The ``mnist2db`` command line: click commands only; the work is done by the library.
+"""The ``mnist2db`` click group: the table of its commands, loaded when they are used.
 
-Only click is imported at start-up: each command imports what it needs when it runs, so
-``mnist2db --help`` does not pay for numpy, lmdb or protobuf.
+Each command lives in a module of this package (``convert_commands``, ``data_commands``,
+``caffe_commands``, ``fetch_commands``) that imports what it needs at its top. The group
+imports a command's module only when that command runs or shows its help, so
+``mnist2db --help`` and shell completion of the command names load click alone (the
+operations pull in numpy, lmdb, plyvel and protobuf: about ten times click's start-up).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
-from typing import Any
 
 import click
 
 from mnist2db import __version__
-from mnist2db.cli.caffe_commands import mean, siamese
-from mnist2db.cli.common import check_seed, echo, library_errors, progress_reporter
-from mnist2db.cli.data_commands import export, info, show, verify
-from mnist2db.cli.fetch_commands import create, fetch
-from mnist2db.cli.imageset_commands import imageset
-from mnist2db.cli.options import (
-    Path,
-    backend_option,
-    label_column_option,
-    quiet_option,
-    range_options,
-    record_options,
-    transpose_option,
-)
 from mnist2db.interrupt import run
-from mnist2db.storage.backends import DEFAULT_BATCH_SIZE
 
-__all__ = ["cli", "main"]
+#: Every command, in the order ``mnist2db --help`` lists them: the module that defines it
+#: (in this package) and the summary that ``--help`` shows without importing it.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "convert": ("convert_commands", "Convert IDX images and labels into a Datum database."),
+    "fetch": ("fetch_commands", "Download a dataset's IDX files, verified and unpacked."),
+    "create": ("fetch_commands", "Write a fetched dataset's train and test databases."),
+    "show": ("data_commands", "Show records of an IDX file or a database as images."),
+    "info": ("data_commands", "Describe an IDX file or a database: header, shape, labels."),
+    "verify": ("data_commands", "Check that a database holds exactly its sources' records."),
+    "export": ("data_commands", "Write a database's records back as IDX files."),
+    "mean": ("caffe_commands", "Compute a database's mean image, as compute_image_mean."),
+    "siamese": ("caffe_commands", "Write random image pairs for Caffe's siamese example."),
+    "imageset": ("imageset_commands", "Convert your own images (a list or class folders)."),
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A group whose commands are imported from :data:`COMMANDS` when first used."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context | None, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        module = importlib.import_module(f"mnist2db.cli.{entry[0]}")
+        command: click.Command = getattr(module, cmd_name)
+        command.short_help = entry[1]
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, summary) for name, (_, summary) in COMMANDS.items()])
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="mnist2db")
 def cli() -> None:
     """Fetch MNIST-format IDX files and convert them to Caffe Datum databases.
@@ -44,69 +65,7 @@ def cli() -> None:
     """
 
 
-@cli.command()
-@click.argument("images", type=Path(dir_okay=True, path_type=str))
-@click.argument("labels", type=Path(dir_okay=True, path_type=str))
-@click.argument("out_db", type=Path(path_type=str))
-@backend_option
-@click.option(
-    "--batch-size",
-    type=click.IntRange(min=1),
-    default=DEFAULT_BATCH_SIZE,
-    show_default=True,
-    help="Records per transaction (Caffe: 1000).",
-)
-@click.option("--overwrite", is_flag=True, help="Replace OUT_DB if it is an existing database.")
-@transpose_option
-@label_column_option
-@record_options
-@range_options("source item", None)
-@quiet_option
-def convert(
-    images: str,
-    labels: str,
-    out_db: str,
-    backend: str,
-    batch_size: int,
-    overwrite: bool,
-    quiet: bool,
-    **options: Any,
-) -> None:
-    """Convert an IDX image file and its label file into a Caffe Datum database.
-
-    Each image becomes a Datum (channels=1, height=rows, width=cols, data=pixels, label)
-    under the key 00000000, 00000001, ... exactly as Caffe's convert_mnist_data writes it.
-    Plain, gzip and xz IDX files are read; LABELS may be QMNIST's idx2-int rows
-    (--label-column picks the label). --transpose, --shuffle/--seed, --offset/--count and
-    --encoded change which items are written, in which order, orientation and form; all in
-    OUT_DB/mnist2db.json (never a record). OUT_DB must not exist (see --overwrite); it
-    appears only when complete.
-
-    Example: mnist2db convert --backend=lmdb data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte examples/mnist/mnist_train_lmdb
-    """
-    from mnist2db.conversion import convert as run_convert
-
-    check_seed(options)
-    with library_errors(), progress_reporter("Converting", quiet) as progress:
-        result = run_convert(
-            images,
-            labels,
-            out_db,
-            backend=backend.lower(),
-            batch_size=batch_size,
-            overwrite=overwrite,
-            progress=progress,
-            **options,
-        )
-    if not quiet:
-        echo(result.summary(), err=True)
-
-
 def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
     """Run the click command line; SIGINT/SIGTERM clean up and exit 130/143 with one line."""
     # cli.main exits on its own (standalone mode); returning means success.
     sys.exit(run(lambda: cli.main(args=args, prog_name=prog_name or "mnist2db")))
-
-
-for _command in (show, info, verify, export, mean, siamese, fetch, create, imageset):
-    cli.add_command(_command)

@@ -7,16 +7,22 @@ import click
 
 from mnist2db.cli.common import echo, library_errors, progress_reporter
 from mnist2db.cli.options import (
+    Path,
+    backend_choice,
+    overwrite_option,
     quiet_option,
+    seed_option,
 )
-from mnist2db.storage.backends import BACKENDS, SIAMESE_BACKEND
+from mnist2db.mean import check_mean_target, compute_mean, write_mean
+from mnist2db.siamese import convert_siamese
+from mnist2db.storage.backends import SIAMESE_BACKEND
 
 
 @click.command()
-@click.argument("db", type=click.Path(path_type=str))
-@click.argument("out", type=click.Path(dir_okay=False, path_type=str), required=False)
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-@click.option("-q", "--quiet", is_flag=True, help="No 'Wrote' line.")
+@click.argument("db", type=Path(path_type=str))
+@click.argument("out", type=Path(dir_okay=False, path_type=str), required=False)
+@overwrite_option("OUT if it exists")
+@quiet_option
 def mean(db: str, out: str | None, overwrite: bool, quiet: bool) -> None:
     """Compute the mean image of database DB, as Caffe's compute_image_mean, and print
     per-channel mean and standard deviation (the numbers torchvision's Normalize wants).
@@ -26,13 +32,13 @@ def mean(db: str, out: str | None, overwrite: bool, quiet: bool) -> None:
 
     Example: mnist2db mean examples/mnist/mnist_train_lmdb examples/mnist/mean.binaryproto
     """
-    from mnist2db.mean import check_mean_target, compute_mean, write_mean
-
     with library_errors():
         if out is not None:
             check_mean_target(out, overwrite, [db])
         result = compute_mean(db)
         written = None if out is None else write_mean(result, out, overwrite=overwrite)
+    if quiet:
+        return
     channels = " × ".join(map(str, result.mean.shape))
     echo(f"{db}: {result.count} records of {channels} (channels × height × width)")
     for c, (m, s) in enumerate(zip(result.channel_means, result.channel_stds, strict=True)):
@@ -41,27 +47,16 @@ def mean(db: str, out: str | None, overwrite: bool, quiet: bool) -> None:
     stds = ", ".join(f"{s / 255:.4f}" for s in result.channel_stds)
     comma = "," if len(result.channel_means) == 1 else ""
     echo(f"Normalize(mean=({means}{comma}), std=({stds}{comma}))")
-    if out is not None and not quiet:
+    if out is not None:
         echo(f"Wrote {out} ({written} bytes).", err=True)
 
 
 @click.command()
-@click.argument("images", type=click.Path(path_type=str))
-@click.argument("labels", type=click.Path(path_type=str))
-@click.argument("out_db", type=click.Path(path_type=str))
-@click.option(
-    "--backend",
-    type=click.Choice(BACKENDS, case_sensitive=False),
-    default=SIAMESE_BACKEND,
-    show_default=True,
-    help="Database to write (Caffe's siamese example reads LevelDB).",
-)
-@click.option(
-    "--seed",
-    type=click.IntRange(0, 2**64 - 1),
-    default=None,
-    help="Seed of the random pairs: the same seed gives the same database.  [default: fresh]",
-)
+@click.argument("images", type=Path(path_type=str))
+@click.argument("labels", type=Path(path_type=str))
+@click.argument("out_db", type=Path(path_type=str))
+@backend_choice(SIAMESE_BACKEND, "Database to write (Caffe's siamese example reads LevelDB).")
+@seed_option("Seed of the random pairs: the same seed gives the same database.  [default: fresh]")
 @click.option(
     "--pairs",
     type=click.IntRange(min=0),
@@ -69,7 +64,7 @@ def mean(db: str, out: str | None, overwrite: bool, quiet: bool) -> None:
     help="Number of pairs.  [default: one per image]",
 )
 @click.option("--balanced", is_flag=True, help="Make exactly half the pairs same-class.")
-@click.option("--overwrite", is_flag=True, help="Replace OUT_DB if it is an existing database.")
+@overwrite_option("OUT_DB if it is an existing database")
 @quiet_option
 def siamese(
     images: str,
@@ -90,8 +85,6 @@ def siamese(
 
     Example: mnist2db siamese --seed 1 data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte examples/siamese/mnist_siamese_train_leveldb
     """
-    from mnist2db.siamese import convert_siamese
-
     with library_errors(), progress_reporter("Pairing", quiet) as progress:
         result = convert_siamese(
             images,

@@ -5,36 +5,25 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import click
 
+from mnist2db.errors import Mnist2dbError, printable
 from mnist2db.progress import Progress, labelled
-
-__all__ = [
-    "ProgressBars",
-    "check_seed",
-    "echo",
-    "human_bytes",
-    "library_errors",
-    "progress_reporter",
-]
 
 
 def echo(message: str = "", err: bool = False) -> None:
     """``click.echo`` of a line that may name a path: its bytes that are not UTF-8 shown as
     ``\\xNN`` (:func:`mnist2db.errors.printable`), never as ``\\udcNN`` or raw bytes."""
-    from mnist2db.errors import printable
-
     click.echo(printable(message), err=err)
 
 
 @contextlib.contextmanager
 def library_errors() -> Iterator[None]:
     """Turn the library's errors into click's one-line ``Error: ...`` with exit code 1."""
-    from mnist2db.errors import Mnist2dbError
-
     try:
         yield
     except Mnist2dbError as exc:
@@ -57,7 +46,6 @@ class ProgressBars:
     def __call__(self, name: str, done: int, total: int) -> None:
         if not self.enabled:
             return
-        import time
 
         if self.bar is None or name != self.name or done < self.shown:
             self.close()
@@ -73,8 +61,6 @@ class ProgressBars:
         self.shown = done
 
     def _describe(self, done: int | None) -> str | None:
-        import time
-
         if done is None:
             return None
         rate = done / max(time.monotonic() - self.started, 1e-6)

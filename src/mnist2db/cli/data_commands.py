@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 import click
@@ -11,18 +12,24 @@ from mnist2db.cli.common import echo, library_errors, progress_reporter
 from mnist2db.cli.options import (
     Path,
     label_column_option,
+    overwrite_option,
     quiet_option,
     range_options,
     transpose_option,
 )
+from mnist2db.errors import RenderError
+from mnist2db.export import export_db
+from mnist2db.formats.datum import key_text
+from mnist2db.info import db_info, idx_info
+from mnist2db.render import check_canvas, drawn_size, image_to_gray, image_to_text, write_png_grid
+from mnist2db.show import find_labels, select_records
+from mnist2db.storage.placement import check_file_target
+from mnist2db.verify import verify_db
 
 
 def _check_drawable(source: str, record: Any) -> None:
     """Name the source and the record when an image cannot be drawn (float pixels, or 4 or
     more channels)."""
-    from mnist2db.errors import RenderError
-    from mnist2db.render import image_to_gray
-
     try:
         image_to_gray(record.image)
     except RenderError as exc:
@@ -53,7 +60,7 @@ def _check_drawable(source: str, record: Any) -> None:
     default=None,
     help="Write a labelled grid of the images to this PNG file instead.",
 )
-@click.option("--overwrite", is_flag=True, help="Replace the --png file if it exists.")
+@overwrite_option("the --png file if it exists")
 def show(
     source: str,
     labels: str | None,
@@ -76,13 +83,6 @@ def show(
 
     Example: mnist2db show examples/mnist/mnist_train_lmdb --offset 40000 --count 10 --png digits.png
     """
-    import os
-
-    from mnist2db.formats.datum import key_text
-    from mnist2db.render import check_canvas, drawn_size, image_to_text, write_png_grid
-    from mnist2db.show import find_labels, select_records
-    from mnist2db.storage.placement import check_file_target
-
     if png is not None and (threshold is not None or ascii_):
         raise click.UsageError(
             "--png draws images itself: it does not combine with --threshold or --ascii"
@@ -155,10 +155,6 @@ def info(path: str) -> None:
 
     Example: mnist2db info examples/mnist/mnist_train_lmdb
     """
-    import os
-
-    from mnist2db.info import db_info, idx_info
-
     with library_errors():
         described = db_info(path) if os.path.isdir(path) else idx_info(path)
         for name, value in described.rows():
@@ -184,8 +180,6 @@ def verify(db: str, images: str, labels: str, quiet: bool) -> None:
 
     Example: mnist2db verify examples/mnist/mnist_train_lmdb data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte
     """
-    from mnist2db.verify import verify_db
-
     with library_errors(), progress_reporter("Verifying", quiet) as progress:
         result = verify_db(db, images, labels, progress=progress)
     if not quiet:
@@ -201,7 +195,7 @@ def verify(db: str, images: str, labels: str, quiet: bool) -> None:
     help="File name stem: PREFIX-images-idx3-ubyte, PREFIX-labels-idx1-ubyte "
     "(default: t10k for a test database, train for a training one).",
 )
-@click.option("--overwrite", is_flag=True, help="Replace existing files of the same names.")
+@overwrite_option("existing files of the same names")
 @quiet_option
 def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bool) -> None:
     """Write the IDX image and label files back from database DB into OUT_DIR.
@@ -213,8 +207,6 @@ def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bo
 
     Example: mnist2db export examples/mnist/mnist_train_lmdb out/
     """
-    from mnist2db.export import export_db
-
     with library_errors(), progress_reporter("Exporting", quiet) as progress:
         result = export_db(db, out_dir, prefix=prefix, overwrite=overwrite, progress=progress)
     if not quiet:

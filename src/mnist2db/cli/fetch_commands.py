@@ -3,19 +3,24 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import click
 
 from mnist2db.cli.common import ProgressBars, check_seed, echo, human_bytes, library_errors
 from mnist2db.cli.options import (
+    Path,
     backend_option,
     data_dir_option,
     dataset_option,
     label_column_option,
+    overwrite_option,
     quiet_option,
     record_options,
 )
+from mnist2db.create import create_databases, orientation_note
+from mnist2db.fetch.fetcher import fetch as run_fetch
 
 MIRROR_ENVVAR = "MNIST2DB_MIRROR"
 # The transport's defaults, repeated here: importing it at start-up would load urllib and ssl
@@ -52,7 +57,7 @@ def _fetched_line(item: Any) -> str:
 @click.option("--keep-gz", is_flag=True, help="Keep the verified .gz archives too.")
 @click.option(
     "--archive-dir",
-    type=click.Path(file_okay=False, path_type=str),
+    type=Path(file_okay=False, path_type=str),
     help="EMNIST: where the verified gzip.zip is kept for every split.  [default: data/emnist]",
 )
 @click.option(
@@ -114,10 +119,6 @@ def fetch(
 
     Example: mnist2db fetch --dataset fashion-mnist --mirror http://cache.internal/fashion-mnist/
     """
-    import os
-
-    from mnist2db.fetch.fetcher import fetch as run_fetch
-
     extra = [*mirrors, *os.environ.get(MIRROR_ENVVAR, "").split()]
     bar = ProgressBars(quiet, in_bytes=True)
 
@@ -155,11 +156,11 @@ def fetch(
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False, path_type=str),
+    type=Path(file_okay=False, path_type=str),
     help="Directory for the databases.  [default: examples/DATASET]",
 )
 @backend_option
-@click.option("--overwrite", is_flag=True, help="Replace existing databases.")
+@overwrite_option("existing databases")
 @click.option(
     "--as-stored",
     is_flag=True,
@@ -189,8 +190,6 @@ def create(
 
     Example: mnist2db fetch && mnist2db create --backend=lmdb --overwrite
     """
-    from mnist2db.create import create_databases, orientation_note
-
     check_seed(options)
     note = orientation_note(dataset, as_stored)
     if note and not quiet:

@@ -8,8 +8,6 @@ import click
 from mnist2db.cli.common import check_seed, echo, library_errors, progress_reporter
 from mnist2db.cli.options import Path, backend_option, quiet_option, shuffle_options
 
-__all__ = ["imageset"]
-
 
 def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
     if value is None:

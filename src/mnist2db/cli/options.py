@@ -1,4 +1,4 @@
-"""The command-line options several commands share: defined once, used by ``cli.py``.
+"""The command-line options and argument types the commands share: each declared once here.
 
 Each option mirrors a keyword argument of the library (``--label-column`` ↔
 ``label_column``). Only click and the dataset table (no network imports) are imported.
@@ -14,20 +14,6 @@ import click
 from mnist2db.fetch.catalog import DATASET_NAMES, DEFAULT_DATASET
 from mnist2db.storage.backends import BACKENDS, DEFAULT_BACKEND
 
-__all__ = [
-    "Path",
-    "backend_option",
-    "data_dir_option",
-    "encoded_option",
-    "dataset_option",
-    "label_column_option",
-    "quiet_option",
-    "range_options",
-    "record_options",
-    "shuffle_options",
-    "transpose_option",
-]
-
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
@@ -40,14 +26,31 @@ class Path(click.Path):
         return super().convert(value, param, ctx)
 
 
-backend_option = click.option(
-    "--backend",
-    type=click.Choice(BACKENDS, case_sensitive=False),
-    default=DEFAULT_BACKEND,
-    show_default=True,
-    help="Database to write.",
+def backend_choice(default: str, help_text: str) -> Decorator:
+    """``--backend lmdb|leveldb`` (any case), with the command's default."""
+    return click.option(
+        "--backend",
+        type=click.Choice(BACKENDS, case_sensitive=False),
+        default=default,
+        show_default=True,
+        help=help_text,
+    )
+
+
+backend_option = backend_choice(DEFAULT_BACKEND, "Database to write.")
+quiet_option = click.option(
+    "-q", "--quiet", is_flag=True, help="Print nothing but errors (no progress bar, no summary)."
 )
-quiet_option = click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+
+
+def overwrite_option(what: str) -> Decorator:
+    """``--overwrite``: replace ``what`` (a phrase naming the command's output)."""
+    return click.option("--overwrite", is_flag=True, help=f"Replace {what}.")
+
+
+def seed_option(help_text: str) -> Decorator:
+    """``--seed N``: any 64-bit unsigned seed; unset, a fresh one is drawn (and reported)."""
+    return click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=None, help=help_text)
 
 
 def dataset_option(help_text: str) -> Decorator:
@@ -62,14 +65,14 @@ def dataset_option(help_text: str) -> Decorator:
 
 def data_dir_option(help_text: str) -> Decorator:
     return click.option(
-        "--data", "data_dir", type=click.Path(file_okay=False, path_type=str), help=help_text
+        "--data", "data_dir", type=Path(file_okay=False, path_type=str), help=help_text
     )
 
 
 def range_options(noun: str, count_default: int | None) -> Decorator:
     """``--offset N --count M``: the ``noun`` items (records, source items) ``N … N+M-1``,
     from 0; ``count_default`` None means to the end of the source. The range is checked by
-    :func:`mnist2db.recipe.check_range`."""
+    :func:`mnist2db.records.check_range`."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         func = click.option(
@@ -108,11 +111,8 @@ label_column_option = click.option(
 
 def shuffle_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """``--shuffle`` and ``--seed N``: records in a seeded random order."""
-    func = click.option(
-        "--seed",
-        type=click.IntRange(0, 2**64 - 1),
-        default=None,
-        help="Seed of --shuffle: the same seed gives the same database.  [default: fresh]",
+    func = seed_option(
+        "Seed of --shuffle: the same seed gives the same database.  [default: fresh]"
     )(func)
     return click.option(
         "--shuffle",

@@ -34,8 +34,6 @@ from mnist2db.fetch.sink import (
 )
 from mnist2db.fetch.transport import Options, download, is_url, source_for
 
-__all__ = ["archive_path", "fetch_from_archive"]
-
 
 def archive_path(archive: Archive, data_dir: str, home: str | None = None) -> str:
     """Where ``archive`` is kept: ``home``, default its home beside ``data_dir``."""

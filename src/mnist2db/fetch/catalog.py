@@ -19,20 +19,6 @@ from dataclasses import dataclass, field
 
 from mnist2db.errors import Mnist2dbError
 
-__all__ = [
-    "DATASETS",
-    "DATASET_NAMES",
-    "DEFAULT_DATASET",
-    "FILE_NAMES",
-    "MNIST_SPLITS",
-    "Archive",
-    "Dataset",
-    "Resource",
-    "default_data_dir",
-    "default_out_dir",
-    "get_dataset",
-]
-
 TRAIN_IMAGES = "train-images-idx3-ubyte"
 TRAIN_LABELS = "train-labels-idx1-ubyte"
 TEST_IMAGES = "t10k-images-idx3-ubyte"

@@ -24,9 +24,7 @@ from dataclasses import dataclass
 from mnist2db import interrupt
 from mnist2db.errors import ChecksumError, DownloadError
 from mnist2db.fetch.catalog import (
-    DATASETS,
     DEFAULT_DATASET,
-    FILE_NAMES,
     PACKING_SUFFIX,
     Dataset,
     Resource,
@@ -34,7 +32,6 @@ from mnist2db.fetch.catalog import (
     get_dataset,
 )
 from mnist2db.fetch.manifest import (
-    MANIFEST_NAME,
     read_manifest,
     verified_present,
     write_manifest,
@@ -55,17 +52,6 @@ from mnist2db.fetch.transport import (
 )
 from mnist2db.progress import named_reporting
 from mnist2db.storage.files import make_parents, remove_made
-
-__all__ = [
-    "DATASETS",
-    "FILE_NAMES",
-    "MANIFEST_NAME",
-    "Dataset",
-    "FetchedFile",
-    "Resource",
-    "fetch",
-    "get_dataset",
-]
 
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_RETRIES = 3

@@ -15,8 +15,6 @@ from mnist2db.errors import DownloadError
 from mnist2db.fetch.sink import STRENGTH, NotRegularFile, file_digests, open_regular, strongest
 from mnist2db.storage.files import AtomicFile
 
-__all__ = ["MANIFEST_NAME", "read_manifest", "verified_present", "write_manifest"]
-
 MANIFEST_NAME = ".mnist2db.sha256"
 #: A manifest holds a header and one 66-byte line per file: a few hundred bytes.
 MANIFEST_MAX = 64 << 10

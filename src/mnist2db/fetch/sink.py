@@ -26,17 +26,6 @@ from mnist2db.fetch.catalog import PACKING_SUFFIX, Resource
 from mnist2db.formats.idx import GZIP_MAGIC, IDX_TYPES, XZ_MAGIC
 from mnist2db.storage.files import AtomicFile, remove_stale, temp_prefix
 
-__all__ = [
-    "DownloadSink",
-    "NotRegularFile",
-    "Rejected",
-    "SourceFailed",
-    "Transient",
-    "clean",
-    "file_digests",
-    "open_regular",
-]
-
 CHUNK = 1 << 16
 UNPACK_CHUNK = 1 << 20
 # The bounds on what one source may make us write or hold (docs/fetching.md explains them).

@@ -34,22 +34,6 @@ from mnist2db.errors import DownloadError
 from mnist2db.fetch.sink import CHUNK, SourceFailed, Transient, clean, open_regular
 from mnist2db.progress import NamedProgress
 
-__all__ = [
-    "DEFAULT_SPEED_LIMIT",
-    "DEFAULT_SPEED_TIME",
-    "MAX_REDIRECTS",
-    "MAX_RESUMES",
-    "FetchProgress",
-    "Options",
-    "check_mirror",
-    "download",
-    "is_url",
-    "local_dir",
-    "read_local",
-    "shown_url",
-    "source_for",
-]
-
 #: ``progress(file_name, bytes_done, bytes_total)``; total is 0 when unknown.
 FetchProgress = NamedProgress
 

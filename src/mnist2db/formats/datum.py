@@ -18,44 +18,12 @@ from collections.abc import Sequence
 
 from mnist2db.errors import DatumError, Mnist2dbError
 from mnist2db.fastpath import TYPE_CHECKING
+from mnist2db.formats.protowire import encode_varint
 
 if TYPE_CHECKING:
     from typing import Any
 
     import numpy as np
-
-__all__ = [
-    "KEY_LIMIT",
-    "array_to_datum",
-    "check_datum",
-    "check_record_count",
-    "datum_shape",
-    "datum_to_array",
-    "datum_type",
-    "decode_datum",
-    "encode_batch",
-    "encode_datum",
-    "encode_raw_batch",
-    "encode_varint",
-    "file_descriptor",
-    "key_text",
-    "message_type",
-    "record_key",
-    "record_keys",
-    "splitter",
-]
-
-
-def encode_varint(value: int) -> bytes:
-    """Encode an int32/int64 field value as protobuf does (negatives take 10 bytes)."""
-    if value < 0:
-        value += 1 << 64
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def datum_prefix(channels: int, height: int, width: int, data_length: int) -> bytes:

@@ -1,6 +1,7 @@
-"""The IDX format: magics, header parsing and packing, compression sniffing, the image/label pair.
+"""The IDX format: types, magics, the header and its packing, the image/label pair rules.
 
-Reading the data (whole or in bounded batches) is :mod:`mnist2db.formats.idx_reader`'s.
+Reading IDX bytes in every way (files, gzip, xz, pipes; whole, in batches, or measured) is
+:mod:`mnist2db.formats.idx_reader`'s.
 
 The IDX format: a big-endian header of two zero bytes, a type code, a dimension count, one
 uint32 per dimension, then the data in C order. Every size is checked against the header
@@ -15,18 +16,13 @@ as far as data has actually arrived, and at most one chunk past the declared end
 
 from __future__ import annotations
 
-import gzip
-import io
-import lzma
-import os
 import struct
-import zlib
 
 from mnist2db.errors import IdxFormatError
 from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from typing import Any
+    pass
 
 
 class _IdxHeaderFields(NamedTuple):
@@ -36,29 +32,6 @@ class _IdxHeaderFields(NamedTuple):
     gzipped: bool
     xz: bool = False
 
-
-__all__ = [
-    "CORRUPT_ERRORS",
-    "GZIP_MAGIC",
-    "IDX_TYPES",
-    "IMAGES_MAGIC",
-    "INT32_MAX",
-    "LABELS_MAGIC",
-    "QMNIST_LABELS_MAGIC",
-    "READ_CHUNK",
-    "XZ_MAGIC",
-    "IdxHeader",
-    "check_pair",
-    "corrupt_stream",
-    "guarded_read",
-    "magic_kind",
-    "open_data",
-    "open_raw",
-    "open_xz",
-    "pack_header",
-    "parse_header",
-    "size_error",
-]
 
 #: type code -> (name, numpy dtype string in the file's big-endian byte order)
 IDX_TYPES: dict[int, tuple[str, str]] = {
@@ -81,8 +54,6 @@ INT32_MAX = (1 << 31) - 1
 GZIP_MAGIC = b"\x1f\x8b"
 XZ_MAGIC = b"\xfd7zXZ\x00"
 #: Errors a decompressor raises on a corrupt stream.
-CORRUPT_ERRORS = (gzip.BadGzipFile, zlib.error, lzma.LZMAError, EOFError)
-READ_CHUNK = 1 << 20
 
 
 class IdxHeader(_IdxHeaderFields):
@@ -142,121 +113,6 @@ class IdxHeader(_IdxHeaderFields):
         return " × ".join(str(d) for d in self.dims) + " " + self.type_name
 
 
-class _Prefixed(io.RawIOBase):
-    """A stream that gives ``head`` first, then what ``raw`` holds: a look at the first
-    bytes of a pipe without seeking back."""
-
-    def __init__(self, head: bytes, raw: io.BufferedIOBase) -> None:
-        super().__init__()
-        self._head = head
-        self._raw = raw
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        if self._head:
-            n = min(len(buffer), len(self._head))
-            buffer[:n] = self._head[:n]
-            self._head = self._head[n:]
-            return n
-        return self._raw.readinto(buffer)
-
-
-def is_stream(raw: io.BufferedReader) -> bool:
-    """True for what cannot be sized or sought: a pipe, a FIFO, a character device."""
-    import stat
-
-    return not stat.S_ISREG(os.fstat(raw.fileno()).st_mode)
-
-
-def open_data(raw: io.BufferedReader, path: str) -> tuple[io.BufferedIOBase, str, bool]:
-    """``(stream, packing, streaming)`` for an opened file: its (decompressed) bytes from the
-    start, ``"gzip"``, ``"xz"`` or ``"plain"`` (by content), and whether it is a stream that
-    cannot seek."""
-    streaming = is_stream(raw)
-    first = guarded_read(raw, len(XZ_MAGIC), path)
-    if streaming:
-        stream: io.BufferedIOBase = io.BufferedReader(_Prefixed(first, raw), READ_CHUNK)
-    else:
-        raw.seek(0)
-        stream = raw
-    if first[:2] == GZIP_MAGIC:
-        return gzip.GzipFile(fileobj=stream, mode="rb"), "gzip", streaming
-    if first == XZ_MAGIC:
-        return open_xz(stream), "xz", streaming
-    return stream, "plain", streaming
-
-
-def open_xz(stream: io.BufferedIOBase) -> io.BufferedIOBase:
-    # LZMAFile reads its input a buffer at a time: memory stays bounded at any size.
-    return lzma.LZMAFile(stream, mode="rb")  # type: ignore[arg-type]
-
-
-def open_raw(path: str) -> io.BufferedReader:
-    """Open ``path`` for binary reading; a failure is an IdxFormatError naming the file."""
-    try:
-        return open(path, "rb")  # noqa: SIM115 - the caller owns and closes it
-    except FileNotFoundError:
-        raise IdxFormatError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise IdxFormatError(f"{path}: is a directory, expected an IDX file") from None
-    except PermissionError:
-        raise IdxFormatError(f"{path}: permission denied") from None
-    except OSError as exc:
-        raise IdxFormatError(f"{path}: cannot open: {exc.strerror or exc}") from None
-
-
-def _read_exactly(stream: io.BufferedIOBase, n: int, path: str, what: str) -> bytes:
-    data = guarded_read(stream, n, path)
-    if len(data) != n:
-        raise IdxFormatError(
-            f"{path}: truncated header: {what} needs {n} bytes, file has {len(data)}"
-        )
-    return data
-
-
-def guarded_read(stream: io.BufferedIOBase, n: int, path: str) -> bytes:
-    """Read up to ``n`` bytes, turning decompression faults into IdxFormatError."""
-    try:
-        return stream.read(n)
-    except CORRUPT_ERRORS as exc:
-        raise IdxFormatError(f"{path}: {corrupt_stream(stream)}: {exc}") from None
-    except OSError as exc:
-        raise IdxFormatError(f"{path}: read error: {exc.strerror or exc}") from None
-
-
-def corrupt_stream(stream: object) -> str:
-    """How a decompression fault is named: ``corrupt gzip stream`` or ``corrupt xz stream``."""
-    return f"corrupt {'xz' if isinstance(stream, lzma.LZMAFile) else 'gzip'} stream"
-
-
-def parse_header(stream: io.BufferedIOBase, path: str, packing: str) -> IdxHeader:
-    """Read and check the magic and dimensions at the start of ``stream`` (sizes unchecked).
-
-    Raises:
-        IdxFormatError: bad magic, unknown type, a short header, or a corrupt gzip stream.
-    """
-    magic = _read_exactly(stream, 4, path, "the magic number")
-    if magic[0] != 0 or magic[1] != 0:
-        raise IdxFormatError(
-            f"{path}: not an IDX file: magic 0x{magic.hex()}, expected 0x0000 then type and rank"
-        )
-    type_code, ndim = magic[2], magic[3]
-    if type_code not in IDX_TYPES:
-        raise IdxFormatError(
-            f"{path}: magic 0x{magic.hex()} has unknown type code 0x{type_code:02x} "
-            f"(known: {', '.join(f'0x{c:02x} {n}' for c, (n, _) in IDX_TYPES.items())})"
-        )
-    if ndim == 0:
-        raise IdxFormatError(f"{path}: magic 0x{magic.hex()} declares 0 dimensions")
-    raw_dims = _read_exactly(stream, 4 * ndim, path, f"{ndim} dimension sizes")
-    dims = struct.unpack(f">{ndim}I", raw_dims)
-    return IdxHeader(
-        path=path, type_code=type_code, dims=dims, gzipped=packing == "gzip", xz=packing == "xz"
-    )
-
-
 def size_error(header: IdxHeader, actual: int, at_least: bool = False) -> IdxFormatError:
     """The error for a file whose ``actual`` bytes of data differ from what ``header`` declares."""
     expected = header.payload_size
@@ -299,7 +155,7 @@ def check_pair(images: IdxHeader, labels: IdxHeader, *, label_rows: bool = False
     """Check that two IDX headers are an MNIST image file and its label file.
 
     ``label_rows``: QMNIST's int32 label rows (``idx2-int``, magic 0x0C02) are accepted too
-    (by the readers that pick a column: :mod:`mnist2db.recipe`).
+    (by the readers that pick a column: :mod:`mnist2db.records`).
 
     Raises:
         IdxFormatError: wrong magic (with a hint when the two were swapped), or the item

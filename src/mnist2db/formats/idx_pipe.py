@@ -16,9 +16,8 @@ import os
 import threading
 from collections.abc import Iterator
 
-from mnist2db.formats.idx import READ_CHUNK, IdxHeader, open_data, open_raw, parse_header
-
-__all__ = ["peek_pipe"]
+from mnist2db.formats.idx import IdxHeader
+from mnist2db.formats.idx_reader import READ_CHUNK, open_data, open_raw, parse_header
 
 
 class _Recording(io.RawIOBase):

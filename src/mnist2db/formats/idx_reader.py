@@ -2,40 +2,160 @@
 
 Every size is checked against the header before memory is allocated for the data, and a
 file must hold exactly what the header declares: neither less (truncated) nor more
-(trailing bytes). The format itself (header, magics, compression sniff) is :mod:`mnist2db.formats.idx`'s.
+(trailing bytes). Compression is told by content, not by name: gzip and xz. Pipes, FIFOs,
+``/dev/stdin`` and process substitution are read as streams, without seeking. Every way of
+opening and reading IDX bytes is here (:func:`open_raw`, :func:`open_data`,
+:func:`parse_header`, :func:`scan_idx`); the format itself is :mod:`mnist2db.formats.idx`'s.
 """
 
 from __future__ import annotations
 
 import gzip
 import io
+import lzma
 import os
 import struct
+import zlib
 from collections.abc import Iterator
 
 from mnist2db.errors import IdxFormatError
-from mnist2db.fastpath import TYPE_CHECKING
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
 from mnist2db.formats.idx import (
-    CORRUPT_ERRORS,
+    GZIP_MAGIC,
     IDX_TYPES,
-    READ_CHUNK,
+    LABELS_MAGIC,
+    XZ_MAGIC,
     IdxHeader,
-    corrupt_stream,
-    guarded_read,
-    open_data,
-    open_raw,
-    open_xz,
-    parse_header,
     size_error,
 )
 
 if TYPE_CHECKING:
+    from typing import Any
+
     import numpy as np
 
-__all__ = ["IdxReader", "open_idx", "read_header", "read_idx"]
+#: What a damaged gzip or xz stream raises while it is read.
+CORRUPT_ERRORS = (gzip.BadGzipFile, zlib.error, lzma.LZMAError, EOFError)
+#: Bytes read at a time from a file or a pipe.
+READ_CHUNK = 1 << 20
 
 #: Deflate's largest expansion (258 bytes from 2 bits), bounding what a gzip file can hold.
 _MAX_DEFLATE_RATIO = 1032
+
+
+class _Prefixed(io.RawIOBase):
+    """A stream that gives ``head`` first, then what ``raw`` holds: a look at the first
+    bytes of a pipe without seeking back."""
+
+    def __init__(self, head: bytes, raw: io.BufferedIOBase) -> None:
+        super().__init__()
+        self._head = head
+        self._raw = raw
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._head:
+            n = min(len(buffer), len(self._head))
+            buffer[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        return self._raw.readinto(buffer)
+
+
+def is_stream(raw: io.BufferedReader) -> bool:
+    """True for what cannot be sized or sought: a pipe, a FIFO, a character device."""
+    import stat
+
+    return not stat.S_ISREG(os.fstat(raw.fileno()).st_mode)
+
+
+def open_data(raw: io.BufferedReader, path: str) -> tuple[io.BufferedIOBase, str, bool]:
+    """``(stream, packing, streaming)`` for an opened file: its (decompressed) bytes from the
+    start, ``"gzip"``, ``"xz"`` or ``"plain"`` (by content), and whether it is a stream that
+    cannot seek."""
+    streaming = is_stream(raw)
+    first = guarded_read(raw, len(XZ_MAGIC), path)
+    if streaming:
+        stream: io.BufferedIOBase = io.BufferedReader(_Prefixed(first, raw), READ_CHUNK)
+    else:
+        raw.seek(0)
+        stream = raw
+    if first[:2] == GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=stream, mode="rb"), "gzip", streaming
+    if first == XZ_MAGIC:
+        return open_xz(stream), "xz", streaming
+    return stream, "plain", streaming
+
+
+def open_xz(stream: io.BufferedIOBase) -> io.BufferedIOBase:
+    # LZMAFile reads its input a buffer at a time: memory stays bounded at any size.
+    return lzma.LZMAFile(stream, mode="rb")  # type: ignore[arg-type]
+
+
+def open_raw(path: str) -> io.BufferedReader:
+    """Open ``path`` for binary reading; a failure is an IdxFormatError naming the file."""
+    try:
+        return open(path, "rb")  # noqa: SIM115 - the caller owns and closes it
+    except FileNotFoundError:
+        raise IdxFormatError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise IdxFormatError(f"{path}: is a directory, expected an IDX file") from None
+    except PermissionError:
+        raise IdxFormatError(f"{path}: permission denied") from None
+    except OSError as exc:
+        raise IdxFormatError(f"{path}: cannot open: {exc.strerror or exc}") from None
+
+
+def _read_exactly(stream: io.BufferedIOBase, n: int, path: str, what: str) -> bytes:
+    data = guarded_read(stream, n, path)
+    if len(data) != n:
+        raise IdxFormatError(
+            f"{path}: truncated header: {what} needs {n} bytes, file has {len(data)}"
+        )
+    return data
+
+
+def guarded_read(stream: io.BufferedIOBase, n: int, path: str) -> bytes:
+    """Read up to ``n`` bytes, turning decompression faults into IdxFormatError."""
+    try:
+        return stream.read(n)
+    except CORRUPT_ERRORS as exc:
+        raise IdxFormatError(f"{path}: {corrupt_stream(stream)}: {exc}") from None
+    except OSError as exc:
+        raise IdxFormatError(f"{path}: read error: {exc.strerror or exc}") from None
+
+
+def corrupt_stream(stream: object) -> str:
+    """How a decompression fault is named: ``corrupt gzip stream`` or ``corrupt xz stream``."""
+    return f"corrupt {'xz' if isinstance(stream, lzma.LZMAFile) else 'gzip'} stream"
+
+
+def parse_header(stream: io.BufferedIOBase, path: str, packing: str) -> IdxHeader:
+    """Read and check the magic and dimensions at the start of ``stream`` (sizes unchecked).
+
+    Raises:
+        IdxFormatError: bad magic, unknown type, a short header, or a corrupt gzip stream.
+    """
+    magic = _read_exactly(stream, 4, path, "the magic number")
+    if magic[0] != 0 or magic[1] != 0:
+        raise IdxFormatError(
+            f"{path}: not an IDX file: magic 0x{magic.hex()}, expected 0x0000 then type and rank"
+        )
+    type_code, ndim = magic[2], magic[3]
+    if type_code not in IDX_TYPES:
+        raise IdxFormatError(
+            f"{path}: magic 0x{magic.hex()} has unknown type code 0x{type_code:02x} "
+            f"(known: {', '.join(f'0x{c:02x} {n}' for c, (n, _) in IDX_TYPES.items())})"
+        )
+    if ndim == 0:
+        raise IdxFormatError(f"{path}: magic 0x{magic.hex()} declares 0 dimensions")
+    raw_dims = _read_exactly(stream, 4 * ndim, path, f"{ndim} dimension sizes")
+    dims = struct.unpack(f">{ndim}I", raw_dims)
+    return IdxHeader(
+        path=path, type_code=type_code, dims=dims, gzipped=packing == "gzip", xz=packing == "xz"
+    )
 
 
 def _gzip_isize(raw: io.BufferedReader) -> int | None:
@@ -305,3 +425,65 @@ def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
     """
     with open_idx(path) as reader:
         return reader.read_all()
+
+
+class IdxScan(NamedTuple):
+    """What one pass over an IDX file finds (:func:`scan_idx`)."""
+
+    header: IdxHeader
+    file_size: int
+    data_size: int  # bytes of data found after the header (decompressed for gzip)
+    problem: str | None
+    label_counts: dict[int, int] | None = None
+    at_least: bool = False  # reading stopped one chunk past the declared size
+    streaming: bool = False  # a pipe: no size known beforehand
+
+
+def scan_idx(path: str | os.PathLike[str]) -> IdxScan:
+    """Measure an IDX file without failing on what is wrong after its header (``info``).
+
+    The file is read through once (a chunk at a time) when it is compressed, a label file
+    or a pipe, to measure its data and count labels; a plain image file is measured by its
+    size. Reading stops one chunk past the declared size, as ``convert`` does, so a
+    decompression bomb is reported as holding "at least" that much.
+
+    Raises:
+        IdxFormatError: the file cannot be read or its header cannot be parsed at all.
+    """
+    import numpy as np
+
+    path = os.fspath(path)
+    with open_raw(path) as raw:
+        file_size = os.fstat(raw.fileno()).st_size
+        stream, packing, streaming = open_data(raw, path)
+        header = parse_header(stream, path, packing)
+        compressed = packing != "plain"
+        counts = np.zeros(256, dtype=np.int64) if header.magic == LABELS_MAGIC else None
+        problem = None
+        at_least = False
+        if not compressed and counts is None and not streaming:
+            data_size = file_size - header.header_size
+        else:
+            data_size = 0
+            limit = header.payload_size + READ_CHUNK
+            try:
+                while chunk := stream.read(min(READ_CHUNK, limit - data_size)):
+                    if counts is not None:
+                        room = max(0, header.payload_size - data_size)
+                        counts += np.bincount(
+                            np.frombuffer(chunk[:room], dtype=np.uint8), minlength=256
+                        )
+                    data_size += len(chunk)
+                    if data_size >= limit:
+                        at_least = True
+                        break
+            except (*CORRUPT_ERRORS, OSError) as exc:
+                problem = f"{corrupt_stream(stream)} after {data_size} bytes of data: {exc}"
+        if streaming and not compressed:
+            file_size = header.header_size + data_size
+    if problem is None and data_size != header.payload_size:
+        problem = str(size_error(header, data_size, at_least=at_least)).removeprefix(f"{path}: ")
+    label_counts = (
+        {int(v): int(n) for v, n in enumerate(counts) if n} if counts is not None else None
+    )
+    return IdxScan(header, file_size, data_size, problem, label_counts, at_least, streaming)

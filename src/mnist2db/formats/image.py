@@ -34,15 +34,6 @@ from mnist2db.errors import ImageError
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = [
-    "ENCODE_TYPES",
-    "READ_FORMATS",
-    "decode_image",
-    "encode_image",
-    "image_format",
-    "read_image",
-    "to_chw",
-]
 
 #: The formats OpenCV 4.6 reads, by Pillow's name for them (GIF is not among them).
 READ_FORMATS = ("BMP", "JPEG", "MPO", "PNG", "PPM", "TIFF", "WEBP")

@@ -15,8 +15,6 @@ from typing import NamedTuple
 from mnist2db.errors import ImageError, printable
 from mnist2db.formats.image_list import ListEntry
 
-__all__ = ["IMAGE_EXTENSIONS", "ClassTree", "scan_class_folders"]
-
 #: torchvision.datasets.folder.IMG_EXTENSIONS
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 

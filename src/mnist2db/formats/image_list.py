@@ -29,8 +29,6 @@ from typing import NamedTuple
 
 from mnist2db.errors import ImageError, printable
 
-__all__ = ["KEY_LIMIT_LMDB", "ListEntry", "image_key", "parse_line", "read_image_list"]
-
 #: LMDB's largest key (``mdb_env_get_maxkeysize``, 511 bytes in its default build).
 KEY_LIMIT_LMDB = 511
 _LABEL = re.compile(rb"[+-]?[0-9]+")

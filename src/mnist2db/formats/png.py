@@ -21,7 +21,7 @@ import struct
 import zlib
 
 from mnist2db.fastpath import TYPE_CHECKING
-from mnist2db.formats.datum import encode_varint
+from mnist2db.formats.protowire import encode_varint
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -29,18 +29,6 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-__all__ = [
-    "ENCODINGS",
-    "PNG_ZLIB",
-    "check_encoding",
-    "check_png_shape",
-    "datum_encoding",
-    "decode_image",
-    "decode_images",
-    "encode_png",
-    "encode_png_batch",
-    "is_png",
-]
 
 #: The encodings ``convert``/``create`` can write (``encoded=``); None writes raw pixels.
 ENCODINGS = ("png",)

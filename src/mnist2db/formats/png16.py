@@ -16,8 +16,6 @@ from typing import IO, TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["decode_png16"]
-
 
 def _chunks(fp: IO[bytes]) -> tuple[bytes, bytes]:
     """The ``IHDR`` body and the joined ``IDAT`` data of the PNG in ``fp``."""

@@ -40,16 +40,6 @@ from mnist2db.errors import DatumError
 if TYPE_CHECKING:
     from PIL import Image
 
-__all__ = [
-    "MAX_PIXELS",
-    "SIGNATURE",
-    "decode_image",
-    "decode_many",
-    "decode_png",
-    "decode_png_record",
-    "decode_stream",
-    "run_chunks",
-]
 
 SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: deflate's largest expansion: a 258-byte match in 2 bits. No zlib stream of N bytes

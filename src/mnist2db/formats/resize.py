@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["resize_linear"]
 
 _COEF_BITS = 11
 _COEF_SCALE = 1 << _COEF_BITS

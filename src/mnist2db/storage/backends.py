@@ -20,20 +20,6 @@ from mnist2db.fastpath import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = [
-    "BACKENDS",
-    "DEFAULT_BACKEND",
-    "DEFAULT_BATCH_SIZE",
-    "SIAMESE_BACKEND",
-    "DATABASE_FILES",
-    "Writer",
-    "check_backend",
-    "check_batch_size",
-    "detect_backend",
-    "open_writer",
-    "size_hint",
-]
-
 #: The databases mnist2db writes and reads, the default first.
 BACKENDS = ("lmdb", "leveldb")
 #: The backend every writer uses unless told (Caffe's convert_mnist_data: ``--backend=lmdb``).

@@ -10,20 +10,6 @@ import os
 
 from mnist2db.fastpath import TYPE_CHECKING
 
-__all__ = [
-    "AtomicFile",
-    "file_mode",
-    "fsync_dir",
-    "fsync_tree",
-    "make_parents",
-    "mkdtemp_beside",
-    "remove_made",
-    "remove_stale",
-    "rmtree",
-    "temp_prefix",
-    "umask",
-]
-
 if TYPE_CHECKING:
     from typing import Any, TypeAlias
 

@@ -9,14 +9,18 @@ written. Nothing is ever removed that the run did not write.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
+import shutil
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mnist2db.errors import Mnist2dbError, OutputExistsError
 from mnist2db.storage import staging
 from mnist2db.storage.files import (
     TEMP_MARK,
+    AtomicFile,
     fsync_dir,
     owner_pid,
     pid_alive,
@@ -24,12 +28,6 @@ from mnist2db.storage.files import (
     temp_prefix,
 )
 from mnist2db.storage.staging import check_apart, check_parent, symlink_refusal
-
-if TYPE_CHECKING:
-    from mnist2db.storage.files import AtomicFile
-
-__all__ = ["check_file_target", "place_together", "recover_together"]
-
 
 # -- files that appear together: export's image and label files -------------------------------
 
@@ -161,8 +159,6 @@ def place_together(files: Sequence[AtomicFile]) -> None:
 def _directory_lock(directory: str) -> Iterator[None]:
     """Hold an exclusive flock on ``directory`` so that two writers of the same pair place
     theirs one after the other, never interleaved (where flock is not supported: no lock)."""
-    import fcntl
-
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
@@ -177,8 +173,6 @@ def _directory_lock(directory: str) -> Iterator[None]:
 
 
 def _place_locked(files: Sequence[AtomicFile]) -> None:
-    import json
-
     journal_path = _hidden_name(files[0].path, _PAIR_MARK)
     entries: list[dict[str, Any]] = []
     placed: list[dict[str, Any]] = []
@@ -190,8 +184,6 @@ def _place_locked(files: Sequence[AtomicFile]) -> None:
                 try:
                     os.link(file.path, backup)
                 except OSError:
-                    import shutil
-
                     shutil.copy2(file.path, backup)
             target = os.path.abspath(file.path)
             entries.append({"target": target, "backup": backup, "new": _version(file.temp)})
@@ -209,7 +201,7 @@ def _place_locked(files: Sequence[AtomicFile]) -> None:
             file.committed = True
             placed.append(entry)
             if len(placed) == 1:
-                staging._checkpoint("pair-first", file.path)
+                staging.checkpoint("pair-first", file.path)
         fsync_dir(os.path.dirname(journal_path))
         os.unlink(journal_path)  # the commit point
     except BaseException:
@@ -260,8 +252,6 @@ def recover_together(paths: Sequence[str]) -> None:
     each one it placed is put back as it was (only while it still is the file that run
     wrote). Its backups and the journal are then removed; a run still going is left alone.
     """
-    import json
-
     directory, first = os.path.split(os.path.abspath(paths[0]))
     prefix = temp_prefix(first).replace(TEMP_MARK, _PAIR_MARK)
     with contextlib.suppress(OSError):

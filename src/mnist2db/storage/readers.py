@@ -6,29 +6,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from mnist2db.errors import BackendError, Mnist2dbError
+from mnist2db.errors import BackendError, DatumError, Mnist2dbError
+from mnist2db.formats.datum import check_datum, decode_datum, key_text
 from mnist2db.storage.backends import backend_message, check_backend, detect_backend
 from mnist2db.storage.readhandles import (
-    LMDB_READ_OPTIONS,
     READ_HANDLES,
     ReadHandle,
-    held_elsewhere,
 )
-
-__all__ = [
-    "LMDB_READ_OPTIONS",
-    "DbReader",
-    "held_elsewhere",
-    "iter_db",
-    "open_reader",
-    "probe_database",
-    "shared_reader",
-]
 
 # -- the design, written once ------------------------------------------------------------------
 #
@@ -396,9 +386,6 @@ def iter_db(
         BackendError: the path is not a database of either backend.
         DatumError: a value is not a usable Datum (the database and the key named).
     """
-    from mnist2db.errors import DatumError
-    from mnist2db.formats.datum import check_datum, decode_datum, key_text
-
     with open_reader(path, backend) as reader:
         for key, value in reader:
             where = f"{reader.path}: key {key_text(bytes(key))}"
@@ -430,7 +417,6 @@ def probe_database(backend: str, path: str) -> str | None:
         cause = exc.__cause__
         if cause is None:
             return str(exc)
-        import re
 
         # Opened through the directory's descriptor: named by the path, as the user gave it.
         return re.sub(r"/proc/self/fd/[0-9]+", lambda _: path, backend_message(cause))

@@ -10,24 +10,22 @@ the directory it was opened on even when the path is given to another one meanwh
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import fcntl
 import os
+import struct
 import threading
 import time
 import weakref
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from mnist2db.errors import BackendError
-from mnist2db.storage.backends import backend_message
+import lmdb
+import plyvel
 
-__all__ = [
-    "LMDB_READ_OPTIONS",
-    "READ_HANDLES",
-    "LeveldbHandle",
-    "LmdbHandle",
-    "ReadHandle",
-    "held_elsewhere",
-]
+from mnist2db.errors import BackendError
+from mnist2db.formats.datum import key_text
+from mnist2db.storage.backends import backend_message
 
 #: py-lmdb's options for reading a finished database. lock=False: a finished database never
 #: changes, so readers need no reader table; nothing is written to lock.mdb (read-only media
@@ -169,8 +167,6 @@ class LmdbHandle(ReadHandle):
 
     @classmethod
     def errors(cls) -> tuple[type[Exception], ...]:
-        import lmdb
-
         return (lmdb.Error,)
 
     def ensure_open(self) -> None:
@@ -183,8 +179,6 @@ class LmdbHandle(ReadHandle):
         self.check_path_after_open()
 
     def _open_env(self) -> Any:
-        import lmdb
-
         # The environment last dropped may be ending in another thread this moment (its
         # weak reference already cleared, py-lmdb's record of it not yet): wait for it.
         waited = 0
@@ -223,7 +217,6 @@ class LmdbHandle(ReadHandle):
             return self.local.txn
         except AttributeError:
             pass
-        import lmdb
 
         with self._open_lock:
             if self._env is None:  # a forked child's first read
@@ -279,8 +272,6 @@ class LeveldbHandle(ReadHandle):
 
     @classmethod
     def errors(cls) -> tuple[type[Exception], ...]:
-        import plyvel
-
         return (plyvel.Error,)
 
     def _forked(self) -> BackendError:
@@ -294,7 +285,6 @@ class LeveldbHandle(ReadHandle):
             return
         if self.forked_from is not None:
             raise self._forked()
-        import plyvel
 
         if self.location != self.path and _lock_holder(self.dir_fd) == os.getpid():
             # Opened through /proc, LevelDB's own check for a lock this process holds (by
@@ -389,7 +379,6 @@ class LeveldbHandle(ReadHandle):
             following = next(rest, None)
         if following is not None:
             db.get(following, verify_checksums=True)  # raises CorruptionError, as expected
-        from mnist2db.formats.datum import key_text
 
         where = "its first record" if last is None else f"key {key_text(last)}"
         raise BackendError(
@@ -402,9 +391,6 @@ def _lock_holder(dir_fd: int) -> int | None:
     """The pid holding LevelDB's lock (a POSIX record lock on ``LOCK``) in the directory
     ``dir_fd``, or None. Asked with an open file description lock, which conflicts with
     every record lock, this process's own included (where the system has them)."""
-    import fcntl
-    import struct
-
     query = getattr(fcntl, "F_OFD_GETLK", None)
     if query is None:
         return None
@@ -425,8 +411,6 @@ def _lock_holder(dir_fd: int) -> int | None:
 
 def _keep_forever(obj: object) -> None:
     """Leak a reference so ``obj`` is never freed (a LevelDB handle inherited by fork)."""
-    import ctypes
-
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 

@@ -9,12 +9,13 @@ memory-maps it: memory holds a batch, not the dataset.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterable
 from typing import Any
 
-from mnist2db.errors import BackendError
+import numpy as np
 
-__all__ = ["spill_to_map"]
+from mnist2db.errors import BackendError
 
 
 def spill_to_map(
@@ -28,10 +29,6 @@ def spill_to_map(
     Raises:
         BackendError: the file cannot be written (a full disk), naming ``directory``.
     """
-    import tempfile
-
-    import numpy as np
-
     try:
         with tempfile.TemporaryFile(dir=directory) as spill:
             for batch in batches:

@@ -7,7 +7,7 @@ existing destination may be replaced with ``overwrite`` is decided here, once:
 
 * only a directory that *is* a database of the backend being written: it opens as one,
   and every entry in it is a file that backend creates (:data:`backends.DATABASE_FILES`)
-  or mnist2db's own metadata file (:data:`recipe.METADATA_NAME`);
+  or mnist2db's own metadata file (:data:`~mnist2db.storage.metadata.METADATA_NAME`);
   anything else is refused in one line naming the first foreign entry (an empty directory
   holds nothing to lose and is replaced too);
 * never a symlink, a file, or a directory holding (or being) one of the inputs;
@@ -28,7 +28,6 @@ import stat
 from collections.abc import Callable, Iterable, Iterator
 
 from mnist2db.errors import BackendError, Mnist2dbError, OutputExistsError
-from mnist2db.recipe import METADATA_NAME
 from mnist2db.storage.backends import BACKENDS, check_backend, is_database_file
 from mnist2db.storage.files import (
     fsync_dir,
@@ -41,14 +40,7 @@ from mnist2db.storage.files import (
     temp_prefix,
     umask,
 )
-
-__all__ = [
-    "check_apart",
-    "check_replaceable",
-    "remove_stale_staging",
-    "staged_database",
-    "symlink_refusal",
-]
+from mnist2db.storage.metadata import METADATA_NAME
 
 #: Free space (bytes) below which a failed write is blamed on a full file system.
 _LOW_SPACE = 1 << 20
@@ -183,7 +175,8 @@ def check_replaceable(out: str, backend: str) -> None:
             f"{out}: holds only {METADATA_NAME}, not {name} database (its files are missing); "
             "refusing to replace it (remove it, or choose another name)"
         )
-    from mnist2db.storage.readers import held_elsewhere, probe_database  # off the start-up path
+    from mnist2db.storage.readers import probe_database  # off the start-up path
+    from mnist2db.storage.readhandles import held_elsewhere
 
     reason: str | None = probe_database(backend, out)
     if reason is not None and held_elsewhere(reason):
@@ -350,7 +343,7 @@ def _check_destination(
 # -- staging and placement -----------------------------------------------------------------
 
 
-def _checkpoint(stage: str, staging: str) -> None:
+def checkpoint(stage: str, staging: str) -> None:
     """A no-op called at fixed points of the staging life cycle, for the fault tests.
 
     The tests replace it, in a child process, to pause there and kill the process. Stages:
@@ -490,7 +483,7 @@ def _stage_and_place(
             os.chmod(staging, 0o777 & ~umask())
         except OSError as exc:
             raise BackendError(f"{out}: cannot set permissions of {staging}: {exc}") from None
-        _checkpoint("staging", staging)
+        checkpoint("staging", staging)
         try:
             yield staging
         except BackendError as exc:
@@ -499,12 +492,12 @@ def _stage_and_place(
             fsync_tree(staging)
         except OSError as exc:
             raise BackendError(f"{out}: cannot flush the database to disk: {exc}") from None
-        _checkpoint("staged", staging)
+        checkpoint("staged", staging)
         swapped = _place(staging, out, backend, overwrite, inputs)
-        _checkpoint("placed", staging)
+        checkpoint("placed", staging)
     finally:
         if os.path.lexists(staging):
-            _checkpoint("cleanup", staging)
+            checkpoint("cleanup", staging)
             if swapped:
                 _discard_replaced(staging, backend, out)
             else:

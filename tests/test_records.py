@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 import mnist2db
 from mnist2db.errors import IdxFormatError, Mnist2dbError, OutputExistsError
 from mnist2db.formats.datum import decode_datum
-from mnist2db.recipe import METADATA_NAME, permutation, read_metadata
+from mnist2db.records import permutation
+from mnist2db.storage.metadata import METADATA_NAME, read_metadata
 from mnist2db.storage.readers import open_reader
 
 Pair = Callable[..., tuple[Path, Path, np.ndarray, np.ndarray]]
