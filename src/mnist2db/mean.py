@@ -59,7 +59,12 @@ class MeanResult(NamedTuple):
         values = []
         for c in range(channels):
             total = np.cumsum(flat[c], dtype=np.float32)[-1] if flat.shape[1] else 0
-            values.append(float(np.float32(total) / np.float32(flat.shape[1])))
+            # An empty mean (a side of 0): Caffe divides 0 by 0 and logs nan.
+            values.append(
+                float(np.float32(total) / np.float32(flat.shape[1]))
+                if flat.shape[1]
+                else float("nan")
+            )
         return values
 
 

@@ -106,7 +106,7 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
             pixels, model = _samples(opened, kind, color, data)
             gamma = _png_gamma(dict(opened.info)) if kind == "PNG" else None
             orientation = 1
-            if kind in ("JPEG", "PNG") and color is not None:
+            if _may_orient(kind, data, opened) and color is not None:
                 orientation = int(opened.getexif().get(_EXIF_ORIENTATION, 1) or 1)
     except (OSError, UnidentifiedImageError, ValueError, SyntaxError, struct.error) as exc:
         raise ImageError(f"{where}: {kind} image cannot be decoded: {exc}") from None
@@ -114,6 +114,14 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
         color = model != "grey"
     image = _convert(pixels, model, kind, color, gamma)
     return _orient(image, orientation)
+
+
+def _may_orient(kind: str, data: bytes, opened: Any) -> bool:
+    """Whether the image may carry an EXIF orientation OpenCV applies: a JPEG with an
+    ``Exif`` APP1 segment, a PNG with an ``eXIf`` chunk (reading EXIF costs a parse)."""
+    if kind == "JPEG":
+        return b"Exif\x00\x00" in data[:65536]
+    return kind == "PNG" and (b"eXIf" in data or "exif" in opened.info)
 
 
 def _samples(opened: Any, kind: str, color: bool | None, data: bytes) -> tuple[np.ndarray, str]:
@@ -141,7 +149,7 @@ def _samples(opened: Any, kind: str, color: bool | None, data: bytes) -> tuple[n
             back[stretched] = np.arange(top + 1, dtype=np.uint8)
             return back[np.asarray(opened)], "grey" if mode == "L" else "rgb"
     if mode in ("L", "LA", "La"):
-        return np.asarray(opened.getchannel(0)), "grey"
+        return np.asarray(opened if mode == "L" else opened.getchannel(0)), "grey"
     if mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
         wide = np.asarray(opened).astype(np.int64)
         top = 255 if kind == "PPM" and opened.info.get("maxval", 65535) <= 255 else 65535
