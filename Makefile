@@ -2,14 +2,24 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Two stamps: what the package runs on (make install, make mnist), and the test tools on top
+# of it (pytest, hypothesis, ruff, mypy: make test, make lint), so `make mnist` installs only
+# what it runs.
+RUNTIME_STAMP := $(VENV)/.runtime-stamp
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test test-floor lint format proto bench clean
+.PHONY: install install-test test test-floor lint format proto bench clean
 
-install: $(STAMP)
+install: $(RUNTIME_STAMP)
 
-$(STAMP): pyproject.toml
+install-test: $(STAMP)
+
+$(RUNTIME_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	touch $(RUNTIME_STAMP)
+
+$(STAMP): $(RUNTIME_STAMP)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
@@ -65,6 +75,6 @@ BACKEND ?= lmdb
 MIRROR ?=
 
 .PHONY: mnist
-mnist: $(STAMP)
+mnist: $(RUNTIME_STAMP)
 	$(BIN)/mnist2db fetch --dataset $(DATASET) $(foreach m,$(MIRROR),--mirror $(m))
 	$(BIN)/mnist2db create --dataset $(DATASET) --backend $(BACKEND) --overwrite

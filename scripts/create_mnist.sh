@@ -7,13 +7,24 @@
 #
 # Variables: BACKEND (lmdb or leveldb; default lmdb), DATASET (default mnist),
 # DATA (default data/$DATASET), EXAMPLE (default examples/$DATASET), MNIST2DB (the
-# mnist2db command to run).
+# mnist2db command to run). Extra arguments go to `mnist2db create`; -q or --quiet also
+# silences this script's own lines.
 set -e
 
 BACKEND="${BACKEND:-lmdb}"
 DATASET="${DATASET:-mnist}"
 EXAMPLE="${EXAMPLE:-examples/$DATASET}"
 DATA="${DATA:-data/$DATASET}"
+
+QUIET=""
+for arg in "$@"; do
+  case "$arg" in
+    -q | --quiet) QUIET=1 ;;
+  esac
+done
+say() {
+  [ -n "$QUIET" ] || echo "$@"
+}
 
 if [ -z "$MNIST2DB" ]; then
   HERE="$(cd "$(dirname "$0")" && pwd -P)"
@@ -26,9 +37,9 @@ if [ -z "$MNIST2DB" ]; then
   fi
 fi
 
-echo "Creating ${BACKEND}..."
+say "Creating ${BACKEND}..."
 
 $MNIST2DB create --dataset "$DATASET" --data "$DATA" --out "$EXAMPLE" \
   --backend "$BACKEND" --overwrite "$@"
 
-echo "Done."
+say "Done."

@@ -5,15 +5,33 @@
 # from $DATA, replacing existing databases as Caffe's does (a directory that is not a
 # database is never removed).
 #
-# Variables: BACKEND (leveldb or lmdb; default leveldb, as Caffe), DATA (default data/mnist),
-# EXAMPLE (default examples/siamese), SEED (a number: the same pairs on every run; default
-# fresh pairs each run, as Caffe), MNIST2DB (the mnist2db command to run). Extra arguments
-# (e.g. --balanced) go to `mnist2db siamese`.
+# Variables: BACKEND (leveldb or lmdb; default leveldb, as Caffe), DATASET (a dataset
+# stored under MNIST's file names: mnist, fashion-mnist, kmnist, emnist-<split>; default
+# mnist), DATA (default data/$DATASET), EXAMPLE (default examples/siamese for mnist, as
+# Caffe; examples/siamese/$DATASET for another dataset, so that it never replaces MNIST's
+# pairs), SEED (a number: the same pairs on every run; default fresh pairs each run, as
+# Caffe), MNIST2DB (the mnist2db command to run). Extra arguments (e.g. --balanced) go to
+# `mnist2db siamese`; -q or --quiet also silences this script's own lines.
 set -e
 
 BACKEND="${BACKEND:-leveldb}"
-EXAMPLE="${EXAMPLE:-examples/siamese}"
-DATA="${DATA:-data/mnist}"
+DATASET="${DATASET:-mnist}"
+DATA="${DATA:-data/$DATASET}"
+if [ "$DATASET" = mnist ]; then
+  EXAMPLE="${EXAMPLE:-examples/siamese}"
+else
+  EXAMPLE="${EXAMPLE:-examples/siamese/$DATASET}"
+fi
+
+QUIET=""
+for arg in "$@"; do
+  case "$arg" in
+    -q | --quiet) QUIET=1 ;;
+  esac
+done
+say() {
+  [ -n "$QUIET" ] || echo "$@"
+}
 
 if [ -z "$MNIST2DB" ]; then
   HERE="$(cd "$(dirname "$0")" && pwd -P)"
@@ -26,7 +44,7 @@ if [ -z "$MNIST2DB" ]; then
   fi
 fi
 
-echo "Creating ${BACKEND}..."
+say "Creating ${BACKEND}..."
 
 SEED_OPTION=""
 if [ -n "$SEED" ]; then
@@ -43,4 +61,4 @@ for split in train t10k; do
     "$EXAMPLE/mnist_siamese_${name}_$BACKEND" "$@"
 done
 
-echo "Done."
+say "Done."

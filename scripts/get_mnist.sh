@@ -7,11 +7,22 @@
 # Variables: DATASET (mnist, fashion-mnist, kmnist, emnist-<split> for byclass, bymerge,
 # balanced, letters, digits, mnist, qmnist, qmnist-nist; default mnist), DATA (default
 # data/$DATASET), MNIST2DB_MIRROR (a mirror tried first: URL or directory), MNIST2DB (the
-# mnist2db command to run). EMNIST's gzip.zip is kept in data/emnist for every split.
+# mnist2db command to run). EMNIST's gzip.zip is kept in data/emnist for every split. Extra
+# arguments go to `mnist2db fetch`; -q or --quiet also silences this script's own lines.
 set -e
 
 DATASET="${DATASET:-mnist}"
 DATA="${DATA:-data/$DATASET}"
+
+QUIET=""
+for arg in "$@"; do
+  case "$arg" in
+    -q | --quiet) QUIET=1 ;;
+  esac
+done
+say() {
+  [ -n "$QUIET" ] || echo "$@"
+}
 
 if [ -z "$MNIST2DB" ]; then
   HERE="$(cd "$(dirname "$0")" && pwd -P)"
@@ -24,8 +35,8 @@ if [ -z "$MNIST2DB" ]; then
   fi
 fi
 
-echo "Downloading..."
+say "Downloading..."
 
 $MNIST2DB fetch --dataset "$DATASET" --data "$DATA" "$@"
 
-echo "Done."
+say "Done."

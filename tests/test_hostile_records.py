@@ -8,9 +8,11 @@ info, verify, export, mean, compute_image_mean, show's record selection, and the
 
 from __future__ import annotations
 
+import contextlib
 import math
+import resource
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +93,28 @@ def readers(db: Path, work: Path) -> dict[str, Callable[[], object]]:
     }
 
 
+@contextlib.contextmanager
+def bounded_memory(extra: int = 1 << 30) -> Iterator[None]:
+    """At most ``extra`` more bytes of address space: a reader that allocates without
+    bound fails here with MemoryError instead of the machine's OOM killer ending pytest."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as statm:
+        size = int(statm.read().split()[0]) * resource.getpagesize()
+    limit = size + extra if hard == resource.RLIM_INFINITY else min(hard, size + extra)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 def check_every_reader(db: Path, work: Path) -> None:
     """Every reader reads ``db`` or raises one line naming it; info agrees with open_db."""
+    with bounded_memory():
+        _check_every_reader(db, work)
+
+
+def _check_every_reader(db: Path, work: Path) -> None:
     refused: dict[str, str] = {}
     for name, read in readers(db, work).items():
         try:
@@ -169,6 +191,20 @@ def test_a_zero_sized_record_as_convert_writes_it_still_reads(tmp_path: Path) ->
         assert image.shape == (1, 4, 0) and image.dtype == np.uint8 and label == 3
         assert dataset.read_range()[0].shape == (2, 1, 4, 0)
     assert db_info(db).problem is None
+
+
+def test_records_of_no_pixels_with_a_huge_side(tmp_path: Path) -> None:
+    """Caffe takes 2^31-1 channels (or rows) of no pixels; the readers do too, in no
+    memory, and mean refuses them (there is nothing to average) instead of allocating
+    per-channel sums for 2^31-1 channels."""
+    for shape in ((2**31 - 1, 1, 0), (1, 2**31 - 1, 0)):
+        db = write_db(tmp_path / f"db{shape[0]}", "lmdb", [encode_datum(b"", *shape, 1)])
+        with mnist2db.open_db(db) as dataset:
+            assert dataset[0][0].shape == shape
+        with pytest.raises(DatumError) as caught:
+            compute_mean(db)
+        assert str(caught.value) == f"{db}: key 00000000: Datum {shape} has no pixels to average"
+        check_every_reader(db, tmp_path)
 
 
 # -- the fuzz ---------------------------------------------------------------------------------

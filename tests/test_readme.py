@@ -1,11 +1,25 @@
-"""The README's examples run as written.
+"""The examples of README.md and of every page in docs/ run as written.
 
-Every command in a ```sh block, every ``$ command`` line in an output block, the Python API
-block and the doctest block are run, each in a fresh sandbox holding what the README assumes:
-``data/mnist/`` with the four IDX files (Debian's Fashion-MNIST stands in for MNIST, same
-format and sizes) and the databases the "Looking at the data" section names. Commands that need
-the real MNIST from the internet, or a second virtual environment, are listed in SKIPPED with
-the reason; other tests cover them offline.
+Each fenced block of a page is one test, run in a fresh sandbox (a temporary directory
+holding what the pages assume, below) with the project's commands on ``PATH``:
+
+- a ```` ```sh ```` block: its commands, top to bottom, as a user would type them (a line
+  ending in ``\\`` continues on the next; ``# ...`` comments are dropped); each must exit 0;
+- a block without a language holding ``$ command`` lines: each command in order; the first
+  line it prints must be the line below it (an ``Error: ...`` line: exit 1, on stderr);
+- a ```` ```python ```` block: run as a script, or, with ``>>>`` prompts, as a doctest (lines
+  that need torch are left out: torch is not a dependency);
+- any other block (``text``, ``prototxt``, ...) is shown, not run.
+
+The sandbox: ``data/mnist/`` with the four plain IDX files (Debian's Fashion-MNIST stands in
+for MNIST: same format and sizes); the databases ``fashion_train_lmdb`` (LMDB) and
+``fashion_test_leveldb`` (LevelDB) converted from them; ``tampered_lmdb``, a copy of the
+first with one pixel byte of record 40000 changed; ``MNIST2DB_MIRROR`` naming Debian's
+Fashion-MNIST, so ``fetch --dataset fashion-mnist`` works offline.
+
+A block that cannot run here says why in the line just above its fence, and is skipped with
+that reason: ``<!-- not run: needs NVIDIA DALI (tests/test_dali.py runs it) -->``. Commands
+that need the real MNIST from the internet or are developer targets are in SKIPPED.
 """
 
 from __future__ import annotations
@@ -17,6 +31,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import lmdb
@@ -27,6 +42,7 @@ from mnist2db import convert
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 BIN = Path(sys.executable).parent
 
 #: command prefix -> why it is not run here
@@ -34,53 +50,103 @@ SKIPPED = {
     "make mnist  ": "the real MNIST needs the internet",
     "make test": "the test suite itself",
     "make lint": "developer tooling, not an example",
+    "make docs": "rewrites docs/cli.md (tests/cli/test_cli_reference.py checks it is fresh)",
     "make proto": "rewrites a source file (tests/test_proto.py checks it is fresh)",
     "make bench": "a benchmark, run on demand",
+    "make test-": "another test run",
     "mnist2db fetch  ": "the real MNIST needs the internet",
+    "mnist2db fetch --dataset mnist": "the real MNIST needs the internet",
+    "mnist2db fetch --dataset emnist": "EMNIST's archive (536 MiB) needs the internet",
     "scripts/get_mnist.sh": "the real MNIST needs the internet (test_create runs both scripts)",
+    "pip install": "installs packages",
+    ". .venv/bin/activate": "the sandbox has its own PATH",
 }
 
+NOT_RUN = re.compile(r"<!--\s*not run:\s*(.+?)\s*-->")
 SPLITS = ("train", "t10k")
 KINDS = (("images", "idx3"), ("labels", "idx1"))
 
 
+@dataclass(frozen=True)
+class Block:
+    """A fenced block of a page: where it starts, its language, its text, and the reason it
+    is not run (from a ``<!-- not run: ... -->`` line just above it), if any."""
+
+    page: Path
+    line: int
+    lang: str
+    body: str
+    not_run: str | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def page_blocks(page: Path) -> list[Block]:
+    """Every fenced block of ``page``, in order."""
+    lines = page.read_text().splitlines()
+    blocks = []
+    i = 0
+    while i < len(lines):
+        opening = re.match(r"^```([\w-]*)\s*$", lines[i])
+        if not opening:
+            i += 1
+            continue
+        end = i + 1
+        while end < len(lines) and not lines[end].startswith("```"):
+            end += 1
+        above = next((line for line in reversed(lines[:i]) if line.strip()), "")
+        marker = NOT_RUN.search(above)
+        body = "\n".join(lines[i + 1 : end]) + "\n"
+        blocks.append(Block(page, i + 1, opening.group(1), body, marker and marker.group(1)))
+        i = end + 1
+    return blocks
+
+
+ALL_BLOCKS = [block for page in PAGES for block in page_blocks(page)]
+
+
 def readme_blocks() -> list[tuple[str, str]]:
     """(language, body) of each fenced block in README.md."""
-    return re.findall(r"^```(\w*)\n(.*?)^```", README.read_text(), flags=re.S | re.M)
+    return [(b.lang, b.body) for b in ALL_BLOCKS if b.page == README]
 
 
-def sh_commands() -> list[str]:
+def block_commands(body: str) -> list[str]:
+    """The commands of an sh block: comments dropped, ``\\`` continuations joined."""
     commands = []
-    for lang, body in readme_blocks():
-        if lang != "sh":
+    pending = ""
+    for raw in body.splitlines():
+        line = raw.rstrip()
+        if line.endswith("\\"):
+            pending += line[:-1].strip() + " "
             continue
-        for line in body.splitlines():
-            line = re.sub(r"\s+#\s.*$", "", line).strip()
-            if line and not line.startswith("#"):
-                commands.append(line)
+        line = re.sub(r"\s+#\s.*$", "", pending + line).strip()
+        pending = ""
+        if line and not line.startswith("#"):
+            commands.append(line)
     return commands
 
 
-def dollar_sessions() -> list[list[tuple[str, list[str]]]]:
-    """Per output block holding ``$ `` lines: (command, expected output lines) in order."""
-    sessions = []
-    for lang, body in readme_blocks():
-        if lang:
+def sh_commands() -> list[str]:
+    """Every command of every sh block of the pages."""
+    return [c for b in ALL_BLOCKS if b.lang == "sh" for c in block_commands(b.body)]
+
+
+def dollar_session(body: str) -> list[tuple[str, list[str]]]:
+    """(command, expected output lines) of each ``$ `` line of an output block, in order."""
+    lines = body.splitlines()
+    session = []
+    for i, line in enumerate(lines):
+        if not line.startswith("$ ") or line.startswith("$ #"):
             continue
-        lines = body.splitlines()
-        session = []
-        for i, line in enumerate(lines):
-            if not line.startswith("$ ") or line.startswith("$ #"):
-                continue
-            expected = []
-            for following in lines[i + 1 :]:
-                if following.startswith("$ "):
-                    break
-                expected.append(following)
-            session.append((line[2:], expected))
-        if session:
-            sessions.append(session)
-    return sessions
+        expected = []
+        for following in lines[i + 1 :]:
+            if following.startswith("$ "):
+                break
+            expected.append(following)
+        session.append((line[2:], expected))
+    return session
 
 
 def skip_reason(command: str) -> str | None:
@@ -91,9 +157,30 @@ def skip_reason(command: str) -> str | None:
     return None
 
 
+def blocks_of(kind: str) -> list[Block]:
+    """The blocks that run as ``kind``: sh, session, script or doctest."""
+    chosen = []
+    for b in ALL_BLOCKS:
+        if b.lang == "sh":
+            found = "sh"
+        elif b.lang == "" and dollar_session(b.body):
+            found = "session"
+        elif b.lang == "python":
+            found = "doctest" if ">>>" in b.body else "script"
+        else:
+            continue
+        if found == kind:
+            chosen.append(b)
+    return chosen
+
+
+def params(kind: str) -> list[object]:
+    return [pytest.param(b, id=b.name) for b in blocks_of(kind)]
+
+
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Plain IDX files under data/mnist and the databases the README's examples read."""
+    """Plain IDX files under data/mnist and the databases the examples read."""
     fashion_file("train-images-idx3-ubyte")
     base = tmp_path_factory.mktemp("readme-base")
     data = base / "data" / "mnist"
@@ -115,7 +202,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
         dbs / "fashion_test_leveldb",
         backend="leveldb",
     )
-    # The README's tampered copy: one pixel byte of record 40000 changed (to 159).
+    # The pages' tampered copy: one pixel byte of record 40000 changed (to 159).
     shutil.copytree(dbs / "fashion_train_lmdb", dbs / "tampered_lmdb")
     env = lmdb.open(str(dbs / "tampered_lmdb"))
     with env.begin(write=True) as txn:
@@ -131,6 +218,7 @@ def sandbox(prepared: Path, tmp_path: Path) -> Path:
     shutil.copytree(prepared / "data", work / "data", copy_function=os.link)
     for db in (prepared / "dbs").iterdir():
         shutil.copytree(db, work / db.name)
+    (work / "scripts").symlink_to(ROOT / "scripts")  # run from the project root, as documented
     return work
 
 
@@ -139,7 +227,7 @@ def run(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         # The project's Makefile, with this test run's environment as its .venv. A copy of
         # pyproject.toml that keeps its time stamp tells make the environment is up to date.
         venv = BIN.parent
-        if not (venv / ".installed-stamp").exists():
+        if not all((venv / s).exists() for s in (".installed-stamp", ".runtime-stamp")):
             pytest.skip("make examples need the .venv that `make test` sets up")
         shutil.copy2(ROOT / "pyproject.toml", cwd / "pyproject.toml")
         command = f"make -f {ROOT / 'Makefile'} VENV={venv} {command[5:]}"
@@ -158,65 +246,139 @@ def run(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("command", sh_commands())
-def test_sh_example(prepared: Path, tmp_path: Path, command: str) -> None:
-    reason = skip_reason(command)
-    if reason:
-        pytest.skip(reason)
-    done = run(command, sandbox(prepared, tmp_path))
-    assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
-    assert "Traceback" not in done.stderr
+def test_every_page_has_its_examples_found() -> None:
+    """The harness sees README's blocks and every page of docs/ (a page without a block that
+    runs is fine; a fence the parser misses is not)."""
+    assert blocks_of("sh") and blocks_of("session") and blocks_of("script")
+    for page in PAGES:
+        fences = sum(line.startswith("```") for line in page.read_text().splitlines())
+        assert fences == 2 * len(page_blocks(page)), f"{page}: an unclosed or odd fence"
 
 
-@pytest.mark.parametrize("session", dollar_sessions(), ids=lambda s: s[0][0][:40])
-def test_output_example(
-    prepared: Path, tmp_path: Path, session: list[tuple[str, list[str]]]
-) -> None:
-    """The commands of one output block, in order, in one sandbox; each gives its first line."""
+@pytest.mark.parametrize("block", params("sh"))
+def test_sh_example(prepared: Path, tmp_path: Path, block: Block) -> None:
+    """The commands of one sh block, in order, in one sandbox."""
+    if block.not_run:
+        pytest.skip(block.not_run)
+    commands = block_commands(block.body)
+    runnable = [c for c in commands if skip_reason(c) is None]
+    if not runnable:
+        pytest.skip(skip_reason(commands[0]) or "no command")
     work = sandbox(prepared, tmp_path)
-    for command, expected in session:
-        assert skip_reason(command) is None, command
+    for command in runnable:
+        done = run(command, work)
+        assert done.returncode == 0, f"{block.name}: {command}\n{done.stdout}\n{done.stderr}"
+        assert "Traceback" not in done.stderr, f"{block.name}: {command}\n{done.stderr}"
+
+
+@pytest.mark.parametrize("block", params("session"))
+def test_output_example(prepared: Path, tmp_path: Path, block: Block) -> None:
+    """The commands of one output block, in order, in one sandbox; each gives its first line."""
+    if block.not_run:
+        pytest.skip(block.not_run)
+    work = sandbox(prepared, tmp_path)
+    for command, expected in dollar_session(block.body):
+        assert skip_reason(command) is None, f"{block.name}: {command}"
         done = run(command, work)
         first = expected[0] if expected else None
         if first is not None and first.startswith("Error: "):
-            assert done.returncode == 1, done.stderr
-            assert done.stderr.splitlines()[0] == first
+            assert done.returncode == 1, f"{block.name}: {command}\n{done.stderr}"
+            assert done.stderr.splitlines()[0] == first, f"{block.name}: {command}"
             continue
-        assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
+        assert done.returncode == 0, f"{block.name}: {command}\n{done.stdout}\n{done.stderr}"
         if first is not None:
-            assert (done.stdout + done.stderr).splitlines()[0] == first
+            said = (done.stdout + done.stderr).splitlines()
+            assert said and said[0] == first, f"{block.name}: {command}\n{done.stderr}"
 
 
-def test_python_api_block(prepared: Path, tmp_path: Path) -> None:
-    blocks = [body for lang, body in readme_blocks() if lang == "python" and ">>>" not in body]
-    assert blocks, "README lost its Python API example"
+@pytest.mark.parametrize("block", params("script"))
+def test_python_example(prepared: Path, tmp_path: Path, block: Block) -> None:
+    if block.not_run:
+        pytest.skip(block.not_run)
     work = sandbox(prepared, tmp_path)
-    for body in blocks:
-        done = subprocess.run(
-            [sys.executable, "-c", body], cwd=work, capture_output=True, text=True, check=False
-        )
-        assert done.returncode == 0, done.stderr
+    done = subprocess.run(
+        [sys.executable, "-c", block.body], cwd=work, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, f"{block.name}\n{done.stderr}"
 
 
-def test_doctest_block(prepared: Path, tmp_path: Path) -> None:
-    blocks = [body for lang, body in readme_blocks() if lang == "python" and ">>>" in body]
-    assert blocks, "README lost its open_db example"
+@pytest.mark.parametrize("block", params("doctest"))
+def test_doctest_example(prepared: Path, tmp_path: Path, block: Block) -> None:
+    if block.not_run:
+        pytest.skip(block.not_run)
     work = sandbox(prepared, tmp_path)
     parser = doctest.DocTestParser()
     old = os.getcwd()
     os.chdir(work)
     try:
-        for body in blocks:
-            test = parser.get_doctest(body, {}, "README", str(README), 0)
-            # torch is not a dependency: the DataLoader lines are the one thing not run here.
-            test.examples = [
-                e for e in test.examples if "torch" not in e.source and "DataLoader" not in e.source
-            ]
-            runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
-            runner.run(test)
-            for name in list(test.globs):
-                if hasattr(test.globs[name], "close"):
-                    test.globs[name].close()
-            assert runner.failures == 0
+        test = parser.get_doctest(block.body, {}, block.name, str(block.page), block.line)
+        # torch is not a dependency: the DataLoader lines are the one thing not run here.
+        test.examples = [
+            e for e in test.examples if "torch" not in e.source and "DataLoader" not in e.source
+        ]
+        runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+        runner.run(test)
+        for name in list(test.globs):
+            if hasattr(test.globs[name], "close"):
+                test.globs[name].close()
+        assert runner.failures == 0, block.name
     finally:
         os.chdir(old)
+
+
+#: The commands whose --help examples run here, in this order, in one sandbox (convert
+#: writes what the others read). A new command's examples are parsed (tests/cli/test_help.py)
+#: until it is added here.
+HELP_EXAMPLES_RUN = (
+    "convert",
+    "fetch",
+    "create",
+    "show",
+    "info",
+    "verify",
+    "export",
+    "mean",
+    "siamese",
+)
+
+
+def runnable_part(example: str) -> str:
+    """The parts of an ``a && b`` example that can run here."""
+    return " && ".join(p for p in example.split(" && ") if skip_reason(p.strip()) is None)
+
+
+@pytest.mark.parametrize("commands", [(None,), HELP_EXAMPLES_RUN], ids=["group", "commands"])
+def test_help_examples_run(
+    prepared: Path, tmp_path: Path, commands: tuple[str | None, ...]
+) -> None:
+    """What ``--help`` shows as examples works when pasted, top to bottom."""
+    from click.testing import CliRunner
+
+    from mnist2db.cli.app import cli
+
+    work = sandbox(prepared, tmp_path)
+    ran = 0
+    for command in commands:
+        args = ["--help"] if command is None else [command, "--help"]
+        text = CliRunner().invoke(cli, args, terminal_width=80).stdout
+        examples = [
+            line.strip()
+            for line in text.split("Examples:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+        ]
+        assert examples, f"mnist2db {command} --help: no examples"
+        for example in examples:
+            example = runnable_part(example)
+            if not example:
+                continue
+            done = run(example, work)
+            assert done.returncode == 0, f"{example}\n{done.stdout}\n{done.stderr}"
+            assert "Traceback" not in done.stderr
+            ran += 1
+    assert ran >= len(commands)
+
+
+def test_the_python_api_page_keeps_its_examples() -> None:
+    """The Python API page shows scripts and a doctest session, and they run (above)."""
+    page = ROOT / "docs" / "python-api.md"
+    kinds = {(b.lang, ">>>" in b.body) for b in ALL_BLOCKS if b.page == page}
+    assert ("python", False) in kinds and ("python", True) in kinds

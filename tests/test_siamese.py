@@ -236,9 +236,10 @@ def test_create_mnist_siamese_script(tmp_path: Path) -> None:
         write_idx(data / f"{split}-images-idx3-ubyte", rng.integers(0, 256, (n, 4, 4), np.uint8))
         write_idx(data / f"{split}-labels-idx1-ubyte", rng.integers(0, 10, n, np.uint8))
     env = dict(os.environ, SEED="3", MNIST2DB=f"{sys.executable} -m mnist2db")
-    for _ in range(2):  # the second run replaces the databases, as Caffe's rm -rf does
+    # The second run replaces the databases, as Caffe's rm -rf does; -q silences the script too.
+    for args, said in (([], "Creating leveldb...\nDone.\n"), (["-q"], "")):
         done = subprocess.run(
-            ["sh", str(ROOT / "scripts" / "create_mnist_siamese.sh"), "-q"],
+            ["sh", str(ROOT / "scripts" / "create_mnist_siamese.sh"), *args],
             cwd=tmp_path,
             env=env,
             capture_output=True,
@@ -246,7 +247,7 @@ def test_create_mnist_siamese_script(tmp_path: Path) -> None:
             check=False,
         )
         assert done.returncode == 0, done.stderr
-        assert done.stdout == "Creating leveldb...\nDone.\n"
+        assert done.stdout == said
     train = tmp_path / "examples" / "siamese" / "mnist_siamese_train_leveldb"
     test = tmp_path / "examples" / "siamese" / "mnist_siamese_test_leveldb"
     assert len(records(train)) == 40 and len(records(test)) == 20
@@ -255,6 +256,49 @@ def test_create_mnist_siamese_script(tmp_path: Path) -> None:
     )
     assert records(train) == records(tmp_path / "ref")
     shutil.rmtree(tmp_path / "ref")
+
+
+def test_create_mnist_siamese_script_takes_dataset(tmp_path: Path) -> None:
+    """DATASET= picks data/DATASET and, for a dataset other than MNIST, its own folder
+    examples/siamese/DATASET: MNIST's pairs in examples/siamese are never replaced."""
+    rng = np.random.default_rng(1)
+    data = tmp_path / "data" / "kmnist"
+    data.mkdir(parents=True)
+    for split, n in (("train", 30), ("t10k", 12)):
+        write_idx(data / f"{split}-images-idx3-ubyte", rng.integers(0, 256, (n, 4, 4), np.uint8))
+        write_idx(data / f"{split}-labels-idx1-ubyte", rng.integers(0, 10, n, np.uint8))
+    mnists = tmp_path / "examples" / "siamese" / "mnist_siamese_train_lmdb"
+    mnists.mkdir(parents=True)
+    (mnists / "mine.txt").write_text("kept")
+    env = dict(
+        os.environ,
+        DATASET="kmnist",
+        BACKEND="lmdb",
+        SEED="5",
+        MNIST2DB=f"{sys.executable} -m mnist2db",
+    )
+    done = subprocess.run(
+        ["sh", str(ROOT / "scripts" / "create_mnist_siamese.sh"), "--quiet"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    out = tmp_path / "examples" / "siamese" / "kmnist"
+    assert sorted(os.listdir(out)) == ["mnist_siamese_test_lmdb", "mnist_siamese_train_lmdb"]
+    assert len(records(out / "mnist_siamese_train_lmdb")) == 30
+    assert len(records(out / "mnist_siamese_test_lmdb")) == 12
+    convert_siamese(
+        data / "t10k-images-idx3-ubyte",
+        data / "t10k-labels-idx1-ubyte",
+        tmp_path / "ref",
+        backend="lmdb",
+        seed=5,
+    )
+    assert records(out / "mnist_siamese_test_lmdb") == records(tmp_path / "ref")
+    assert os.listdir(mnists) == ["mine.txt"]
 
 
 def test_the_database_records_what_made_it(mnist_pair, tmp_path: Path) -> None:

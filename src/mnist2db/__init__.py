@@ -13,11 +13,13 @@ from mnist2db.fastpath import TYPE_CHECKING  # not typing's: see fastpath.py
 __version__ = "0.1.0"
 
 _LAZY = {
+    "ArgumentError": "errors",
     "BackendError": "errors",
     "ChecksumError": "errors",
     "DownloadError": "errors",
     "IdxFormatError": "errors",
     "Mnist2dbError": "errors",
+    "OutputError": "errors",
     "OutputExistsError": "errors",
     "DatumError": "errors",
     "array_to_datum": "formats.datum",
@@ -52,12 +54,14 @@ if TYPE_CHECKING:
     from mnist2db.conversion import ConvertResult, convert
     from mnist2db.dataset import DatumDataset, open_db
     from mnist2db.errors import (
+        ArgumentError,
         BackendError,
         ChecksumError,
         DatumError,
         DownloadError,
         IdxFormatError,
         Mnist2dbError,
+        OutputError,
         OutputExistsError,
     )
     from mnist2db.formats.datum import array_to_datum, datum_to_array, decode_datum, encode_datum

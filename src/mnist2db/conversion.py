@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 
-from mnist2db.errors import Mnist2dbError, printable
+from mnist2db.errors import ArgumentError, printable
 from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
 from mnist2db.formats.datum import (
     KEY_LIMIT,
@@ -145,9 +145,9 @@ def convert(
     check_backend(backend)
     check_batch_size(batch_size)
     if not out:
-        raise Mnist2dbError("the destination path is empty: name a directory to create")
+        raise ArgumentError("the destination path is empty: name a directory to create")
     if seed is not None and not shuffle:
-        raise Mnist2dbError("a seed orders a shuffle: ask for shuffle too")
+        raise ArgumentError("a seed orders a shuffle: ask for shuffle too")
     if shuffle and seed is None:
         seed = int.from_bytes(os.urandom(8), "little")
     if encoded is not None:

@@ -31,12 +31,25 @@ class IdxFormatError(Mnist2dbError):
     """An IDX file is missing, unreadable, or not what its header promises."""
 
 
-class OutputExistsError(Mnist2dbError):
-    """The destination exists; pass ``overwrite=True`` (``--overwrite``) to replace it."""
+class ArgumentError(Mnist2dbError, ValueError):
+    """An argument's value is outside what is accepted (a batch size below 1, a negative
+    offset, an out-of-range seed, an empty path, an unknown name); also a ValueError."""
+
+
+class OutputError(Mnist2dbError):
+    """An output cannot be written: permission denied, a full disk, a directory that cannot
+    be created, a rename or flush that fails. Nothing was left under the final name."""
+
+
+class OutputExistsError(OutputError):
+    """The destination is refused before any work: it exists (pass ``overwrite=True``,
+    ``--overwrite``, to replace it), it is or lies inside an input, or it is not a place a
+    file or database can go."""
 
 
 class BackendError(Mnist2dbError):
-    """LMDB or LevelDB refused an operation, or a path is not a database of either kind."""
+    """LMDB or LevelDB refused an operation, or a path is not a database of either kind
+    (a file the system cannot write is an :class:`OutputError`)."""
 
 
 class DownloadError(Mnist2dbError):

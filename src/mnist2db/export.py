@@ -22,7 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from mnist2db.errors import DatumError, Mnist2dbError, OutputExistsError, printable
+from mnist2db.errors import (
+    ArgumentError,
+    DatumError,
+    OutputError,
+    printable,
+)
 from mnist2db.formats.datum import check_datum, decode_datum, key_text
 from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
 from mnist2db.formats.png import datum_encoding, decoded_datum
@@ -106,11 +111,11 @@ def export_db(
     db_path = os.fspath(db)
     out = os.fspath(out_dir)
     if not out:
-        raise OutputExistsError("the output directory is empty: name a directory")
+        raise ArgumentError("the output directory is empty: name a directory")
     stem = prefix if prefix is not None else default_prefix(db_path)
     if not stem or os.sep in stem:
         # The files go into out_dir and nowhere else: a prefix is a name, not a path.
-        raise Mnist2dbError(
+        raise ArgumentError(
             f"--prefix {stem!r}: a file name prefix, without '/' (OUT_DIR is the folder)"
         )
     images_out = os.path.join(out, f"{stem}-images-idx3-ubyte")
@@ -137,13 +142,13 @@ def export_db(
         try:
             made = make_parents(out)
         except OSError as exc:
-            raise OutputExistsError(f"{out}: cannot create directory: {exc.strerror}") from None
+            raise OutputError(f"{out}: cannot create directory: {exc.strerror}") from None
         try:
             count = _write_pair(reader, db_path, (images_out, labels_out), total, rows, cols,
                                 progress, recipe)  # fmt: skip
         except OSError as exc:
             remove_made(made)
-            raise Mnist2dbError(
+            raise OutputError(
                 f"{exc.filename or out}: cannot write: {exc.strerror or exc}"
             ) from None
         except BaseException:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
-from mnist2db.errors import ImageError, Mnist2dbError, printable
+from mnist2db.errors import ArgumentError, ImageError, Mnist2dbError, OutputError, printable
 from mnist2db.formats.datum import KEY_LIMIT, datum_prefix
 from mnist2db.formats.image import ENCODE_TYPES, read_image
 from mnist2db.formats.image_list import KEY_LIMIT_LMDB, ListEntry, image_key
@@ -235,7 +235,7 @@ def write_imageset(
     check_backend(backend)
     check_batch_size(batch_size)
     if resize is not None and min(resize) < 1:
-        raise Mnist2dbError(f"cannot resize to {resize[0]} × {resize[1]}: both must be ≥ 1")
+        raise ArgumentError(f"cannot resize to {resize[0]} × {resize[1]}: both must be ≥ 1")
     if encode_type and encode_type.lower() not in ENCODE_TYPES:
         raise ImageError(
             f"cannot encode images as {encode_type!r}: the types written as Caffe writes "
@@ -408,7 +408,7 @@ def write_imageset_idx(
     for target in targets:
         check_file_target(target, overwrite, list(inputs))
     if resize is not None and min(resize) < 1:
-        raise Mnist2dbError(f"cannot resize to {resize[0]} × {resize[1]}: both must be ≥ 1")
+        raise ArgumentError(f"cannot resize to {resize[0]} × {resize[1]}: both must be ≥ 1")
     total = check_entries(entries(), root=root_bytes, backend="idx", encoded=False,
                           encode_type=None, resize=resize, where=where)  # fmt: skip
     for entry in entries():
@@ -453,7 +453,7 @@ def write_imageset_idx(
             labels.write(pack_header(LABELS_MAGIC, count))
             place_together([images, labels])
     except OSError as exc:
-        raise Mnist2dbError(f"{exc.filename or prefix}: cannot write: {exc.strerror}") from None
+        raise OutputError(f"{exc.filename or prefix}: cannot write: {exc.strerror}") from None
     progress(count, total)
     return ImagesetResult(
         path=targets[0], backend="idx", count=count, lines=total, skipped=tuple(skipped),

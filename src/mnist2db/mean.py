@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from mnist2db.errors import Mnist2dbError
+from mnist2db.errors import DatumError, Mnist2dbError, OutputError
 from mnist2db.formats.datum import key_text
 from mnist2db.formats.png import decoded_datum
 from mnist2db.formats.protowire import encode_varint
@@ -59,12 +59,7 @@ class MeanResult(NamedTuple):
         values = []
         for c in range(channels):
             total = np.cumsum(flat[c], dtype=np.float32)[-1] if flat.shape[1] else 0
-            # An empty mean (a side of 0): Caffe divides 0 by 0 and logs nan.
-            values.append(
-                float(np.float32(total) / np.float32(flat.shape[1]))
-                if flat.shape[1]
-                else float("nan")
-            )
+            values.append(float(np.float32(total) / np.float32(flat.shape[1])))
         return values
 
 
@@ -80,6 +75,9 @@ def _pixels(key: bytes, datum: Any, path: str) -> tuple[tuple[int, int, int], An
     datum = decoded_datum(datum, f"{path}: key {name}")
     shape = (int(datum.channels), int(datum.height), int(datum.width))
     size = shape[0] * shape[1] * shape[2]
+    if size == 0:  # checked by the reader as Caffe takes it; a mean needs pixels (and no
+        # per-channel sums of a record of 2^31-1 channels and no pixels)
+        raise DatumError(f"{path}: key {name}: Datum {shape} has no pixels to average")
     if len(datum.data):
         values = np.frombuffer(datum.data, dtype=np.uint8)
     else:
@@ -250,5 +248,5 @@ def write_mean(
             target.stream.write(payload)
             target.commit()
     except OSError as exc:
-        raise Mnist2dbError(f"{out}: cannot write: {exc.strerror or exc}") from None
+        raise OutputError(f"{out}: cannot write: {exc.strerror or exc}") from None
     return len(payload)

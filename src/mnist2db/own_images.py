@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from mnist2db.errors import Mnist2dbError
+from mnist2db.errors import ArgumentError, OutputError
 from mnist2db.formats.image_list import ListEntry, read_image_list
 from mnist2db.imageset import ImagesetResult, Skipped, write_imageset, write_imageset_idx
 from mnist2db.progress import Progress
@@ -71,9 +71,9 @@ def convert_images(
     from mnist2db.storage.placement import check_file_target
 
     if to not in TARGETS:
-        raise Mnist2dbError(f"unknown target {to!r}: expected one of {', '.join(TARGETS)}")
+        raise ArgumentError(f"unknown target {to!r}: expected one of {', '.join(TARGETS)}")
     if to == "idx" and encoded is not None:
-        raise Mnist2dbError("an IDX file holds raw grey pixels: --encoded writes a database")
+        raise ArgumentError("an IDX file holds raw grey pixels: --encoded writes a database")
     base = os.fsencode(root)
     prefix = base if not base or base.endswith(b"/") else base + b"/"
     classes: tuple[str, ...] = ()
@@ -143,4 +143,4 @@ def _write_beside(
                 target.write(text)
                 target.commit()
         except OSError as exc:
-            raise Mnist2dbError(f"{path}: cannot write: {exc.strerror}") from None
+            raise OutputError(f"{path}: cannot write: {exc.strerror}") from None

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from mnist2db.errors import IdxFormatError, Mnist2dbError
+from mnist2db.errors import ArgumentError, IdxFormatError
 from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.idx import QMNIST_LABELS_MAGIC
 
@@ -52,7 +52,7 @@ def check_range(
         IdxFormatError: naming ``path`` and the range that does not fit.
     """
     if offset < 0 or (count is not None and count < 0):
-        raise Mnist2dbError(f"offset and count must not be negative, got {offset} and {count}")
+        raise ArgumentError(f"offset and count must not be negative, got {offset} and {count}")
     stop = total if count is None else offset + count
     if clip:
         if offset >= total:
@@ -94,7 +94,7 @@ def permutation(seed: int, count: int) -> np.ndarray:
     import numpy as np
 
     if not 0 <= seed < 1 << 64:
-        raise Mnist2dbError(f"seed must be between 0 and 2**64-1, got {seed}")
+        raise ArgumentError(f"seed must be between 0 and 2**64-1, got {seed}")
     words = np.asarray(np.random.PCG64(seed).random_raw(count), dtype=np.uint64)
     order: np.ndarray = np.argsort(words, kind="stable")
     return order

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mnist2db.dataset import open_db
-from mnist2db.errors import IdxFormatError, RecordIndexError
+from mnist2db.errors import ArgumentError, IdxFormatError, RecordIndexError
 from mnist2db.formats.idx import check_pair
 from mnist2db.formats.idx_reader import open_idx
 from mnist2db.records import check_label_column, check_range
@@ -75,7 +75,7 @@ def select_records(
         RecordIndexError: ``offset`` is past the end.
     """
     if offset < 0 or count < 0:
-        raise ValueError("offset and count must not be negative")
+        raise ArgumentError("offset and count must not be negative")
     path = os.fspath(source)
     if os.path.isdir(path):
         db = open_db(path)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from mnist2db.conversion import write_database
-from mnist2db.errors import IdxFormatError, Mnist2dbError, printable
+from mnist2db.errors import ArgumentError, IdxFormatError, Mnist2dbError, printable
 from mnist2db.formats.datum import check_record_count, datum_prefix, splitter
 from mnist2db.formats.idx import INT32_MAX, IdxHeader, check_pair
 from mnist2db.formats.idx_reader import open_idx
@@ -201,13 +201,13 @@ def convert_siamese(
     check_backend(backend)
     check_batch_size(batch_size)
     if pairs is not None and pairs < 0:
-        raise Mnist2dbError(f"the number of pairs must be at least 0, got {pairs}")
+        raise ArgumentError(f"the number of pairs must be at least 0, got {pairs}")
     if pairs is not None:
         check_record_count(pairs, out, "pairs")
     if seed is None:
         seed = int.from_bytes(os.urandom(8), "little")
     elif not 0 <= seed < 1 << 64:
-        raise Mnist2dbError(f"seed must be between 0 and 2**64-1, got {seed}")
+        raise ArgumentError(f"seed must be between 0 and 2**64-1, got {seed}")
 
     with staged_database(out, backend, overwrite=overwrite, inputs=(images, labels)) as staging:
         pixels, label_array, image_header, label_header = _load(images, labels, staging)

@@ -30,8 +30,8 @@ def all_commands() -> list[str]:
 def test_every_command_has_help_with_example(command: str) -> None:
     result = run(command, "--help")
     assert result.exit_code == 0
-    assert "Example:" in result.stdout
-    assert f"mnist2db {command}" in result.stdout
+    assert "\n  Examples:\n    mnist2db " in result.stdout
+    assert f"\n    mnist2db {command}" in result.stdout
 
 
 def test_group_help_and_version() -> None:

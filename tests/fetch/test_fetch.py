@@ -840,7 +840,7 @@ def test_cli_help_ends_with_an_example() -> None:
     for command in ("fetch", "create"):
         result = CliRunner().invoke(cli, [command, "--help"])
         assert result.exit_code == 0
-        assert f"Example: mnist2db {command if command == 'fetch' else 'fetch &&'}" in (
+        assert f"Examples:\n    mnist2db {command if command == 'fetch' else 'fetch &&'}" in (
             result.output
         )
 

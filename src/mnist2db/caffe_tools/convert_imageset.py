@@ -66,7 +66,7 @@ FLAGS: dict[str, Flag] = {
 
 
 def _convert(parsed: ParsedArgs, logger: Logger) -> None:
-    from mnist2db.errors import Mnist2dbError
+    from mnist2db.errors import ArgumentError
     from mnist2db.formats.image_list import ListEntry, read_image_list
     from mnist2db.imageset import Skipped, write_imageset
 
@@ -90,7 +90,7 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
         if seed == -1:
             seed = int.from_bytes(os.urandom(8), "little") >> 1
         if not 0 <= seed < 1 << 63:
-            raise Mnist2dbError(f"--seed must be between 0 and 2**63-1, got {seed}")
+            raise ArgumentError(f"--seed must be between 0 and 2**63-1, got {seed}")
         logger.log("I", "convert_imageset.cpp:86", "Shuffling data")
         logger.log("I", log_here(), f"Shuffle seed {seed} (--seed={seed} repeats this order)")
         listed = list(read_image_list(listing))

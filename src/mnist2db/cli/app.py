@@ -61,7 +61,15 @@ def cli() -> None:
     The databases are byte-for-byte what Caffe's convert_mnist_data writes, in LMDB or
     LevelDB.
 
-    Example: mnist2db convert --backend=lmdb train-images-idx3-ubyte train-labels-idx1-ubyte mnist_train_lmdb
+    \b
+    Examples:
+      mnist2db fetch
+      mnist2db convert --backend=lmdb data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte examples/mnist/mnist_train_lmdb
+      mnist2db show examples/mnist/mnist_train_lmdb --count 3
+
+    \b
+    Shell completion, in ~/.bashrc (zsh_source, fish_source for zsh and fish):
+      eval "$(_MNIST2DB_COMPLETE=bash_source mnist2db)"
     """
 
 

@@ -30,7 +30,10 @@ def mean(db: str, out: str | None, overwrite: bool, quiet: bool) -> None:
     OUT.binaryproto (any name but *.npy) gets exactly the bytes compute_image_mean writes;
     OUT.npy the float32 (channels, height, width) mean.
 
-    Example: mnist2db mean examples/mnist/mnist_train_lmdb examples/mnist/mean.binaryproto
+    \b
+    Examples:
+      mnist2db mean examples/mnist/mnist_train_lmdb examples/mnist/mean.binaryproto
+      mnist2db mean examples/mnist/mnist_train_lmdb
     """
     with library_errors():
         if out is not None:
@@ -83,7 +86,10 @@ def siamese(
     same class, else 0: what Caffe's convert_mnist_siamese_data writes. OUT_DB appears
     only when complete.
 
-    Example: mnist2db siamese --seed 1 data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte examples/siamese/mnist_siamese_train_leveldb
+    \b
+    Examples:
+      mnist2db siamese --seed 1 data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte examples/siamese/mnist_siamese_train_leveldb
+      mnist2db siamese --seed 1 --balanced --backend=lmdb data/mnist/t10k-images-idx3-ubyte data/mnist/t10k-labels-idx1-ubyte examples/siamese/mnist_siamese_test_lmdb
     """
     with library_errors(), progress_reporter("Pairing", quiet) as progress:
         result = convert_siamese(

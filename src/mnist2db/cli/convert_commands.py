@@ -63,7 +63,10 @@ def convert(
     OUT_DB/mnist2db.json (never a record). OUT_DB must not exist (see --overwrite); it
     appears only when complete.
 
-    Example: mnist2db convert --backend=lmdb data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte examples/mnist/mnist_train_lmdb
+    \b
+    Examples:
+      mnist2db convert --backend=lmdb data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte examples/mnist/mnist_train_lmdb
+      mnist2db convert --shuffle --seed 1 --offset 50000 --count 10000 data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte examples/mnist/mnist_val_lmdb
     """
     check_seed(options)
     with library_errors(), progress_reporter("Converting", quiet) as progress:

@@ -81,7 +81,10 @@ def show(
     (--ascii for plain terminals, --threshold for a 0/1 view), or written as a PNG grid
     with --png; --transpose swaps height and width (EMNIST's stored images).
 
-    Example: mnist2db show examples/mnist/mnist_train_lmdb --offset 40000 --count 10 --png digits.png
+    \b
+    Examples:
+      mnist2db show examples/mnist/mnist_train_lmdb --offset 40000 --count 10 --png digits.png
+      mnist2db show data/mnist/t10k-images-idx3-ubyte --count 3 --ascii
     """
     if png is not None and (threshold is not None or ascii_):
         raise click.UsageError(
@@ -153,7 +156,10 @@ def info(path: str) -> None:
     written with (source, items, orientation, label column, order), size on disk. Reading
     an LMDB database does not wait for, or block, other processes using it.
 
-    Example: mnist2db info examples/mnist/mnist_train_lmdb
+    \b
+    Examples:
+      mnist2db info examples/mnist/mnist_train_lmdb
+      mnist2db info data/mnist/t10k-labels-idx1-ubyte
     """
     with library_errors():
         described = db_info(path) if os.path.isdir(path) else idx_info(path)
@@ -178,7 +184,9 @@ def verify(db: str, images: str, labels: str, quiet: bool) -> None:
     database written with --transpose, --shuffle, --offset/--count or --label-column is
     compared with what those options (recorded in DB/mnist2db.json) make of the source.
 
-    Example: mnist2db verify examples/mnist/mnist_train_lmdb data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte
+    \b
+    Examples:
+      mnist2db verify examples/mnist/mnist_train_lmdb data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte
     """
     with library_errors(), progress_reporter("Verifying", quiet) as progress:
         result = verify_db(db, images, labels, progress=progress)
@@ -205,7 +213,10 @@ def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bo
     transposition are undone, and the labels are the Datum labels as uint8 (idx1). The
     files appear only when both are complete.
 
-    Example: mnist2db export examples/mnist/mnist_train_lmdb out/
+    \b
+    Examples:
+      mnist2db export examples/mnist/mnist_train_lmdb out/
+      mnist2db export --prefix val examples/mnist/mnist_val_lmdb out/
     """
     with library_errors(), progress_reporter("Exporting", quiet) as progress:
         result = export_db(db, out_dir, prefix=prefix, overwrite=overwrite, progress=progress)

@@ -117,7 +117,11 @@ def fetch(
     A mirror's bytes, time and requests are bounded (docs/fetching.md): a broken or
     hostile first mirror gives way to the next.
 
-    Example: mnist2db fetch --dataset fashion-mnist --mirror http://cache.internal/fashion-mnist/
+    \b
+    Examples:
+      mnist2db fetch
+      mnist2db fetch --dataset fashion-mnist --mirror /usr/share/datasets/fashion-mnist
+      mnist2db fetch --dataset emnist-letters --mirror ~/Downloads
     """
     extra = [*mirrors, *os.environ.get(MIRROR_ENVVAR, "").split()]
     bar = ProgressBars(quiet, in_bytes=True)
@@ -188,7 +192,10 @@ def create(
     transposed, are written upright (--as-stored keeps them as stored); QMNIST's labels are
     column --label-column of its idx2-int rows.
 
-    Example: mnist2db fetch && mnist2db create --backend=lmdb --overwrite
+    \b
+    Examples:
+      mnist2db fetch && mnist2db create --backend=lmdb --overwrite
+      mnist2db create --dataset fashion-mnist --backend=leveldb --shuffle --seed 1
     """
     check_seed(options)
     note = orientation_note(dataset, as_stored)

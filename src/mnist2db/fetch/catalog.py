@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from mnist2db.errors import Mnist2dbError
+from mnist2db.errors import ArgumentError
 
 TRAIN_IMAGES = "train-images-idx3-ubyte"
 TRAIN_LABELS = "train-labels-idx1-ubyte"
@@ -338,7 +338,7 @@ def get_dataset(dataset: str | Dataset) -> Dataset:
     try:
         return DATASETS[dataset]
     except KeyError:
-        raise Mnist2dbError(
+        raise ArgumentError(
             f"unknown dataset {dataset!r}: expected one of {', '.join(DATASETS)}"
         ) from None
 

@@ -18,7 +18,7 @@ import struct
 import zlib
 from collections.abc import Iterator
 
-from mnist2db.errors import IdxFormatError
+from mnist2db.errors import ArgumentError, IdxFormatError
 from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
 from mnist2db.formats.idx import (
     GZIP_MAGIC,
@@ -310,7 +310,7 @@ class IdxReader:
         import numpy as np
 
         if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
+            raise ArgumentError("batch_size must be at least 1")
         header = self.header
         dtype = np.dtype(IDX_TYPES[header.type_code][1])
         done = 0
@@ -343,7 +343,7 @@ class IdxReader:
             IdxFormatError: as :meth:`iter_batches`.
         """
         if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
+            raise ArgumentError("batch_size must be at least 1")
         header = self.header
         item_size = header.item_size
         done = 0

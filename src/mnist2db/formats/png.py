@@ -44,10 +44,10 @@ _IEND = b"\x00\x00\x00\x00IEND\xaeB`\x82"
 
 def check_encoding(encoded: str | None) -> None:
     """Refuse an unknown ``encoded`` value (one line naming the choices)."""
-    from mnist2db.errors import Mnist2dbError
+    from mnist2db.errors import ArgumentError
 
     if encoded is not None and encoded not in ENCODINGS:
-        raise Mnist2dbError(
+        raise ArgumentError(
             f"unknown encoding {encoded!r}: expected one of {', '.join(ENCODINGS)} (or none)"
         )
 

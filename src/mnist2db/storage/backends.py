@@ -14,7 +14,7 @@ import os
 from collections import deque
 from collections.abc import Iterator, Sequence
 
-from mnist2db.errors import BackendError
+from mnist2db.errors import ArgumentError, BackendError
 from mnist2db.fastpath import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -242,9 +242,7 @@ def check_backend(backend: str) -> None:
 def check_batch_size(batch_size: int) -> None:
     """Raises Mnist2dbError unless a writer's ``batch_size`` is at least 1."""
     if batch_size < 1:
-        from mnist2db.errors import Mnist2dbError
-
-        raise Mnist2dbError(f"batch size must be at least 1, got {batch_size}")
+        raise ArgumentError(f"batch size must be at least 1, got {batch_size}")
 
 
 def size_hint(records: int, value_size: int, *, streaming: bool = False) -> int:

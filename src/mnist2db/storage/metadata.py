@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from mnist2db.errors import Mnist2dbError, printable
+from mnist2db.errors import Mnist2dbError, OutputError, printable
 from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -146,18 +146,16 @@ def write_metadata(directory: str, metadata: dict[str, Any], out: str) -> None:
     (placed with it, flushed with it).
 
     Raises:
-        BackendError: it cannot be written, naming ``out``.
+        OutputError: it cannot be written, naming ``out``.
     """
     import json
-
-    from mnist2db.errors import BackendError
 
     text = json.dumps(metadata, indent=1) + "\n"
     try:
         with open(os.path.join(directory, METADATA_NAME), "w", encoding="utf-8") as f:
             f.write(text)
     except OSError as exc:
-        raise BackendError(f"{out}: cannot write {METADATA_NAME}: {exc.strerror or exc}") from None
+        raise OutputError(f"{out}: cannot write {METADATA_NAME}: {exc.strerror or exc}") from None
 
 
 def load_metadata(db: str | os.PathLike[str]) -> tuple[str, dict[str, Any]] | None:

@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from mnist2db.errors import Mnist2dbError, OutputExistsError
+from mnist2db.errors import ArgumentError, OutputError, OutputExistsError
 from mnist2db.storage import staging
 from mnist2db.storage.files import (
     TEMP_MARK,
@@ -61,7 +61,7 @@ def check_file_target(
             is named through ``..`` after a directory that does not exist.
     """
     if not path:
-        raise OutputExistsError("the output path is empty: name a file to create")
+        raise ArgumentError("the output path is empty: name a file to create")
     check_apart(path, inputs)
     if os.path.islink(path):
         raise symlink_refusal(path)
@@ -103,7 +103,7 @@ def _check_writable(path: str) -> None:
     except OSError:
         read_only = False
     reason = "a read-only file system" if read_only else "no permission to create files there"
-    raise Mnist2dbError(f"{path}: cannot write in {directory} ({reason})")
+    raise OutputError(f"{path}: cannot write in {directory} ({reason})")
 
 
 def _hidden_name(path: str, mark: str) -> str:

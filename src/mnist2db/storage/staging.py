@@ -27,7 +27,13 @@ import os
 import stat
 from collections.abc import Callable, Iterable, Iterator
 
-from mnist2db.errors import BackendError, Mnist2dbError, OutputExistsError
+from mnist2db.errors import (
+    ArgumentError,
+    BackendError,
+    Mnist2dbError,
+    OutputError,
+    OutputExistsError,
+)
 from mnist2db.storage.backends import BACKENDS, check_backend, is_database_file
 from mnist2db.storage.files import (
     fsync_dir,
@@ -321,7 +327,7 @@ def _check_destination(
     out: str, backend: str, overwrite: bool, inputs: Iterable[str | os.PathLike[str]]
 ) -> None:
     if not out:
-        raise OutputExistsError("the destination path is empty: name a directory to create")
+        raise ArgumentError("the destination path is empty: name a directory to create")
     # "db/" names what "db" names, but would follow a link and hide a file: check "db".
     bare = out.rstrip(os.sep) or out
     check_apart(bare, inputs, database=True)
@@ -425,7 +431,7 @@ def _make_parent(out: str, parent: str) -> list[str]:
     except (NotADirectoryError, FileExistsError):
         raise OutputExistsError(f"{out}: a parent of it is not a directory") from None
     except OSError as exc:
-        raise BackendError(f"{out}: cannot create its parent directory: {exc.strerror}") from None
+        raise OutputError(f"{out}: cannot create its parent directory: {exc.strerror}") from None
 
 
 @contextlib.contextmanager
@@ -475,14 +481,14 @@ def _stage_and_place(
     try:
         staging = mkdtemp_beside(parent, f"{temp_prefix(name)}{os.getpid()}-")
     except OSError as exc:
-        raise BackendError(f"{out}: cannot write in {parent}: {exc.strerror}") from None
+        raise OutputError(f"{out}: cannot write in {parent}: {exc.strerror}") from None
     swapped = False
     try:
         try:
             # mkdtemp makes 0700; the finished database should follow the umask like mkdir.
             os.chmod(staging, 0o777 & ~umask())
         except OSError as exc:
-            raise BackendError(f"{out}: cannot set permissions of {staging}: {exc}") from None
+            raise OutputError(f"{out}: cannot set permissions of {staging}: {exc}") from None
         checkpoint("staging", staging)
         try:
             yield staging
@@ -491,7 +497,7 @@ def _stage_and_place(
         try:
             fsync_tree(staging)
         except OSError as exc:
-            raise BackendError(f"{out}: cannot flush the database to disk: {exc}") from None
+            raise OutputError(f"{out}: cannot flush the database to disk: {exc}") from None
         checkpoint("staged", staging)
         swapped = _place(staging, out, backend, overwrite, inputs)
         checkpoint("placed", staging)
@@ -523,9 +529,9 @@ def _place(
             swap(staging, out)  # staging now holds the old database
             swapped = True
     except OSError as exc:
-        raise BackendError(f"{out}: cannot move the finished database into place: {exc}") from None
+        raise OutputError(f"{out}: cannot move the finished database into place: {exc}") from None
     try:
         fsync_dir(parent)
     except OSError as exc:
-        raise BackendError(f"{out}: moved into place, but cannot flush {parent}: {exc}") from None
+        raise OutputError(f"{out}: moved into place, but cannot flush {parent}: {exc}") from None
     return swapped
