@@ -19,9 +19,9 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> tupl
 
 
 @click.command()
-@click.argument("root", type=Path(exists=True, file_okay=False, path_type=str))
+@click.argument("root", type=Path(path_type=str))
 @click.argument("out", type=Path(path_type=str))
-@click.option("--list", "listing", type=Path(exists=True, dir_okay=False, path_type=str),
+@click.option("--list", "listing", type=Path(dir_okay=False, path_type=str),
               help="A Caffe list file (PATH LABEL lines, paths relative to ROOT).  "
                    "[default: ROOT/<class>/<image> folders]")  # fmt: skip
 @click.option("--to", type=click.Choice(["db", "idx"]), default="db", show_default=True,
@@ -50,7 +50,11 @@ def imageset(
     that --list repeats the run. Images that cannot be read are skipped and named. --to idx
     writes grey images of one size (give --resize otherwise), labels 0-255.
 
-    Example: mnist2db imageset --to idx --resize 28x28 my_digits/ my_digits
+    \b
+    Examples:
+      mnist2db imageset my_digits/ my_digits_lmdb
+      mnist2db imageset --to idx --resize 28x28 my_digits/ my_digits
+      mnist2db imageset --list train.txt --gray --shuffle --seed 1 photos/ train_lmdb
     """
     from mnist2db.own_images import convert_images
 
