@@ -601,7 +601,7 @@ def test_any_recipe_round_trips_through_convert_and_export(
         (b"\xff\xfe", "not UTF-8 text: byte 0xff at offset 0"),
         (b"[1]", "its JSON is not an object"),
         (b'{"format": "mnist2db database metadata", "version": 1}', "no field 'source'"),
-        (None, "Is a directory"),
+        (None, "not a regular file (a directory)"),
     ],
 )
 def test_a_damaged_metadata_file_is_named_in_plain_words(

@@ -125,9 +125,10 @@ def export_db(
         recover_together([images_out, labels_out])
     for target in (images_out, labels_out):
         check_file_target(target, overwrite, [db_path], makes_parents=True)
-    found = read_metadata(db_path)
-    recipe = Recipe() if found is None else found[0]
     with shared_reader(db_path) as reader:
+        # Through the reader: the options of these records, whatever replaces them meanwhile.
+        found = read_metadata(reader)
+        recipe = Recipe() if found is None else found[0]
         total = len(reader)
         rows, cols = EMPTY_SHAPE
         if total:

@@ -34,7 +34,7 @@ from mnist2db.storage.metadata import (
     pairs_of,
     recipe_of,
 )
-from mnist2db.storage.readers import shared_reader
+from mnist2db.storage.readers import DbReader, shared_reader
 
 
 @dataclass
@@ -217,6 +217,9 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
             if count % _BATCH == 0:
                 progress(count, total)
         info.last_key = bytes(key) if count else None
+        # Through the reader: the options of the records just read, not of a database
+        # that replaced them meanwhile.
+        info.recipe = describe_db(reader)
     if info.encoding and (shapes - {info.shape} or len(kinds) > 1):
         info.encoding += f"; {len(shapes | {info.shape})} sizes, {' and '.join(sorted(kinds))}"
     info.count = count
@@ -227,12 +230,11 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
         if os.path.isfile(os.path.join(path, name))
     )
     info.label_counts = dict(sorted(counts.items()))
-    info.recipe = describe_db(path)
     progress(count, total)
     return info
 
 
-def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
+def describe_db(db: DbReader | str | os.PathLike[str]) -> list[tuple[str, str]]:
     """``info``'s lines on what a database holds of its source: ``(name, value)`` pairs.
 
     Raises:
@@ -244,7 +246,7 @@ def describe_db(db: str | os.PathLike[str]) -> list[tuple[str, str]]:
         # its orientation, order and range are not known, so none is claimed.
         return [("options", f"not recorded (no {METADATA_NAME})")]
     source = loaded[1]["source"]
-    items = int(source["items"])
+    items = source["items"]
     names = f"{printable(source['images'])} + {printable(source['labels'])}"
     imageset = imageset_lines(loaded[1])
     if imageset is not None:

@@ -23,7 +23,7 @@ from mnist2db.progress import Progress, reporting
 from mnist2db.records import iter_records, permutation
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
 from mnist2db.storage.metadata import Recipe, read_metadata
-from mnist2db.storage.readers import shared_reader
+from mnist2db.storage.readers import DbReader, shared_reader
 
 
 @dataclass(frozen=True)
@@ -110,8 +110,19 @@ def verify_db(
         IdxFormatError, BackendError: an input cannot be read.
     """
     progress = reporting(progress)
-    db_path = os.fspath(db)
-    found = read_metadata(db_path)
+    # The records and their options read as one version (the reader's directory).
+    with shared_reader(db) as reader:
+        return _verify(reader, images, labels, progress)
+
+
+def _verify(
+    reader: DbReader,
+    images: str | os.PathLike[str],
+    labels: str | os.PathLike[str],
+    progress: Progress,
+) -> VerifyResult:
+    db_path = reader.path
+    found = read_metadata(reader)
     recipe = Recipe() if found is None else found[0]
     with open_idx(images) as images_reader, open_idx(labels) as labels_reader:
         check_pair(images_reader.header, labels_reader.header, label_rows=True)
@@ -130,65 +141,62 @@ def verify_db(
         def source_item(index: int) -> int:
             return recipe.offset + (index if order is None else int(order[index]))
 
-        with shared_reader(db_path) as reader:
-            held = len(reader)
-            if held != total:
-                # Say so first: a database of the other split differs at key 0 already.
-                differ = f"{total - held} missing" if held < total else f"{held - total} extra"
-                raise VerifyError(
-                    f"{db_path}: holds {held} records, the source has {total} "
-                    f"({os.fspath(images)}): {differ}; is it the database of another split?"
-                )
-            records = iter(reader)
-            index = 0
-            for image_batch, label_batch in iter_records(
-                images_reader, labels_reader, recipe, _BATCH
-            ):
-                expected_values = (encode_png_batch if recipe.encoded else encode_batch)(
-                    image_batch, label_batch
-                )
-                for j, expected in enumerate(expected_values):
-                    want_key = record_key(index)
-                    record = next(records, None)
-                    if record is None:
-                        missing = total - index
+        held = len(reader)
+        if held != total:
+            # Say so first: a database of the other split differs at key 0 already.
+            differ = f"{total - held} missing" if held < total else f"{held - total} extra"
+            raise VerifyError(
+                f"{db_path}: holds {held} records, the source has {total} "
+                f"({os.fspath(images)}): {differ}; is it the database of another split?"
+            )
+        records = iter(reader)
+        index = 0
+        for image_batch, label_batch in iter_records(images_reader, labels_reader, recipe, _BATCH):
+            expected_values = (encode_png_batch if recipe.encoded else encode_batch)(
+                image_batch, label_batch
+            )
+            for j, expected in enumerate(expected_values):
+                want_key = record_key(index)
+                record = next(records, None)
+                if record is None:
+                    missing = total - index
+                    raise VerifyError(
+                        f"{db_path}: {missing} record{'s' if missing > 1 else ''} missing: "
+                        f"the database ends after {index} records, the source has {total} "
+                        f"(first missing key {want_key.decode()})"
+                    )
+                key, value = bytes(record[0]), bytes(record[1])
+                if key != want_key:
+                    if key > want_key:
                         raise VerifyError(
-                            f"{db_path}: {missing} record{'s' if missing > 1 else ''} missing: "
-                            f"the database ends after {index} records, the source has {total} "
-                            f"(first missing key {want_key.decode()})"
+                            f"{db_path}: key {want_key.decode()} missing "
+                            f"(the next key is {key_text(key)})"
                         )
-                    key, value = bytes(record[0]), bytes(record[1])
-                    if key != want_key:
-                        if key > want_key:
-                            raise VerifyError(
-                                f"{db_path}: key {want_key.decode()} missing "
-                                f"(the next key is {key_text(key)})"
-                            )
-                        raise VerifyError(
-                            f"{db_path}: key {key_text(key)} is not in the source "
-                            f"(expected key {want_key.decode()})"
-                        )
-                    if value != expected and not _same_decoded(
-                        value, image_batch[j], int(label_batch[j])
-                    ):
-                        raise VerifyError(
-                            f"{db_path}: "
-                            + _describe_mismatch(key, value, image_batch[j], int(label_batch[j]))
-                            + f" ({os.fspath(images)} item {source_item(index)})"
-                        )
-                    index += 1
-                progress(index, total)
-            extra_first = next(records, None)
-            if extra_first is not None:
-                extra = 1
-                last = bytes(extra_first[0])
-                for last_key, _ in records:
-                    extra += 1
-                    last = bytes(last_key)
-                first = key_text(bytes(extra_first[0]))
-                keys = first if extra == 1 else f"{first} to {key_text(last)}"
-                raise VerifyError(
-                    f"{db_path}: {extra} extra record{'s' if extra > 1 else ''} not in the "
-                    f"source ({total} items): key{'s' if extra > 1 else ''} {keys}"
-                )
+                    raise VerifyError(
+                        f"{db_path}: key {key_text(key)} is not in the source "
+                        f"(expected key {want_key.decode()})"
+                    )
+                if value != expected and not _same_decoded(
+                    value, image_batch[j], int(label_batch[j])
+                ):
+                    raise VerifyError(
+                        f"{db_path}: "
+                        + _describe_mismatch(key, value, image_batch[j], int(label_batch[j]))
+                        + f" ({os.fspath(images)} item {source_item(index)})"
+                    )
+                index += 1
+            progress(index, total)
+        extra_first = next(records, None)
+        if extra_first is not None:
+            extra = 1
+            last = bytes(extra_first[0])
+            for last_key, _ in records:
+                extra += 1
+                last = bytes(last_key)
+            first = key_text(bytes(extra_first[0]))
+            keys = first if extra == 1 else f"{first} to {key_text(last)}"
+            raise VerifyError(
+                f"{db_path}: {extra} extra record{'s' if extra > 1 else ''} not in the "
+                f"source ({total} items): key{'s' if extra > 1 else ''} {keys}"
+            )
     return VerifyResult(total, rows, cols)

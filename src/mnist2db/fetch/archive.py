@@ -7,32 +7,55 @@ the network. A kept archive is verified again (hashed) before each use, and neve
 mnist2db: delete it when no more splits are needed. An archive found in a ``--mirror``
 directory is verified and read where it is, not copied.
 
+What is extracted is what was hashed: the archive is hashed and read through one open file
+(a download's through the temporary's own descriptor, kept across the rename), so a file
+renamed over it meanwhile is never read; one written into in place is noticed (its size or
+change time moves) and refused before any member it fed is placed.
+
 Only the split's members are read, one at a time, streaming: each goes through the same sink
-as a download (gzip unpacked with its bomb guard, written beside the destination, placed
-only when complete), vouched for by the archive's digest; the other members stay packed.
+as a download (gzip unpacked with its bounds, written beside the destination, placed only
+when complete), vouched for by the archive's digest; the other members stay packed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import lzma
 import os
 import time
 import zipfile
+import zlib
 from collections.abc import Callable, Sequence
+from typing import IO
 
 from mnist2db.errors import DownloadError
 from mnist2db.fetch.catalog import Archive, Dataset, Resource
-from mnist2db.fetch.fetcher import FetchedFile, fetch_failure, present, record
-from mnist2db.fetch.manifest import verified_present, write_manifest
+from mnist2db.fetch.fetcher import FetchedFile, create_directory, fetch_failure, present, record
+from mnist2db.fetch.manifest import verify_handle, write_manifest
 from mnist2db.fetch.sink import (
     CHUNK,
     MAX_UNPACKED,
     DownloadSink,
+    NotRegularFile,
+    Rejected,
     SourceFailed,
-    file_digests,
-    match,
+    clean,
+    open_regular,
 )
 from mnist2db.fetch.transport import Options, download, is_url, source_for
+from mnist2db.storage.files import remove_made, remove_stale, temp_prefix
+
+#: What reading a damaged member raises (zipfile lets the decompressors' errors through).
+_MEMBER_ERRORS = (
+    zipfile.BadZipFile,
+    zlib.error,
+    lzma.LZMAError,
+    EOFError,
+    OSError,
+    ValueError,
+    NotImplementedError,
+    RuntimeError,
+)
 
 
 def archive_path(archive: Archive, data_dir: str, home: str | None = None) -> str:
@@ -49,6 +72,29 @@ def _as_resource(archive: Archive) -> Resource:
     return Resource(
         archive.name, unpacked=archive.digests, size=archive.size, packing="zip", idx=False
     )
+
+
+class _Verified:
+    """An open, verified archive: read only through ``handle``; ``unchanged`` tells whether
+    the file was written to since it was hashed."""
+
+    def __init__(self, handle: IO[bytes], path: str, how: str) -> None:
+        self.handle = handle
+        self.path = path
+        self.how = how
+        self.stamp = _stamp(handle)
+
+    def check_unchanged(self) -> None:
+        if _stamp(self.handle) != self.stamp:
+            raise DownloadError(
+                f"{self.path}: changed while it was being read (after it was verified); "
+                "nothing more extracted from it"
+            )
+
+
+def _stamp(handle: IO[bytes]) -> tuple[int, int, int]:
+    info = os.fstat(handle.fileno())
+    return info.st_size, info.st_mtime_ns, info.st_ctime_ns
 
 
 def fetch_from_archive(
@@ -73,22 +119,25 @@ def fetch_from_archive(
             if on_file is not None:
                 on_file(ready)
         return done
-    path, how = _obtain(archive, archive_path(archive, directory, home), sources, opts, on_file)
+    verified = _obtain(archive, archive_path(archive, directory, home), sources, opts, on_file)
+    path = verified.path
     results = []
-    try:
-        with zipfile.ZipFile(path) as bundle:
+    with verified.handle:
+        try:
+            bundle = zipfile.ZipFile(verified.handle)
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError) as exc:
+            raise DownloadError(f"{path}: not a readable zip archive ({clean(exc)})") from None
+        with bundle:
             for resource, item in zip(spec.resources, found, strict=True):
                 result = item
                 if result is None:
-                    result, sink = _extract(bundle, path, resource, directory, how)
+                    result, sink = _extract(bundle, verified, resource, directory)
                     record(manifest, resource, sink)
                     with contextlib.suppress(OSError):
                         write_manifest(directory, spec.name, manifest)
                 if on_file is not None:
                     on_file(result)
                 results.append(result)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile) as exc:
-        raise DownloadError(f"{path}: not a readable zip archive ({exc})") from None
     return results
 
 
@@ -98,73 +147,130 @@ def _obtain(
     sources: Sequence[str],
     opts: Options,
     on_file: Callable[[FetchedFile], None] | None,
-) -> tuple[str, str]:
-    """A verified copy of the archive: (its path, which digest matched)."""
+) -> _Verified:
+    """A verified copy of the archive, open."""
     start = time.perf_counter()
     resource = _as_resource(archive)
-    how = verified_present(kept, archive.digests, None, archive.name)
-    if how is not None:
-        if on_file is not None:
-            on_file(FetchedFile(archive.name, kept, "present", None, how, 0, 0.0))
-        return kept, how
-    directory = os.path.dirname(kept)
+    home = os.path.dirname(kept) or "."
+    # Checked before any download: the verified archive could not be kept there.
+    if os.path.isdir(kept):
+        raise DownloadError(f"{kept}: is a directory, where the verified archive is to be kept")
+    # Temporaries of killed downloads (up to the archive's size each) are removed, also when
+    # this run takes the archive from elsewhere.
+    remove_stale(home, temp_prefix(archive.name), directories=False)
     failures: list[tuple[str, SourceFailed]] = []
+    verified = _open_verified(kept, resource, failures, not_ours_fatal=True)
+    if verified is not None:
+        if on_file is not None:
+            on_file(FetchedFile(archive.name, kept, "present", None, verified.how, 0, 0.0))
+        return verified
     for mirror in sources:
         where = source_for(mirror, resource.remote)
         if not is_url(mirror):
             # A directory holding the archive: verified and read in place, not copied.
-            try:
-                how = _verify_in_place(where, resource)
-            except SourceFailed as exc:
-                failures.append((where, exc))
+            verified = _open_verified(where, resource, failures)
+            if verified is None:
                 continue
             if on_file is not None:
-                on_file(FetchedFile(archive.name, where, "present", None, how, 0, 0.0))
-            return where, how
+                on_file(FetchedFile(archive.name, where, "present", None, verified.how, 0, 0.0))
+            return verified
+        made = create_directory(home)
         try:
-            os.makedirs(directory, exist_ok=True)
-        except OSError as exc:
-            raise DownloadError(
-                f"{directory}: cannot create the directory: {exc.strerror}"
-            ) from None
-        try:
-            sink = DownloadSink(kept, resource, packing="zip", keep_packed=False)
-        except OSError as exc:
-            raise DownloadError(f"{kept}: cannot write in {directory}: {exc.strerror}") from None
-        try:
-            download(where, sink, opts, archive.name, archive.size or 0)
-            how = sink.finish()
-            sink.place()
+            verified = _download(where, kept, resource, opts, archive)
         except SourceFailed as exc:
+            remove_made(made)
             failures.append((where, exc))
             continue
-        except OSError as exc:  # writing the temporary or placing it (disk full, ...)
-            raise DownloadError(f"{kept}: cannot write: {exc.strerror or exc}") from None
-        finally:
-            sink.discard()
+        except BaseException:
+            remove_made(made)
+            raise
         if on_file is not None:
             seconds = time.perf_counter() - start
+            size = os.fstat(verified.handle.fileno()).st_size
             on_file(
-                FetchedFile(archive.name, kept, "downloaded", where, how, sink.received, seconds)
+                FetchedFile(archive.name, kept, "downloaded", where, verified.how, size, seconds)
             )
-        return kept, how
+        return verified
     raise fetch_failure(archive.name, failures)
 
 
-def _verify_in_place(path: str, resource: Resource) -> str:
-    if not os.path.isfile(path):
-        raise SourceFailed("not found")
-    digests = file_digests(path, ["sha256", *resource.unpacked])
-    if digests is None:
-        raise SourceFailed("cannot read it")
-    return match(resource, {}, digests)
+def _download(
+    where: str, kept: str, resource: Resource, opts: Options, archive: Archive
+) -> _Verified:
+    """The archive downloaded from ``where``, verified, placed at ``kept`` and open."""
+    try:
+        sink = DownloadSink(kept, resource, packing="zip", keep_packed=False)
+    except OSError as exc:
+        raise DownloadError(
+            f"{kept}: cannot write in {os.path.dirname(kept)}: {exc.strerror}"
+        ) from None
+    try:
+        download(where, sink, opts, archive.name, archive.size or 0)
+        how = sink.finish()
+        handle = sink.place(keep_open=True)
+    except OSError as exc:  # writing the temporary or placing it (disk full, ...)
+        raise DownloadError(f"{kept}: cannot write: {exc.strerror or exc}") from None
+    finally:
+        sink.discard()
+    if handle is None:  # pragma: no cover - place(keep_open=True) always returns one
+        raise DownloadError(f"{kept}: not kept open")
+    return _Verified(handle, kept, how)
+
+
+def _open_verified(
+    path: str,
+    resource: Resource,
+    failures: list[tuple[str, SourceFailed]],
+    not_ours_fatal: bool = False,
+) -> _Verified | None:
+    """``path`` opened, its size checked, hashed, and rewound; None (the reason added to
+    ``failures`` when it exists) when it is missing or does not verify."""
+    try:
+        handle = open_regular(path)
+    except FileNotFoundError:
+        if not not_ours_fatal:
+            failures.append((path, SourceFailed("not found")))
+        return None
+    except NotRegularFile as exc:
+        if not_ours_fatal:
+            # Not a file mnist2db kept: not replaced by a download.
+            raise DownloadError(f"{path}: {exc.strerror}; not an archive mnist2db kept") from None
+        failures.append((path, SourceFailed(f"cannot read: {exc.strerror}")))
+        return None
+    except OSError as exc:
+        failures.append((path, SourceFailed(f"cannot read: {exc.strerror}")))
+        return None
+    try:
+        size = os.fstat(handle.fileno()).st_size
+        if resource.size and size != resource.size:
+            # Checked before hashing: a sparse file of any size is refused at once.
+            raise Rejected(f"{size} bytes, {resource.name} is published as {resource.size} bytes")
+        if size > MAX_UNPACKED:
+            raise Rejected(f"{size} bytes, more than an archive of this dataset can be")
+        how = verify_handle(handle, path, resource.unpacked, None, resource.name)
+        if how is None:
+            raise Rejected(f"does not match the published digests of {resource.name}")
+        handle.seek(0)
+        return _Verified(handle, path, how)
+    except SourceFailed as exc:
+        handle.close()
+        failures.append((path, exc))
+        return None
+    except OSError as exc:
+        handle.close()
+        failures.append((path, SourceFailed(f"cannot read: {exc.strerror}")))
+        return None
+    except BaseException:
+        handle.close()
+        raise
 
 
 def _extract(
-    bundle: zipfile.ZipFile, path: str, resource: Resource, directory: str, how: str
+    bundle: zipfile.ZipFile, verified: _Verified, resource: Resource, directory: str
 ) -> tuple[FetchedFile, DownloadSink]:
     """One member, unpacked and placed under the resource's name; refuses a damaged one."""
     start = time.perf_counter()
+    path = verified.path
     final = os.path.join(directory, resource.name)
     where = f"{path}:{resource.remote}"
     try:
@@ -182,19 +288,22 @@ def _extract(
     try:
         try:
             member = bundle.open(info)
-        except (NotImplementedError, RuntimeError, zipfile.BadZipFile) as exc:
+        except _MEMBER_ERRORS as exc:
             # An unsupported compression method, an encrypted or damaged member.
-            raise DownloadError(f"{resource.name}: cannot read {where} ({exc})") from None
+            raise DownloadError(f"{resource.name}: cannot read {where} ({clean(exc)})") from None
         with member:
             while True:
                 try:
                     chunk = member.read(CHUNK)
-                except (zipfile.BadZipFile, OSError, EOFError) as exc:
-                    raise DownloadError(f"{resource.name}: cannot read {where} ({exc})") from None
+                except _MEMBER_ERRORS as exc:
+                    raise DownloadError(
+                        f"{resource.name}: cannot read {where}: damaged member ({clean(exc)})"
+                    ) from None
                 if not chunk:
                     break
                 sink.feed(chunk)
-        verified = sink.finish(vouched=f"in {os.path.basename(path)}, {how}")
+        verified_by = sink.finish(vouched=f"in {os.path.basename(path)}, {verified.how}")
+        verified.check_unchanged()  # what was read is what was hashed
         sink.place()
     except SourceFailed as exc:
         raise DownloadError(f"{resource.name}: {where}: {exc}") from None
@@ -204,5 +313,5 @@ def _extract(
         sink.discard()
     seconds = time.perf_counter() - start
     return FetchedFile(
-        resource.name, final, "extracted", where, verified, sink.received, seconds
+        resource.name, final, "extracted", where, verified_by, sink.received, seconds
     ), sink

@@ -36,7 +36,15 @@ from mnist2db.fetch.manifest import (
     verified_present,
     write_manifest,
 )
-from mnist2db.fetch.sink import DownloadSink, Rejected, SourceFailed, clean
+from mnist2db.fetch.sink import (
+    MAX_TEXT,
+    MAX_UNPACKED,
+    DownloadSink,
+    Rejected,
+    SourceFailed,
+    clean,
+    packed_bound,
+)
 from mnist2db.fetch.transport import (
     DEFAULT_SPEED_LIMIT,
     DEFAULT_SPEED_TIME,
@@ -192,14 +200,23 @@ def present(
     """The file as a ``"present"`` :class:`FetchedFile` when it is there and verified."""
     start = time.perf_counter()
     final = os.path.join(directory, resource.name)
-    how = verified_present(final, resource.unpacked, manifest.get(resource.name))
+    how = verified_present(
+        final,
+        resource.unpacked,
+        manifest.get(resource.name),
+        idx=resource.idx,
+        limit=MAX_UNPACKED if resource.idx else MAX_TEXT,
+    )
     if how is None:
         return None
     if keep_packed:
         packed = final + PACKING_SUFFIX[resource.packing]
         kind = PACKING_SUFFIX[resource.packing]
         recorded = manifest.get(os.path.basename(packed))
-        if not verified_present(packed, resource.gz, recorded, kind):
+        exact = resource.size if resource.size and not resource.unpacked else None
+        if not verified_present(
+            packed, resource.gz, recorded, kind, size=exact, limit=packed_bound(MAX_UNPACKED)
+        ):
             return None
     return FetchedFile(resource.name, final, "present", None, how, 0, time.perf_counter() - start)
 

@@ -10,9 +10,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import IO
 
 from mnist2db.errors import DownloadError
-from mnist2db.fetch.sink import STRENGTH, NotRegularFile, file_digests, open_regular, strongest
+from mnist2db.fetch.sink import (
+    IDX_HEAD_MAX,
+    MAX_UNPACKED,
+    STRENGTH,
+    NotRegularFile,
+    declared_size,
+    handle_digests,
+    open_regular,
+    strongest,
+)
 from mnist2db.storage.files import AtomicFile
 
 MANIFEST_NAME = ".mnist2db.sha256"
@@ -74,18 +84,54 @@ def write_manifest(directory: str, dataset: str, entries: Mapping[str, str]) -> 
 
 
 def verified_present(
-    path: str, published: Mapping[str, str], recorded: str | None, kind: str = ""
+    path: str,
+    published: Mapping[str, str],
+    recorded: str | None,
+    kind: str = "",
+    *,
+    idx: bool = False,
+    size: int | None = None,
+    limit: int = MAX_UNPACKED,
 ) -> str | None:
-    """How the file at ``path`` is verified, or None.
+    """How the file at ``path`` is verified, or None (missing, not a regular file, or not
+    matching).
+
+    Its size is checked before anything is hashed (a sparse file of 200 GB would take
+    minutes): ``size`` exactly when given, else at most ``limit``, and for an ``idx`` file
+    what its header declares.
+    """
+    try:
+        handle = open_regular(path)
+    except OSError:
+        return None
+    with handle:
+        try:
+            actual = os.fstat(handle.fileno()).st_size
+            if (size is not None and actual != size) or actual > limit:
+                return None
+            if idx:
+                if declared_size(handle.read(IDX_HEAD_MAX)) != actual:
+                    return None
+                handle.seek(0)
+            return verify_handle(handle, path, published, recorded, kind)
+        except (OSError, ValueError):  # a read error; not an IDX header
+            return None
+
+
+def verify_handle(
+    handle: IO[bytes], path: str, published: Mapping[str, str], recorded: str | None, kind: str = ""
+) -> str | None:
+    """How what ``handle`` holds (from its position to its end) is verified, or None.
 
     Where digests are published, they decide (all of them must match; the strongest is
     named); the sha256 ``recorded`` in the manifest speaks only where nothing is published.
-    ``kind`` labels the digest in the answer; default ``.gz`` for a ``.gz`` file, else
-    ``unpacked``. Only a regular file is read.
+    ``kind`` labels the digest in the answer; default ``.gz`` for a ``.gz`` file (by
+    ``path``), else ``unpacked``.
+
+    Raises:
+        OSError: a read error.
     """
-    digests = file_digests(path, ["sha256", *published])
-    if digests is None:
-        return None
+    digests = handle_digests(handle, ["sha256", *published])
     kind = kind or (".gz" if path.endswith(".gz") else "unpacked")
     if published:
         if all(digests.get(a) == d.lower() for a, d in published.items()):

@@ -115,6 +115,30 @@ def open_regular(path: str) -> IO[bytes]:
         raise
 
 
+#: The longest IDX header: the magic and 255 dimensions.
+IDX_HEAD_MAX = 4 + 4 * 255
+
+
+def declared_size(head: bytes) -> int | None:
+    """The file size an IDX header declares, from the file's first bytes; None while
+    ``head`` is too short to tell.
+
+    Raises:
+        ValueError: ``head`` does not start an IDX file (the message says how it starts).
+    """
+    if len(head) < 4:
+        return None
+    if head[:2] != b"\0\0" or head[2] not in IDX_TYPES or head[3] == 0:
+        raise ValueError(f"not an IDX file (it starts with {head[:4].hex()})")
+    rank = head[3]
+    if len(head) < 4 + 4 * rank:
+        return None
+    size = int(IDX_TYPES[head[2]][1][-1])
+    for dim in struct.unpack(f">{rank}I", head[4 : 4 + 4 * rank]):
+        size *= dim
+    return 4 + 4 * rank + size
+
+
 def hashers(algorithms: Iterable[str]) -> dict[str, Any]:
     return {name: hashlib.new(name) for name in sorted(set(algorithms))}
 
@@ -351,21 +375,16 @@ class DownloadSink:
 
     def _read_header(self, data: bytes) -> None:
         """Learn the file's size from its IDX header as soon as its bytes are out."""
-        head = self._head = (self._head + data)[: 4 + 4 * 255]
-        if len(head) < 4:
+        head = self._head = (self._head + data)[:IDX_HEAD_MAX]
+        try:
+            declared = declared_size(head)
+        except ValueError as exc:
+            raise Rejected(str(exc)) from None
+        if declared is None:
             return
-        if head[:2] != b"\0\0" or head[2] not in IDX_TYPES or head[3] == 0:
-            raise Rejected(f"not an IDX file (it starts with {head[:4].hex()})")
-        rank = head[3]
-        if len(head) < 4 + 4 * rank:
-            return
-        dims = struct.unpack(f">{rank}I", head[4 : 4 + 4 * rank])
-        size = int(IDX_TYPES[head[2]][1][-1])
-        for dim in dims:
-            size *= dim
-        declared = 4 + 4 * rank + size
         if declared > MAX_UNPACKED:
-            shape = " x ".join(map(str, dims))
+            rank = head[3]
+            shape = " x ".join(map(str, struct.unpack(f">{rank}I", head[4 : 4 + 4 * rank])))
             raise Rejected(
                 f"its IDX header declares {declared} bytes ({shape}), more than the "
                 f"{MAX_UNPACKED} bytes an MNIST-format file can be"
@@ -411,8 +430,14 @@ class DownloadSink:
         """
         handle = None
         if keep_open:
-            # mkstemp opened the temporary read-write: a duplicate reads it back.
-            handle = os.fdopen(os.dup(self.raw.stream.fileno()), "rb")
+            # The temporary is opened again for reading, and proven to be the file written
+            # (same device and inode) before the rename: a file renamed over its name
+            # meanwhile is refused, one renamed over the final name later is never read.
+            handle = open(self.raw.temp, "rb")  # noqa: SIM115 - returned open
+            written, opened = os.fstat(self.raw.stream.fileno()), os.fstat(handle.fileno())
+            if (written.st_dev, written.st_ino) != (opened.st_dev, opened.st_ino):
+                handle.close()
+                raise Rejected(f"{self.raw.temp}: replaced while it was being written")
         try:
             self.raw.commit()
             if self.packed is not None:

@@ -19,9 +19,11 @@ from mnist2db.errors import Mnist2dbError, OutputError, printable
 from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from mnist2db.formats.idx import IdxHeader
+    from mnist2db.storage.readers import DbReader
 
 
 class _RecipeFields(NamedTuple):
@@ -39,6 +41,9 @@ METADATA_NAME = "mnist2db.json"
 SHUFFLE_METHOD = "argsort(PCG64(seed).random_raw(count))"
 _FORMAT = "mnist2db database metadata"
 _VERSION = 1
+#: The largest metadata file read: mnist2db's are a few hundred bytes (two paths and a
+#: dozen fields); anything larger is not one.
+METADATA_LIMIT = 1 << 16
 
 
 class Recipe(_RecipeFields):
@@ -133,14 +138,6 @@ def imageset_lines(metadata: dict[str, Any]) -> list[tuple[str, str]] | None:
     return lines
 
 
-def pairs_of(metadata: dict[str, Any]) -> tuple[int, int, bool, str] | None:
-    """``(count, seed, balanced, method)`` of a pair database's metadata, else None."""
-    pairs = metadata.get("pairs")
-    if pairs is None:
-        return None
-    return int(pairs["count"]), int(pairs["seed"]), bool(pairs["balanced"]), str(pairs["method"])
-
-
 def write_metadata(directory: str, metadata: dict[str, Any], out: str) -> None:
     """Write :data:`METADATA_NAME` into the staging ``directory`` of the database ``out``
     (placed with it, flushed with it).
@@ -158,58 +155,164 @@ def write_metadata(directory: str, metadata: dict[str, Any], out: str) -> None:
         raise OutputError(f"{out}: cannot write {METADATA_NAME}: {exc.strerror or exc}") from None
 
 
-def load_metadata(db: str | os.PathLike[str]) -> tuple[str, dict[str, Any]] | None:
-    """``(path, metadata)`` of database ``db``'s metadata file, or None if it has none.
+def load_metadata(db: DbReader | str | os.PathLike[str]) -> tuple[str, dict[str, Any]] | None:
+    """``(path, metadata)`` of a database's metadata file, or None if it has none.
+
+    Read through the reader ``db`` (or one opened on the path ``db``), from the directory
+    whose records it reads: one version of the database, or an error (see
+    :mod:`mnist2db.storage.readers`). Only a regular file of at most
+    :data:`METADATA_LIMIT` bytes is read, opened non-blocking; its JSON must be exactly
+    what mnist2db writes, every field of its type.
 
     Raises:
-        Mnist2dbError: the file is there but is not mnist2db's metadata.
+        Mnist2dbError: the file is there but is not mnist2db's metadata (one line naming
+            it and what is wrong).
+        BackendError: no database at the path, or it was replaced as it was being read.
     """
-    import json
+    from mnist2db.storage.readers import DbReader  # the readers are off convert's fast path
 
-    path = os.path.join(os.fspath(db), METADATA_NAME)
-    try:
-        with open(path, encoding="utf-8") as f:
-            metadata = json.load(f)
-    except FileNotFoundError:
+    if not isinstance(db, DbReader):
+        with DbReader(db) as reader:
+            return load_metadata(reader)
+    path = os.path.join(db.path, METADATA_NAME)
+    data = db.read_file(METADATA_NAME, METADATA_LIMIT, "mnist2db's metadata")
+    if data is None:
+        # None may also be a replaced database's file being removed: its records (already
+        # open) would be read without their options. The path still names it, or an error.
+        db.check_current()
         return None
-    except OSError as exc:
-        raise Mnist2dbError(
-            f"{path}: cannot read mnist2db's metadata: {exc.strerror or exc}"
-        ) from None
-    except json.JSONDecodeError as exc:
-        raise Mnist2dbError(
-            f"{path}: not mnist2db's metadata (not JSON: {exc.msg}, line {exc.lineno} "
-            f"column {exc.colno})"
-        ) from None
-    except UnicodeDecodeError as exc:
-        raise Mnist2dbError(
-            f"{path}: not mnist2db's metadata (not UTF-8 text: byte 0x{exc.object[exc.start]:02x} "
-            f"at offset {exc.start})"
-        ) from None
+    metadata = _parse(data, path)
     try:
-        if not isinstance(metadata, dict):
-            raise ValueError("its JSON is not an object")
-        if metadata["format"] != _FORMAT or metadata["version"] != _VERSION:
-            raise ValueError("unknown format or version")
-        int(metadata["source"]["items"])
-        pairs_of(metadata)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise _not_metadata(path, exc) from None
+        _check_fields(metadata)
+    except _Invalid as exc:
+        raise Mnist2dbError(f"{path}: not mnist2db's metadata ({exc})") from None
     return path, metadata
 
 
-def _not_metadata(path: str, exc: Exception) -> Mnist2dbError:
-    """The error for a metadata file that is not mnist2db's, in plain words."""
-    if isinstance(exc, KeyError):
-        return Mnist2dbError(f"{path}: not mnist2db's metadata (no field {exc})")
-    if isinstance(exc, TypeError):
-        return Mnist2dbError(f"{path}: not mnist2db's metadata (a field of the wrong type)")
-    return Mnist2dbError(f"{path}: not mnist2db's metadata ({exc})")
+def _parse(data: bytes, path: str) -> Any:
+    import json
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not a number JSON allows")
+
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=refuse)
+    except UnicodeDecodeError as exc:
+        why = f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
+    except json.JSONDecodeError as exc:
+        why = f"not JSON: {exc.msg}, line {exc.lineno} column {exc.colno}"
+    except RecursionError:
+        why = "not JSON mnist2db writes: nested too deeply"
+    except ValueError as exc:  # a constant refused above, or a number of too many digits
+        why = f"not JSON: {' '.join(str(exc).split())}"
+    raise Mnist2dbError(f"{path}: not mnist2db's metadata ({why})")
 
 
-def read_metadata(db: str | os.PathLike[str]) -> tuple[Recipe, dict[str, Any]] | None:
-    """The recipe and metadata recorded in converted database ``db``, or None for a plain
-    database.
+class _Invalid(Exception):
+    """A field that is missing or not of its type (the message says which)."""
+
+
+def _shown(value: Any) -> str:
+    import json
+
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        text = json.dumps(value)
+        return f"the string {text if len(text) <= 40 else text[:36] + '…' + text[-1]}"
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def _whole(low: int, high: int | None = None) -> Callable[[Any], bool]:
+    """A JSON integer (not true/false, not 1.0) from ``low`` to ``high``."""
+    return lambda v: type(v) is int and v >= low and (high is None or v <= high)
+
+
+_COUNT = ("a whole number, 0 or more", _whole(0))
+_SEED = ("a seed, a whole number from 0 to 2^64-1", _whole(0, 2**64 - 1))
+_BOOL = ("true or false", lambda v: type(v) is bool)
+_TEXT = ("a string", lambda v: type(v) is str)
+_OBJECT = ("an object", lambda v: type(v) is dict)
+
+
+def _field(obj: dict[str, Any], name: str, kind: tuple[str, Callable[[Any], bool]]) -> Any:
+    """``obj[name]`` if it is of ``kind`` (its words, its test); names the field if not."""
+    short = name.rpartition(".")[2]
+    if short not in obj:
+        raise _Invalid(f"no field '{name}'")
+    value = obj[short]
+    if not kind[1](value):
+        raise _Invalid(f"field '{name}' is {_shown(value)}, expected {kind[0]}")
+    return value
+
+
+def _check_fields(metadata: Any) -> None:
+    """Check every field mnist2db reads, and its type, before any is used."""
+    import re
+
+    if type(metadata) is not dict:
+        raise _Invalid("its JSON is not an object")
+    if (_field(metadata, "format", _TEXT), _field(metadata, "version", _COUNT)) != (
+        _FORMAT,
+        _VERSION,
+    ):
+        raise _Invalid("unknown format or version")
+    source = _field(metadata, "source", _OBJECT)
+    for name in ("images", "labels"):
+        _field(source, f"source.{name}", _TEXT)
+    items = _field(source, "source.items", _COUNT)
+    if metadata.get("imageset") is not None:  # image files: no IDX source, no recipe
+        found = _field(metadata, "imageset", _OBJECT)
+        _field(found, "imageset.gray", _BOOL)
+        shuffle = _field(
+            found, "imageset.shuffle", ("an object or null", lambda v: v is None or type(v) is dict)
+        )
+        if shuffle is not None:
+            _field(shuffle, "imageset.shuffle.seed", _SEED)
+            _field(shuffle, "imageset.shuffle.method", _TEXT)
+        return
+    magic = ("a magic number, '0x' and 8 hex digits", lambda v: type(v) is str
+             and re.fullmatch(r"0x[0-9a-f]{8}", v) is not None)  # fmt: skip
+    _field(source, "source.label_magic", magic)
+    if metadata.get("pairs") is not None:
+        pairs = _field(metadata, "pairs", _OBJECT)
+        _field(pairs, "pairs.count", _COUNT)
+        _field(pairs, "pairs.seed", _SEED)
+        _field(pairs, "pairs.balanced", _BOOL)
+        _field(pairs, "pairs.method", _TEXT)
+        return
+    offset = _field(metadata, "offset", _COUNT)
+    count = _field(metadata, "count", _COUNT)
+    if offset + count > items:
+        raise _Invalid(f"items {offset} … {offset + count - 1} are past the source's {items}")
+    _field(metadata, "transpose", _BOOL)
+    _field(metadata, "label_column", _COUNT)
+    shuffle = _field(
+        metadata, "shuffle", ("an object or null", lambda v: v is None or type(v) is dict)
+    )
+    if shuffle is not None:
+        _field(shuffle, "shuffle.seed", _SEED)
+        if _field(shuffle, "shuffle.method", _TEXT) != SHUFFLE_METHOD:
+            raise _Invalid(f"unknown shuffle method {shuffle['method']!r}")
+    if metadata.get("encoded") not in (None, "png"):
+        raise _Invalid(f"unknown encoding {_shown(metadata['encoded'])}")
+
+
+def pairs_of(metadata: dict[str, Any]) -> tuple[int, int, bool, str] | None:
+    """``(count, seed, balanced, method)`` of a pair database's checked metadata, else None."""
+    pairs = metadata.get("pairs")
+    if pairs is None:
+        return None
+    return pairs["count"], pairs["seed"], pairs["balanced"], pairs["method"]
+
+
+def read_metadata(
+    db: DbReader | str | os.PathLike[str],
+) -> tuple[Recipe, dict[str, Any]] | None:
+    """The recipe and metadata recorded in converted database ``db`` (a reader of it, or
+    its path), or None for a plain database.
 
     Raises:
         Mnist2dbError: the file is there but is not mnist2db's metadata, or ``db`` is a
@@ -221,42 +324,32 @@ def read_metadata(db: str | os.PathLike[str]) -> tuple[Recipe, dict[str, Any]] |
     path, metadata = loaded
     if "imageset" in metadata:
         raise Mnist2dbError(
-            f"{os.fspath(db)}: a database of image files "
+            f"{os.path.dirname(path)}: a database of image files "
             f"({printable(str(metadata['source']['images']))}): its records are not items "
             "of IDX files"
         )
     pairs = pairs_of(metadata)
     if pairs is not None:
+        name = os.path.dirname(path)
         raise Mnist2dbError(
-            f"{os.fspath(db)}: a siamese pair database ({pairs[0]} pairs, seed {pairs[1]}): "
+            f"{name}: a siamese pair database ({pairs[0]} pairs, seed {pairs[1]}): "
             "its records are pairs of source items, not source items"
         )
     return recipe_of(path, metadata), metadata
 
 
 def recipe_of(path: str, metadata: dict[str, Any]) -> Recipe:
-    """The conversion options recorded in ``metadata`` (read from ``path``).
-
-    Raises:
-        Mnist2dbError: they are not mnist2db's.
-    """
-    try:
-        shuffle = metadata["shuffle"]
-        if shuffle is not None and shuffle["method"] != SHUFFLE_METHOD:
-            raise ValueError(f"unknown shuffle method {shuffle['method']!r}")
-        recipe = Recipe(
-            transpose=bool(metadata["transpose"]),
-            label_column=int(metadata["label_column"]),
-            offset=int(metadata["offset"]),
-            count=int(metadata["count"]),
-            seed=None if shuffle is None else int(shuffle["seed"]),
-            encoded=metadata.get("encoded"),
-        )
-        if recipe.encoded not in (None, "png"):
-            raise ValueError(f"unknown encoding {recipe.encoded!r}")
-    except (KeyError, TypeError, ValueError) as exc:
-        raise _not_metadata(path, exc) from None
-    return recipe
+    """The conversion options recorded in ``metadata`` (read from ``path`` and checked by
+    :func:`load_metadata`)."""
+    shuffle = metadata["shuffle"]
+    return Recipe(
+        transpose=metadata["transpose"],
+        label_column=metadata["label_column"],
+        offset=metadata["offset"],
+        count=metadata["count"],
+        seed=None if shuffle is None else shuffle["seed"],
+        encoded=metadata.get("encoded"),
+    )
 
 
 def item_range(recipe: Recipe) -> str:

@@ -154,7 +154,7 @@ def _pin(handle: ReadHandle) -> ReadHandle:
     return handle
 
 
-def _read_regular_file(dir_fd: int, name: str, shown: str, limit: int) -> bytes | None:
+def _read_regular_file(dir_fd: int, name: str, failed: str, limit: int) -> bytes | None:
     """The bytes of ``name`` in the directory ``dir_fd``, or None if there is none.
 
     Only a regular file is read, opened non-blocking (a FIFO or a device named so is
@@ -169,21 +169,21 @@ def _read_regular_file(dir_fd: int, name: str, shown: str, limit: int) -> bytes 
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise Mnist2dbError(f"{shown}: cannot read it: {exc.strerror or exc}") from None
+        raise Mnist2dbError(f"{failed}: {exc.strerror or exc}") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise Mnist2dbError(f"{shown}: not a regular file ({_file_kind(mode)})")
+            raise Mnist2dbError(f"{failed}: not a regular file ({_file_kind(mode)})")
         chunks: list[bytes] = []
         size = 0
         while chunk := os.read(fd, limit + 1 - size):
             chunks.append(chunk)
             size += len(chunk)
             if size > limit:
-                raise Mnist2dbError(f"{shown}: larger than {limit} bytes; not mnist2db's")
+                raise Mnist2dbError(f"{failed}: larger than {limit} bytes")
         return b"".join(chunks)
     except OSError as exc:
-        raise Mnist2dbError(f"{shown}: cannot read it: {exc.strerror or exc}") from None
+        raise Mnist2dbError(f"{failed}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
 
@@ -301,16 +301,17 @@ class DbReader:
 
     # -- the directory's other files -----------------------------------------------------------
 
-    def read_file(self, name: str, limit: int) -> bytes | None:
+    def read_file(self, name: str, limit: int, what: str) -> bytes | None:
         """The bytes of the file ``name`` in this database's directory (the directory this
         reader opened, whatever its path names now), or None if there is none.
 
         Raises:
             Mnist2dbError: it is not a regular file, is larger than ``limit`` bytes, or
-                cannot be read (one line naming it).
+                cannot be read: ``PATH: cannot read WHAT: why``.
         """
         with self._using() as handle:
-            return _read_regular_file(handle.dir_fd, name, os.path.join(self.path, name), limit)
+            shown = os.path.join(self.path, name)
+            return _read_regular_file(handle.dir_fd, name, f"{shown}: cannot read {what}", limit)
 
     def check_current(self) -> None:
         """Check that ``path`` still names the directory this reader reads.
