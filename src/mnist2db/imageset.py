@@ -28,13 +28,25 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
+from mnist2db.conversion import write_database
 from mnist2db.errors import ArgumentError, ImageError, Mnist2dbError, OutputError, printable
-from mnist2db.formats.datum import KEY_LIMIT, datum_prefix
-from mnist2db.formats.image import ENCODE_TYPES, read_image
+from mnist2db.formats.datum import KEY_LIMIT
+from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
+from mnist2db.formats.image import ENCODE_TYPES
 from mnist2db.formats.image_list import KEY_LIMIT_LMDB, ListEntry, image_key
-from mnist2db.formats.protowire import encode_varint
+from mnist2db.image_records import (
+    PixelWork,
+    RecordWork,
+    decode_in_order,
+    encoding_of,
+    matches_ext,
+)
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE, check_backend, check_batch_size
+from mnist2db.storage.files import AtomicFile
+from mnist2db.storage.metadata import write_metadata
+from mnist2db.storage.placement import check_file_target, place_together
+from mnist2db.storage.staging import staged_database
 
 #: Bytes of records per transaction at most (a batch also stops at ``batch_size`` records).
 BATCH_BYTES = 64 << 20
@@ -76,23 +88,6 @@ class ImagesetResult(NamedTuple):
         )
 
 
-def encoding_of(entry: ListEntry, encode_type: str | None) -> str:
-    """The type ``entry``'s record is encoded as: ``encode_type``, or Caffe's guess, the
-    path's extension in lower case."""
-    if encode_type:
-        return encode_type.lower()
-    path = entry.path
-    dot = path.rfind(b".")
-    return os.fsdecode(path[dot + 1 :] if dot >= 0 else path).lower()
-
-
-def _matches(filename: bytes, encoding: str) -> bool:
-    """Caffe's ``matchExt``: the file's extension (after its last dot) is the encoding."""
-    dot = filename.rfind(b".")
-    ext = os.fsdecode(filename[dot + 1 :] if dot >= 0 else filename).lower()
-    return ext == encoding or (encoding == "jpg" and ext == "jpeg")
-
-
 def check_entries(
     entries: Iterable[ListEntry],
     *,
@@ -128,7 +123,7 @@ def check_entries(
             )
         if encoded or encode_type:
             kind = encoding_of(entry, encode_type)
-            reencoded = resize is not None or not _matches(root + entry.path, kind)
+            reencoded = resize is not None or not matches_ext(root + entry.path, kind)
             if reencoded and kind not in ENCODE_TYPES:
                 shown = printable(os.fsdecode(entry.path))
                 raise ImageError(
@@ -146,43 +141,6 @@ def check_entries(
                 f"write {shown}/"
             )
     return count
-
-
-def image_record(
-    entry: ListEntry,
-    *,
-    root: bytes,
-    color: bool,
-    resize: tuple[int, int] | None,
-    encoding: str | None,
-) -> tuple[bytes, tuple[int, int, int]]:
-    """The Datum value of ``entry`` as Caffe's ``ReadImageToDatum`` writes it, and the
-    decoded image's ``(channels, height, width)``.
-
-    Raises:
-        ImageError: the image cannot be read (Caffe skips it).
-    """
-    import numpy as np
-
-    from mnist2db.formats.image import encode_image, to_chw
-    from mnist2db.formats.resize import resize_linear
-
-    filename = root + entry.path
-    image = read_image(filename, color=color)
-    if resize is not None:
-        image = resize_linear(image, resize[0], resize[1])
-    pixels = to_chw(image)
-    shape = (int(pixels.shape[0]), int(pixels.shape[1]), int(pixels.shape[2]))
-    label = b"\x28" + encode_varint(entry.label)
-    if encoding is None:
-        data = pixels.tobytes()
-        return datum_prefix(*shape, len(data)) + data + label + b"\x38\x00", shape
-    if resize is None and _matches(filename, encoding):
-        with open(filename, "rb") as stream:
-            data = stream.read()
-    else:
-        data = encode_image(np.ascontiguousarray(image), encoding)
-    return b"\x22" + encode_varint(len(data)) + data + label + b"\x38\x01", shape
 
 
 def write_imageset(
@@ -224,9 +182,6 @@ def write_imageset(
         Mnist2dbError: a refusal (see the module docstring), no image readable, or the
             database cannot be written; the destination is then untouched.
     """
-    from mnist2db.conversion import write_database
-    from mnist2db.storage.metadata import write_metadata
-    from mnist2db.storage.staging import staged_database
 
     progress = reporting(progress)
     started = time.perf_counter()
@@ -264,7 +219,7 @@ def write_imageset(
     with staged_database(out, backend, overwrite=overwrite, inputs=list(inputs)) as staging:
         batches = _batches(
             entries(), root_bytes, not gray, resize, encoded or bool(encode_type), encode_type,
-            check_size, batch_size, state, skip, where,
+            check_size, batch_size, state, skip, where, total,
         )  # fmt: skip
         write_database(backend, staging, 4096, batches, total, progress, keyed=True)
         if not state["count"]:
@@ -299,17 +254,15 @@ def _batches(
     state: dict[str, Any],
     skip: Callable[[ListEntry, str], None],
     where: str,
+    total: int,
 ) -> Iterator[list[tuple[bytes, bytes]]]:
     """``(key, value)`` batches of at most ``batch_size`` records or :data:`BATCH_BYTES`."""
     batch: list[tuple[bytes, bytes]] = []
     size = 0
     first: tuple[ListEntry, tuple[int, int, int]] | None = None
 
-    def work(entry: ListEntry) -> tuple[bytes, tuple[int, int, int]]:
-        encoding = encoding_of(entry, encode_type) if encoded else None
-        return image_record(entry, root=root, color=color, resize=resize, encoding=encoding)
-
-    for entry, record in _records(entries, work, root):
+    work = RecordWork(root, color, resize, encoded, encode_type)
+    for entry, record in decode_in_order(entries, work, root, total):
         if isinstance(record, str):
             skip(entry, record)
             continue
@@ -330,39 +283,6 @@ def _batches(
             batch, size = [], 0
     if batch:
         yield batch
-
-
-def _records(
-    entries: Iterable[ListEntry], work: Callable[[ListEntry], Any], root: bytes
-) -> Iterator[tuple[ListEntry, Any]]:
-    """Each entry with ``work(entry)``, or the reason (a str) it could not be read; run on a
-    few threads (Pillow, zlib and numpy release the GIL), in order, a bounded window ahead."""
-    from collections import deque
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    def one(entry: ListEntry) -> Any:
-        try:
-            return work(entry)
-        except ImageError as exc:
-            return str(exc)
-        except OSError as exc:
-            return f"{printable(os.fsdecode(root + entry.path))}: cannot read it: {exc.strerror}"
-
-    workers = min(4, os.cpu_count() or 1)
-    window: deque[tuple[ListEntry, Future[Any]]] = deque()
-    with ThreadPoolExecutor(workers) as pool:
-        try:
-            for entry in entries:
-                window.append((entry, pool.submit(one, entry)))
-                if len(window) >= 64:
-                    done, future = window.popleft()
-                    yield done, future.result()
-            while window:
-                done, future = window.popleft()
-                yield done, future.result()
-        finally:
-            for _, future in window:
-                future.cancel()
 
 
 def _other_size(where: str, entry: ListEntry, shape: tuple[int, ...], first: ListEntry,
@@ -396,10 +316,6 @@ def write_imageset_idx(
         Mnist2dbError: a target may not be written, a label outside 0-255, an image of
             another size, no image readable; nothing is then written.
     """
-    from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
-    from mnist2db.formats.resize import resize_linear
-    from mnist2db.storage.files import AtomicFile
-    from mnist2db.storage.placement import check_file_target, place_together
 
     progress = reporting(progress)
     started = time.perf_counter()
@@ -418,10 +334,6 @@ def write_imageset_idx(
                 "0 … 255 (write a database instead)"
             )
 
-    def pixels(entry: ListEntry) -> Any:
-        image = read_image(root_bytes + entry.path, color=False)
-        return image if resize is None else resize_linear(image, *resize)
-
     skipped: list[Skipped] = []
     count = 0
     first: tuple[ListEntry, tuple[int, ...]] | None = None
@@ -429,7 +341,9 @@ def write_imageset_idx(
         with AtomicFile(targets[0]) as images, AtomicFile(targets[1]) as labels:
             images.write(pack_header(IMAGES_MAGIC, 0, 0, 0))
             labels.write(pack_header(LABELS_MAGIC, 0))
-            for entry, image in _records(entries(), pixels, root_bytes):
+            for entry, image in decode_in_order(
+                entries(), PixelWork(root_bytes, resize), root_bytes, total
+            ):
                 if isinstance(image, str):
                     skipped.append(Skipped(entry, image))
                     if on_skip is not None:

@@ -34,7 +34,6 @@ from mnist2db.errors import ImageError
 if TYPE_CHECKING:
     import numpy as np
 
-
 #: The formats OpenCV 4.6 reads, by Pillow's name for them (GIF is not among them).
 READ_FORMATS = ("BMP", "JPEG", "MPO", "PNG", "PPM", "TIFF", "WEBP")
 #: The extensions :func:`encode_image` writes, as ``imencode("." + ext)`` does.
@@ -99,6 +98,17 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
     kind = image_format(data)
+    if kind == "PNG":
+        plain = _plain_png(data)
+        if plain is not None:
+            import numpy as np
+
+            mode, width, height, raw = plain
+            grey = mode == "L"
+            shape = (height, width) if grey else (height, width, 3)
+            pixels = np.frombuffer(raw, dtype=np.uint8).reshape(shape)
+            want = (not grey) if color is None else color
+            return _convert(pixels, "grey" if grey else "rgb", kind, want, None)
     if kind is None:
         raise ImageError(f"{where}: not an image OpenCV reads (PNG, JPEG, BMP, PPM, TIFF, WebP)")
     try:
@@ -114,6 +124,72 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
         color = model != "grey"
     image = _convert(pixels, model, kind, color, gamma)
     return _orient(image, orientation)
+
+
+#: Chunks that change nothing OpenCV reads from an 8-bit grey or RGB PNG.
+_INERT_CHUNKS = frozenset((b"tEXt", b"zTXt", b"iTXt", b"tIME", b"pHYs", b"bKGD", b"sBIT",
+                           b"tRNS", b"hIST", b"sPLT", b"cHRM"))  # fmt: skip
+
+
+def png_planes(data: bytes, color: bool) -> tuple[bytes, tuple[int, int, int]] | None:
+    """A plain PNG's pixels as Caffe's ``CVMatToDatum`` stores them, channel after channel
+    (BGR), and their ``(channels, height, width)``; None when the full path must decode it
+    (not a plain PNG, or grey wanted of a colour one). No numpy: the commonest case of
+    ``convert_imageset`` costs a file read, an inflate and a few byte copies."""
+    plain = _plain_png(data)
+    if plain is None:
+        return None
+    mode, width, height, raw = plain
+    if mode == "L":
+        return (raw * 3, (3, height, width)) if color else (raw, (1, height, width))
+    if not color:
+        return None
+    return raw[2::3] + raw[1::3] + raw[0::3], (3, height, width)
+
+
+def _plain_png(data: bytes) -> tuple[str, int, int, bytes] | None:
+    """The samples of the commonest PNGs (8-bit grey or RGB, not interlaced, no gamma,
+    colour profile or EXIF), by Pillow's own zlib decoder without its Python chunk reader:
+    ``(mode, width, height, bytes)``. None for anything else, or anything unusual (a CRC
+    that does not match, data cut short): the full path then decides."""
+    from PIL import Image
+
+    if len(data) < 33 or data[12:16] != b"IHDR":
+        return None
+    width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", data[16:29])
+    if depth != 8 or colour not in (0, 2) or interlace or not 0 < width * height <= 1 << 24:
+        return None
+    parts = []
+    position = 8
+    end = len(data)
+    while position + 12 <= end:
+        length, name = struct.unpack(">I4s", data[position : position + 8])
+        body_end = position + 8 + length
+        if body_end + 4 > end:
+            return None
+        if name in (b"IHDR", b"IDAT"):
+            crc = zlib.crc32(data[position + 4 : body_end])
+            if struct.unpack(">I", data[body_end : body_end + 4])[0] != crc:
+                return None
+            if name == b"IDAT":
+                parts.append(data[position + 8 : body_end])
+        elif name == b"IEND":
+            break
+        elif name not in _INERT_CHUNKS:
+            return None
+        position = body_end + 4
+    mode = "L" if colour == 0 else "RGB"
+    try:
+        picture = Image.new(mode, (width, height))
+        decoder = Image._getdecoder(mode, "zip", mode)
+        decoder.setimage(picture.im, (0, 0, width, height))
+        consumed, error = decoder.decode(b"".join(parts))
+        decoder.cleanup()
+    except (AttributeError, TypeError, ValueError, OSError):
+        return None  # another Pillow's internals, or a damaged stream: the full path
+    if consumed >= 0 or error < 0:
+        return None
+    return mode, width, height, picture.tobytes()
 
 
 def _may_orient(kind: str, data: bytes, opened: Any) -> bool:

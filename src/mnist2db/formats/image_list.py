@@ -33,6 +33,7 @@ from mnist2db.errors import ImageError, printable
 KEY_LIMIT_LMDB = 511
 _LABEL = re.compile(rb"[+-]?[0-9]+")
 _INT32 = (-(1 << 31), (1 << 31) - 1)
+_BLANKS = b" \t"
 
 
 class ListEntry(NamedTuple):
@@ -62,6 +63,18 @@ def parse_line(raw: bytes, number: int, where: str) -> ListEntry | None:
             or a path with a NUL byte; the message names ``where`` and the line (from 1).
     """
     line = raw[:-1] if raw.endswith(b"\r") else raw
+    # The usual line, "PATH DIGITS", read without the general rules below.
+    path, space, label = line.rpartition(b" ")
+    if (
+        space
+        and label.isdigit()
+        and path
+        and path[-1] not in _BLANKS
+        and path[0] not in _BLANKS
+        and len(label) < 10
+        and b"\0" not in path
+    ):
+        return ListEntry(number, path, int(label))
     text = line.strip(b" \t")
     if not text:
         return None
