@@ -78,3 +78,9 @@ MIRROR ?=
 mnist: $(RUNTIME_STAMP)
 	$(BIN)/mnist2db fetch --dataset $(DATASET) $(foreach m,$(MIRROR),--mirror $(m))
 	$(BIN)/mnist2db create --dataset $(DATASET) --backend $(BACKEND) --overwrite
+
+# The command reference, docs/cli.md, from every command's --help (tests/cli/test_cli_reference.py
+# fails when it is stale).
+.PHONY: docs
+docs: $(RUNTIME_STAMP)
+	$(BIN)/python scripts/cli_reference.py

@@ -164,7 +164,7 @@ def test_offset_and_count_select_source_items_under_keys_from_zero(
 
 
 @pytest.mark.parametrize(
-    ("offset", "count", "wanted"), [(3, 8, "items 3 … 10"), (11, None, "offset 11")]
+    ("offset", "count", "wanted"), [(3, 8, "items 3 … 10 do"), (11, None, "offset 11 does")]
 )
 def test_range_that_does_not_fit_is_one_line(
     tmp_path: Path, mnist_pair: Pair, offset: int, count: int | None, wanted: str
@@ -172,7 +172,7 @@ def test_range_that_does_not_fit_is_one_line(
     images_path, labels_path, _, _ = mnist_pair(10)
     with pytest.raises(IdxFormatError) as info:
         mnist2db.convert(images_path, labels_path, tmp_path / "db", offset=offset, count=count)
-    assert str(info.value) == f"{images_path}: {wanted} do not fit: it holds 10 items (0 … 9)"
+    assert str(info.value) == f"{images_path}: {wanted} not fit: it holds 10 items (0 … 9)"
     assert not (tmp_path / "db").exists()
 
 

@@ -118,7 +118,7 @@ def convert(
         backend: ``"lmdb"`` (default) or ``"leveldb"``.
         batch_size: records per transaction (Caffe: 1000).
         overwrite: replace an existing ``backend`` database at ``out`` (see
-            :func:`mnist2db.storage.staging.check_replaceable`: never a directory holding anything
+            :func:`mnist2db.storage.targets.check_replaceable`: never a directory holding anything
             else, nor one holding an input).
         progress: called as ``progress(done, total)`` after each batch.
         transpose: swap each image's height and width (EMNIST's stored images).

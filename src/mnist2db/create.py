@@ -6,14 +6,17 @@ import os
 from collections.abc import Callable
 
 from mnist2db.conversion import ConvertResult, convert
-from mnist2db.errors import IdxFormatError
+from mnist2db.errors import ChecksumError, IdxFormatError
 from mnist2db.fetch.catalog import (
     DEFAULT_DATASET,
+    PACKING_SUFFIX,
     Dataset,
     default_data_dir,
     default_out_dir,
     get_dataset,
 )
+from mnist2db.fetch.manifest import read_manifest, verified_present
+from mnist2db.fetch.sink import MAX_UNPACKED, packed_bound
 from mnist2db.progress import NamedProgress, labelled, named_reporting
 from mnist2db.storage.backends import DEFAULT_BACKEND, DEFAULT_BATCH_SIZE
 
@@ -29,6 +32,34 @@ def orientation_note(dataset: str | Dataset, as_stored: bool) -> str | None:
     return (
         f"{spec.name}: images are stored transposed; writing them upright "
         "(--as-stored keeps them as stored)."
+    )
+
+
+def check_fetched(spec: Dataset, path: str, fetched: dict[str, str], again: str) -> None:
+    """Refuse ``path`` unless it verifies as :func:`mnist2db.fetch.fetcher.fetch` checks a
+    present file: its published digests, else the sha256 recorded in ``fetched``.
+
+    Raises:
+        ChecksumError: naming the file and the command that fetches it again.
+    """
+    name = os.path.basename(path)
+    for resource in spec.resources:
+        suffix = PACKING_SUFFIX[resource.packing]
+        if name == resource.name:
+            published, idx = resource.unpacked, resource.idx
+            break
+        if suffix and name == resource.name + suffix:
+            published, idx = resource.gz, False
+            break
+    else:
+        return  # not a file of the dataset (create reads only the dataset's files)
+    if verified_present(
+        path, published, fetched.get(name), idx=idx, limit=packed_bound(MAX_UNPACKED)
+    ):
+        return
+    raise ChecksumError(
+        f"{path}: not the file mnist2db fetch verified (changed since, or never fetched); "
+        f"run: {again} (it fetches it again)"
     )
 
 
@@ -75,6 +106,8 @@ def create_databases(
 
     Raises:
         IdxFormatError: an input is missing (with a hint to run ``mnist2db fetch``) or bad.
+        ChecksumError: the directory holds fetch's manifest and an input no longer verifies
+            (checked before any work).
         OutputExistsError, BackendError: as :func:`mnist2db.conversion.convert`.
     """
     spec = get_dataset(dataset)
@@ -100,6 +133,16 @@ def create_databases(
             paths.append(path)
         db = os.path.join(out, f"mnist_{stem}_{backend}")
         inputs.append((paths[0], paths[1], db))
+    fetched = read_manifest(data, spec.name)
+    if fetched:
+        # fetch left these files: each must still be what it verified (a published digest
+        # where there is one, else the sha256 it recorded), before any work.
+        again = (
+            f"mnist2db fetch --dataset {spec.name}{'' if data_dir is None else f' --data {data}'}"
+        )
+        for images_path, labels_path, _ in inputs:
+            for path in (images_path, labels_path):
+                check_fetched(spec, path, fetched, again)
     results = []
     for images_path, labels_path, db in inputs:
         result = convert(

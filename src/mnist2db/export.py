@@ -38,7 +38,7 @@ from mnist2db.storage.files import AtomicFile, make_parents, remove_made
 from mnist2db.storage.metadata import Recipe, item_range, read_metadata
 from mnist2db.storage.placement import check_file_target, place_together, recover_together
 from mnist2db.storage.readers import shared_reader
-from mnist2db.storage.staging import check_apart
+from mnist2db.storage.targets import check_apart
 
 #: What an empty database is exported as: it records no image size, so MNIST's.
 EMPTY_SHAPE = (28, 28)

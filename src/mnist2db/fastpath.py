@@ -56,6 +56,7 @@ FAST_PATH = frozenset(
         "mnist2db.storage.files",
         "mnist2db.storage.metadata",
         "mnist2db.storage.staging",
+        "mnist2db.storage.targets",
     }
 )
 

@@ -36,6 +36,13 @@ if TYPE_CHECKING:
     from mnist2db.storage.files import PathArg
 
 
+#: Pixel bytes held before they are summed: a batch is at most ``batch_size`` records and
+#: about this many bytes, whatever the size of a record.
+BATCH_BYTES = 64 << 20
+#: Bytes of numpy work arrays per summing step (a slice of the pixels of a batch).
+_WORK_BYTES = 64 << 20
+
+
 class MeanResult(NamedTuple):
     """What :func:`compute_mean` found (immutable).
 
@@ -101,8 +108,10 @@ def compute_mean(
 
     Args:
         path: an LMDB or LevelDB database of Datums (backend detected when None).
-        batch_size: records summed per step (memory: a batch of float32 pixels).
-        progress: called as ``progress(records_done, 0)`` after each batch.
+        batch_size: records summed per step, at most (a step also holds at most
+            :data:`BATCH_BYTES` of pixels: memory does not grow with the record size).
+        progress: called as ``progress(records_done, 0)`` every ``batch_size`` records
+            and at the end.
 
     Returns:
         A :class:`MeanResult`.
@@ -120,25 +129,38 @@ def compute_mean(
     backend = backend or detect_backend(path)
     shape: tuple[int, int, int] | None = None
     total: Any = None  # float32 running sum, Caffe's sum_blob
-    sums: Any = None  # exact per-channel sums of pixels and squared pixels (float64 for floats)
-    squares: Any = None
+    # Exact per-channel sums of pixels and squared pixels: Python ints for uint8 data.
+    sums: list[Any] = []
+    squares: list[Any] = []
     count = 0
     pending: list[Any] = []
+    pending_bytes = 0
 
     def flush() -> None:
-        nonlocal total, sums, squares
-        channels = sums.size
-        block = np.empty((len(pending) + 1, total.size), dtype=np.float32)
-        block[0] = total
-        for row, values in enumerate(pending, start=1):
-            block[row] = values
-        # Sequential float32 additions down the record axis: Caffe's order, exactly.
-        np.cumsum(block, axis=0, dtype=np.float32, out=block)
-        total = block[-1].copy()
-        stacked = np.stack(pending).reshape(len(pending), channels, -1)
-        wide = stacked.astype(np.int64 if stacked.dtype == np.uint8 else np.float64)
-        sums = sums + wide.sum(axis=(0, 2))
-        squares = squares + (wide * wide).sum(axis=(0, 2))
+        n = len(pending)
+        size = total.size
+        # Sequential float32 additions down the record axis: Caffe's order, exactly. Each
+        # pixel's sum is its own, so the pixels are summed a slice at a time: the work
+        # arrays stay within _WORK_BYTES however large a record is.
+        step = max(1, _WORK_BYTES // (4 * (n + 1)))
+        for a in range(0, size, step):
+            b = min(size, a + step)
+            block = np.empty((n + 1, b - a), dtype=np.float32)
+            block[0] = total[a:b]
+            for row, values in enumerate(pending, start=1):
+                block[row] = values[a:b]
+            np.cumsum(block, axis=0, dtype=np.float32, out=block)
+            total[a:b] = block[-1]
+        wide_type = np.int64 if pending[0].dtype == np.uint8 else np.float64
+        exact = int if wide_type is np.int64 else float
+        pixels = size // len(sums)
+        step = max(1, _WORK_BYTES // (17 * n))  # the slice, its int64 copy and its squares
+        for c in range(len(sums)):
+            for a in range(c * pixels, (c + 1) * pixels, step):
+                b = min((c + 1) * pixels, a + step)
+                part = np.stack([values[a:b] for values in pending]).astype(wide_type)
+                sums[c] += exact(part.sum())
+                squares[c] += exact((part * part).sum())
         pending.clear()
 
     for key, datum in _records(path, backend):
@@ -146,8 +168,7 @@ def compute_mean(
         if shape is None:
             shape = record_shape
             total = np.zeros(values.size, dtype=np.float32)
-            sums = np.zeros(shape[0], dtype=np.float64)
-            squares = np.zeros(shape[0], dtype=np.float64)
+            sums, squares = [0] * shape[0], [0] * shape[0]
         elif record_shape != shape:
             raise Mnist2dbError(
                 f"{path}: key {key.decode('ascii', errors='backslashreplace')}: shape "
@@ -155,14 +176,21 @@ def compute_mean(
                 f"{' × '.join(map(str, shape))}"
             )
         pending.append(values)
+        pending_bytes += values.nbytes
+        del datum, values  # a large record is held once, in pending, not twice
         count += 1
-        if len(pending) >= batch_size:
+        # A batch is at most batch_size records and BATCH_BYTES of pixels: records of any
+        # size (a 9000 × 9000 PNG decodes to 81 MB) are summed a few at a time.
+        if len(pending) >= batch_size or pending_bytes >= BATCH_BYTES:
             flush()
+            pending_bytes = 0
+        if count % batch_size == 0:
             progress(count, 0)
     if shape is None:
         raise Mnist2dbError(f"{path}: the database holds no records; a mean needs at least one")
     if pending:
         flush()
+    if count % batch_size:
         progress(count, 0)
     mean = (total / np.float32(count)).astype(np.float32).reshape(shape)
     pixels = count * shape[1] * shape[2]

@@ -59,11 +59,11 @@ def check_range(
             raise IdxFormatError(f"{path}: offset {offset} is past the end ({total} {unit})")
         return min(stop, total)
     if offset > total or stop > total:
-        wanted = f"items {offset} … {stop - 1}" if stop > offset else f"offset {offset}"
+        wanted = f"items {offset} … {stop - 1} do" if stop > offset else f"offset {offset} does"
         raise IdxFormatError(
-            f"{path}: {wanted} do not fit: it holds {total} items (0 … {total - 1})"
+            f"{path}: {wanted} not fit: it holds {total} items (0 … {total - 1})"
             if total
-            else f"{path}: {wanted} do not fit: it holds no items"
+            else f"{path}: {wanted} not fit: it holds no items"
         )
     return stop
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -41,6 +41,9 @@ PAIR_DIVIDER = 128
 #: The largest PNG canvas drawn, in pixels (one byte each, in memory until written):
 #: 1000 MNIST digits take 9 million.
 MAX_PNG_PIXELS = 64_000_000
+#: The largest image drawn as text, in pixels (two characters each): a 1000 × 1000 image
+#: makes 1000 lines of 2000 characters, already more than any terminal shows.
+MAX_TEXT_PIXELS = 1_000_000
 
 
 def image_to_gray(image: np.ndarray) -> np.ndarray:
@@ -78,8 +81,28 @@ def drawn_size(image: np.ndarray) -> tuple[int, int]:
     Raises:
         RenderError: as :func:`image_to_gray`.
     """
-    height, width = image_to_gray(image).shape
-    return height, width
+    image_to_gray(image)  # refuses what cannot be drawn
+    return drawn_shape(*image.shape)
+
+
+def drawn_shape(channels: int, height: int, width: int) -> tuple[int, int]:
+    """``(height, width)`` an image of this shape is drawn at, known before it is read: a
+    pair (2 channels) side by side, ``2 * width + PAIR_GAP`` wide."""
+    return height, 2 * width + PAIR_GAP if channels == 2 else width
+
+
+def check_text_size(where: str, height: int, width: int) -> None:
+    """Refuse, before the image is read, one too large to draw as text: more than
+    :data:`MAX_TEXT_PIXELS` (``height × width`` as drawn).
+
+    Raises:
+        RenderError: naming ``where``, the size and what to do instead.
+    """
+    if height * width > MAX_TEXT_PIXELS:
+        raise RenderError(
+            f"{where}: a {height} × {width} image is too large to draw as text (more than "
+            f"{MAX_TEXT_PIXELS} pixels; write it with --png, or look at it with another tool)"
+        )
 
 
 def image_to_text(
@@ -130,6 +153,24 @@ def check_canvas(path: str, count: int, height: int, width: int) -> None:
             f"{path}: {count} images of {height} × {width} make a {png_w} × {png_h} canvas, "
             f"more than {MAX_PNG_PIXELS} pixels ({hint})"
         )
+
+
+def size_check(source: str, png: str | None) -> Callable[[int, int, int, int, int], None]:
+    """What ``show`` checks of each record's declared size before reading it (for
+    :func:`mnist2db.show.select_records`): the PNG grid's canvas (``png``), or the size of
+    a drawing in text.
+
+    The check is called as ``check(index, selected, channels, height, width)``.
+    """
+
+    def check(index: int, selected: int, channels: int, height: int, width: int) -> None:
+        drawn = drawn_shape(channels, height, width)
+        if png is not None:
+            check_canvas(png, selected, *drawn)
+        else:
+            check_text_size(f"{source}: record {index}", *drawn)
+
+    return check
 
 
 def cell_origin(position: int, columns: int, height: int, width: int) -> tuple[int, int]:

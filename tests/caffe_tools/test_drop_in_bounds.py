@@ -125,3 +125,15 @@ def test_a_flagfile_at_the_limit_is_read(pair: tuple[Path, Path], tmp_path: Path
     done = _run([*CONVERT_TOOL, f"--flagfile={flags}", *pair, tmp_path / "db"])
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "db" / "data.mdb").is_file()
+
+
+def test_flagfiles_nested_without_end_are_one_line(tmp_path: Path) -> None:
+    """A chain of 1500 flagfiles ended in Python's RecursionError traceback."""
+    for i in range(1500):
+        (tmp_path / f"f{i}").write_text(f"--flagfile={tmp_path / f'f{i + 1}'}\n")
+    (tmp_path / "f1500").write_text("--backend=lmdb\n")
+    done = _run([*CONVERT_TOOL, f"--flagfile={tmp_path / 'f0'}", "a", "b", "c"])
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (
+        f"ERROR: flagfile '{tmp_path / 'f64'}': flagfiles nested more than 64 deep\n"
+    )

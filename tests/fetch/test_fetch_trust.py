@@ -334,3 +334,36 @@ def test_a_sparse_unpacked_file_of_a_plain_dataset_is_not_hashed(
     results = fetch(spec, tmp_path / "data", **quick())
     assert time.monotonic() - start < 5
     assert results[0].status == "downloaded"
+
+
+# -- create reads only what fetch verified ---------------------------------------------------------
+
+
+def test_create_refuses_a_fetched_file_changed_since(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raw = small_files()
+    packed = gz(raw)
+    server.serve("a", packed)
+    spec = dataclasses.replace(make_spec(raw, packed, (server.url("a"),)), name="fashion-mnist")
+    monkeypatch.setitem(DATASETS, "fashion-mnist", spec)
+    data, out = tmp_path / "data", tmp_path / "out"
+    fetch("fashion-mnist", data, **quick())
+    sevens = idx_bytes(np.full(30, 7, dtype=np.uint8))  # a valid label file, all sevens
+    (data / "train-labels-idx1-ubyte").write_bytes(sevens)
+    manifest = (data / MANIFEST_NAME).read_text()
+    manifest = manifest.replace(sha256(raw["train-labels-idx1-ubyte"]), sha256(sevens))
+    (data / MANIFEST_NAME).write_text(manifest)
+    args = ["create", "--dataset", "fashion-mnist", "--data", str(data), "--out", str(out)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {data / 'train-labels-idx1-ubyte'}: not the file mnist2db fetch verified "
+        f"(changed since, or never fetched); run: mnist2db fetch --dataset fashion-mnist "
+        f"--data {data} (it fetches it again)\n"
+    )
+    assert not out.exists()  # refused before any work
+    fetch("fashion-mnist", data, **quick())  # fetched again, as the message says
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.stderr
+    assert sorted(os.listdir(out)) == ["mnist_test_lmdb", "mnist_train_lmdb"]

@@ -1,5 +1,5 @@
 """An output never lands on an input of the same run (issue 17, item 2), and a target that
-cannot be written is refused before any work (item 13): one rule, staging.check_apart,
+cannot be written is refused before any work (item 13): one rule, targets.check_apart,
 used by every writer (mean, compute_image_mean, show --png, export, convert, siamese)."""
 
 from __future__ import annotations
@@ -278,3 +278,26 @@ def test_a_bad_target_never_reaches_the_inputs(tmp_path: Path) -> None:
     """Every refusal is a one-line Mnist2dbError (never a traceback): an empty target."""
     with pytest.raises(Mnist2dbError, match="the output path is empty"):
         write_png_grid([make_images(1, 2, 2)], ["#0"], "")
+
+
+def test_a_name_longer_than_the_file_system_takes_is_refused_up_front(
+    pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A 300-byte name failed only at the end: convert after the whole conversion ('cannot
+    move the finished database into place: [Errno 36] …'), mean after reading the database."""
+    db = _database(pair, tmp_path, "lmdb")
+    long = "x" * 300
+    message = "{}: the name {}… is {} bytes long; the file system takes names of at most 255 bytes"
+    work = tmp_path / "work"
+    work.mkdir()
+    for argv, target, size in (
+        (["convert", *pair, long], long, 300),
+        (["siamese", *pair, f"sub/{long}"], f"sub/{long}", 300),
+        (["mean", db, f"{long}.binaryproto"], f"{long}.binaryproto", 312),
+        (["show", db, "--png", f"{long}/grid.png"], f"{long}/grid.png", 300),
+        (["export", db, long], f"{long}/db_lmdb-images-idx3-ubyte", 300),
+    ):
+        done = _run([*MNIST2DB, *argv], cwd=work)
+        expected = f"Error: {message.format(target, 'x' * 16, size)}\n"
+        assert (done.returncode, done.stderr) == (1, expected), argv
+    assert os.listdir(work) == []

@@ -247,6 +247,12 @@ class ParsedArgs:
         if path in self.reading:
             # gflags recurses until the stack overflows; stop with one line instead.
             raise FlagError(f"ERROR: flagfile '{path}' includes itself")
+        if len(self.reading) >= FLAGFILE_DEPTH:
+            # A chain of distinct names (or one file under ever new spellings) would end in
+            # Python's RecursionError.
+            raise FlagError(
+                f"ERROR: flagfile '{path}': flagfiles nested more than {FLAGFILE_DEPTH} deep"
+            )
         contents = read_flagfile_text(path)
         self.reading.append(path)
         try:
@@ -324,6 +330,8 @@ class ParsedArgs:
 
 #: The largest flagfile read: a flagfile is a few lines of ``--flag=value``.
 FLAGFILE_LIMIT = 1 << 20
+#: How deep flagfiles may include flagfiles.
+FLAGFILE_DEPTH = 64
 
 
 def read_flagfile_text(path: str) -> str:

@@ -4,6 +4,8 @@ and the checks click cannot express. Only click is imported at start-up."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -18,7 +20,20 @@ from mnist2db.progress import Progress, labelled
 def echo(message: str = "", err: bool = False) -> None:
     """``click.echo`` of a line that may name a path: its bytes that are not UTF-8 shown as
     ``\\xNN`` (:func:`mnist2db.errors.printable`), never as ``\\udcNN`` or raw bytes."""
-    click.echo(printable(message), err=err)
+    try:
+        click.echo(printable(message), err=err)
+    except OSError as exc:
+        if exc.errno == errno.EPIPE:
+            raise  # click's main ends a broken pipe quietly (`mnist2db show … | head`)
+        # A full or failing stream (`> /dev/full`): one line, and nothing more to it, not
+        # even the flush at exit, which would print Python's "Exception ignored" lines.
+        stream = sys.stderr if err else sys.stdout
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+        name = "standard error" if err else "standard output"
+        raise click.ClickException(f"cannot write to {name}: {exc.strerror}") from None
 
 
 @contextlib.contextmanager

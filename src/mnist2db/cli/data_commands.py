@@ -21,7 +21,15 @@ from mnist2db.errors import RenderError
 from mnist2db.export import export_db
 from mnist2db.formats.datum import key_text
 from mnist2db.info import db_info, idx_info
-from mnist2db.render import check_canvas, drawn_size, image_to_gray, image_to_text, write_png_grid
+from mnist2db.render import (
+    check_canvas,
+    check_text_size,
+    drawn_size,
+    image_to_gray,
+    image_to_text,
+    size_check,
+    write_png_grid,
+)
 from mnist2db.show import find_labels, select_records
 from mnist2db.storage.placement import check_file_target
 from mnist2db.verify import verify_db
@@ -109,6 +117,7 @@ def show(
             count=count,
             transpose=transpose,
             label_column=label_column,
+            check_size=size_check(source, png),  # before a record is read or decoded
         )
         # A generator holding the files open: closed even when a check below stops early.
         with contextlib.closing(records):  # type: ignore[type-var]
@@ -132,6 +141,7 @@ def show(
             else:
                 for record in records:
                     _check_drawable(source, record)
+                    check_text_size(f"{source}: record {record.index}", *drawn_size(record.image))
                     head = f"#{record.index}"
                     if record.key is not None:
                         head += f"  key {key_text(record.key)}"

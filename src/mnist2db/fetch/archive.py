@@ -30,8 +30,8 @@ from typing import IO
 
 from mnist2db.errors import DownloadError
 from mnist2db.fetch.catalog import Archive, Dataset, Resource
-from mnist2db.fetch.fetcher import FetchedFile, create_directory, fetch_failure, present, record
 from mnist2db.fetch.manifest import verify_handle, write_manifest
+from mnist2db.fetch.results import FetchedFile, create_directory, fetch_failure, present, record
 from mnist2db.fetch.sink import (
     CHUNK,
     MAX_UNPACKED,
