@@ -35,7 +35,7 @@ $(FLOOR_STAMP): pyproject.toml constraints/floor.txt
 	test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r constraints/floor.txt
 	$(FLOOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
-	touch $(FLOOR_STAMP)
+	touch $(FLOOR_VENV)/.runtime-stamp $(FLOOR_STAMP)
 
 # The pinned stack first, then mnist2db into it, unconstrained: pip must keep every pin.
 test-floor: $(FLOOR_STAMP)

@@ -399,3 +399,60 @@ def test_every_test_the_guarantees_name_exists() -> None:
             assert name in defined, name
     for path in re.findall(r"`(tests/[\w/]+\.py)`", page):
         assert (ROOT / path).is_file(), path
+
+
+def test_make_mnist_installs_only_what_it_runs(tmp_path: Path) -> None:
+    """``make mnist`` sets up the package alone; the test tools come with ``make test``."""
+
+    def planned(target: str) -> str:
+        done = subprocess.run(
+            ["make", "-n", f"VENV={tmp_path / 'venv'}", target],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    mnist = planned("mnist")
+    assert "pip install --quiet --disable-pip-version-check -e .\n" in mnist
+    assert "[test]" not in mnist
+    assert "mnist2db fetch --dataset mnist" in mnist
+    assert "-e '.[test]'" in planned("test")
+
+
+#: Pages other work is writing; a link to one is checked once the page exists.
+PENDING_PAGES = {"docs/performance.md", "docs/own-images.md"}
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the headings of ``page`` (lower case, punctuation dropped,
+    spaces as hyphens)."""
+    anchors = set()
+    in_fence = False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            in_fence = not in_fence
+        heading = None if in_fence else re.match(r"^#{1,6}\s+(.*)$", line)
+        if heading:
+            anchors.add(re.sub(r"[^\w\- ]", "", heading.group(1).lower()).replace(" ", "-"))
+    return anchors
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_link_leads_somewhere(page: Path) -> None:
+    """Each relative link of README.md and docs/ names a file that exists, and each
+    #anchor a heading of that page: every task is one click away."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"^[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        where = str(linked.relative_to(ROOT)) if linked.is_relative_to(ROOT) else str(linked)
+        if not linked.exists() and where in PENDING_PAGES:
+            continue
+        assert linked.exists(), f"{page.name}: {target}"
+        if anchor:
+            assert anchor in heading_anchors(linked), f"{page.name}: {target}"
