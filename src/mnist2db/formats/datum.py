@@ -13,6 +13,7 @@ layout directly, without a message object per record; the tests prove the bytes 
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Sequence
 
@@ -379,17 +380,19 @@ def datum_shape(datum: Any, where: str = "") -> tuple[int, int, int]:
             f"{prefix}Datum {' × '.join(map(str, shape))} (channels × height × width) has {what}"
         )
     expected = 1
-    sides = 1
-    for side in shape:
-        # Caffe's Blob::Reshape check, in its order; and, for a shape of no pixels, its
-        # other sides alone within it too (Caffe skips them: numpy cannot hold them).
-        if (expected and side > _INT_MAX // expected) or (side and side * sides > _INT_MAX):
+    for side in shape:  # Caffe's Blob::Reshape check, in its order
+        if expected and side > _INT_MAX // expected:
             raise DatumError(
                 f"{prefix}Datum {' × '.join(map(str, shape))} (channels × height × width) "
                 "exceeds Caffe's blob size limit of 2^31-1 values"
             )
         expected *= side
-        sides *= side or 1
+    if expected == 0 and math.prod(side or 1 for side in shape) * 8 >= 1 << 63:
+        # An empty blob Caffe takes, whose sides numpy cannot shape an array of floats with.
+        raise DatumError(
+            f"{prefix}Datum {' × '.join(map(str, shape))} (channels × height × width) holds "
+            "no values and is too large a shape to read"
+        )
     if len(datum.data) or datum.HasField("data"):
         if len(datum.data) != expected:
             raise DatumError(
