@@ -17,7 +17,7 @@ from PIL import Image
 from mnist2db import open_db
 from mnist2db.cli.app import cli
 from mnist2db.formats.image_list import read_image_list
-from mnist2db.imageset import write_imageset
+from mnist2db.images.imageset import write_imageset
 
 CORPUS = Path(__file__).parent / "data" / "imageset"
 

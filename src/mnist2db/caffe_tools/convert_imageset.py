@@ -2,7 +2,7 @@
 
 Caffe's command line (gflags: ``--gray --shuffle --backend --resize_width --resize_height
 --check_size --encoded --encode_type``, and gflags' and glog's own flags) and log lines;
-the records are Caffe's (:mod:`mnist2db.imageset`). Where Caffe aborts half-way or writes
+the records are Caffe's (:mod:`mnist2db.images.imageset`). Where Caffe aborts half-way or writes
 nothing without a word, this refuses in one line and leaves nothing behind. Extensions:
 ``--overwrite`` (replace an existing database of the backend), ``--seed`` (a repeatable
 ``--shuffle``; Caffe's draws from ``/dev/urandom``).
@@ -68,7 +68,7 @@ FLAGS: dict[str, Flag] = {
 def _convert(parsed: ParsedArgs, logger: Logger) -> None:
     from mnist2db.errors import ArgumentError
     from mnist2db.formats.image_list import ListEntry, read_image_list
-    from mnist2db.imageset import Skipped, write_imageset
+    from mnist2db.images.imageset import Skipped, write_imageset
 
     root, listing, db_path = parsed.positional
     backend = str(parsed["backend"])

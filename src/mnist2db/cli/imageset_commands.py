@@ -56,7 +56,7 @@ def imageset(
       mnist2db imageset --to idx --resize 28x28 my_digits/ my_digits
       mnist2db imageset --list train.txt --gray --shuffle --seed 1 photos/ train_lmdb
     """
-    from mnist2db.own_images import convert_images
+    from mnist2db.images.own_images import convert_images
 
     check_seed({"seed": seed, "shuffle": shuffle})
     skipped: list[str] = []

@@ -34,7 +34,7 @@ from mnist2db.formats.datum import KEY_LIMIT
 from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
 from mnist2db.formats.image import ENCODE_TYPES
 from mnist2db.formats.image_list import KEY_LIMIT_LMDB, ListEntry, image_key
-from mnist2db.image_records import (
+from mnist2db.images.decoding import (
     PixelWork,
     RecordWork,
     decode_in_order,

@@ -1,5 +1,5 @@
 """``mnist2db imageset``: a user's own images, from a list or a class-folder tree, to Caffe
-records (:func:`mnist2db.imageset.write_imageset`) or to an MNIST IDX pair.
+records (:func:`mnist2db.images.imageset.write_imageset`) or to an MNIST IDX pair.
 
 With a list (Caffe's ``PATH LABEL`` lines, relative to ROOT) the records are exactly
 ``convert_imageset``'s. Without one, ROOT is a class-folder tree
@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from mnist2db.errors import ArgumentError, OutputError
 from mnist2db.formats.image_list import ListEntry, read_image_list
-from mnist2db.imageset import ImagesetResult, Skipped, write_imageset, write_imageset_idx
+from mnist2db.images.imageset import ImagesetResult, Skipped, write_imageset, write_imageset_idx
 from mnist2db.progress import Progress
 
 TARGETS = ("db", "idx")
@@ -63,8 +63,8 @@ def convert_images(
         shuffle, seed: a random order; ``seed`` repeats it (None: a fresh seed).
 
     Raises:
-        Mnist2dbError: see :func:`mnist2db.imageset.write_imageset` and
-            :func:`mnist2db.imageset.write_imageset_idx`; nothing is then written.
+        Mnist2dbError: see :func:`mnist2db.images.imageset.write_imageset` and
+            :func:`mnist2db.images.imageset.write_imageset_idx`; nothing is then written.
     """
     from mnist2db.records import permutation
     from mnist2db.storage.metadata import imageset_metadata
