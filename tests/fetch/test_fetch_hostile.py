@@ -400,6 +400,43 @@ def test_a_byte_per_connection_is_caught_across_attempts(
     assert 5 < raw_server.count(f"/a/{NAME}.gz") < 100
 
 
+@pytest.mark.parametrize("redirect", [False, True])
+def test_a_response_head_dripped_a_byte_at_a_time_meets_its_deadline(
+    raw_server: RawServer, tiny: tuple, tmp_path: Path, redirect: bool
+) -> None:
+    # The status line and headers, a byte every 20 ms: each wait is short, so --timeout
+    # never fires; the head is due within --timeout plus --speed-time (redirects included).
+    raw, packed = tiny
+    serve_files(raw_server, "good", packed)
+    head = b"HTTP/1.0 200 OK\r\n" + b"X-Pad: " + b"x" * 2000 + b"\r\n"
+
+    def drip_head(r: Request) -> None:
+        for byte in head:
+            if raw_server.stop.wait(0.02):
+                return
+            r.raw(bytes([byte]))
+
+    raw_server.routes[f"/a/{NAME}.gz"] = drip_head
+    raw_server.routes[f"/r/{NAME}.gz"] = lambda r: r.answer(
+        b"", "302 Found", f"Location: /a/{NAME}.gz\r\n"
+    )
+    first = raw_server.url("r/" if redirect else "a/")
+    spec = one_file_spec(raw, packed, first, raw_server.url("good/"))
+    start = time.monotonic()
+    results = fetch(spec, tmp_path, speed_time=0.25, **quick(timeout=0.25, retries=1))
+    assert time.monotonic() - start < 4  # on main: 40 s per attempt (2000 bytes at 50/s)
+    assert results[0].source == raw_server.url(f"good/{NAME}.gz")
+    assert raw_server.count(f"/a/{NAME}.gz") == 2  # one attempt and one retry
+    with pytest.raises(DownloadError) as info:
+        fetch(
+            one_file_spec(raw, packed, first),
+            tmp_path / "x",
+            speed_time=0.25,
+            **quick(timeout=0.25, retries=0),
+        )
+    assert str(info.value).endswith("(no response within 0.5 s, after 1 attempt)")
+
+
 def test_cli_low_speed_options(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["fetch", "--help"])
     assert "--speed-limit BYTES" in result.output and "--speed-time SECONDS" in result.output

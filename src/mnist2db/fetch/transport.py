@@ -17,17 +17,20 @@ failure to write the local temporary is an ``OSError`` that stops the fetch.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import socket
 import ssl
 import string
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 from mnist2db import __version__
 from mnist2db.errors import DownloadError
@@ -132,11 +135,121 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
     http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
 
+# -- the response head's deadline ---------------------------------------------------------
+# --timeout bounds each wait, so a server sending its status line and headers a byte at a
+# time would hold a request for ever (http.client reads them before any code of ours runs).
+# The connections below hand their socket to the request's watch, which shuts it down when
+# the whole head has not arrived by its deadline.
+
+_watching = threading.local()
+
+
+class _HeadWatch:
+    """Shuts down the connections of one request still waiting for its response head
+    ``seconds`` after it started (a redirect's hops included)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.fired = False
+        self.lock = threading.Lock()
+        self.sockets: list[socket.socket] = []
+
+    def attach(self, sock: socket.socket) -> None:
+        with self.lock:
+            # A duplicate: shutting it down ends the connection, whatever wraps the original
+            # (TLS detaches it), and it cannot be a reused descriptor of something else.
+            self.sockets.append(sock.dup())
+            if self.fired:
+                self._shut()
+
+    def _fire(self) -> None:
+        with self.lock:
+            self.fired = True
+            self._shut()
+
+    def _shut(self) -> None:
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def __enter__(self) -> _HeadWatch:
+        self.timer = threading.Timer(self.seconds, self._fire)
+        self.timer.daemon = True
+        self.timer.start()
+        _watching.current = self
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.timer.cancel()
+        _watching.current = None
+        with self.lock:
+            for sock in self.sockets:
+                sock.close()
+            self.sockets.clear()
+
+
+def _watched(create: Callable[..., socket.socket]) -> Callable[..., socket.socket]:
+    def create_connection(*args: Any, **kwargs: Any) -> socket.socket:
+        sock = create(*args, **kwargs)
+        watch = getattr(_watching, "current", None)
+        if watch is not None:
+            watch.attach(sock)
+        return sock
+
+    return create_connection
+
+
+class _HTTPConnection(http.client.HTTPConnection):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = _watched(self._create_connection)  # type: ignore[has-type]
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = _watched(self._create_connection)  # type: ignore[has-type]
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_HTTPConnection, req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, context: ssl.SSLContext) -> None:
+        super().__init__(context=context)
+        self.tls = context
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_HTTPSConnection, req, context=self.tls)
+
+
 def _opener() -> urllib.request.OpenerDirector:
     # build_opener adds a ProxyHandler reading the environment's proxies; the context
     # verifies certificates and host names (there is deliberately no way to turn that off).
     context = ssl.create_default_context()
-    return urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), _Redirects())
+    return urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler(context), _Redirects())
+
+
+def _open(opts: Options, request: urllib.request.Request) -> http.client.HTTPResponse:
+    """``opts.opener.open(request)``, its response head due within ``opts.timeout`` plus
+    ``opts.speed_time`` seconds (connection, redirects and headers included)."""
+    deadline = opts.timeout + opts.speed_time
+    watch = _HeadWatch(deadline)
+    try:
+        with watch:
+            response: http.client.HTTPResponse = opts.opener.open(request, timeout=opts.timeout)
+    except (OSError, http.client.HTTPException) as exc:
+        if watch.fired and not isinstance(exc, urllib.error.HTTPError):
+            raise Transient(f"no response within {deadline:g} s") from None
+        raise
+    if watch.fired:
+        # Cut by the watch, a head can look complete (its end read as the end of the
+        # headers): not to be trusted.
+        response.close()
+        raise Transient(f"no response within {deadline:g} s")
+    return response
 
 
 @dataclass
@@ -290,7 +403,7 @@ def _download_once(
             headers["If-Range"] = validator
     request = urllib.request.Request(url, headers=headers)
     try:
-        with opts.opener.open(request, timeout=opts.timeout) as response:
+        with _open(opts, request) as response:
             length = _content_length(response.headers.get("Content-Length"))
             if response.status == 206 and offset:
                 content_range = response.headers.get("Content-Range")
