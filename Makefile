@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 RUNTIME_STAMP := $(VENV)/.runtime-stamp
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install install-test test test-floor lint format proto bench clean
+.PHONY: install install-test test test-floor test-dali lint format proto bench clean
 
 install: $(RUNTIME_STAMP)
 
@@ -45,6 +45,22 @@ test-floor: $(FLOOR_STAMP)
 	sys.exit('not at the floor: ' + ', '.join(bad) if bad else 0)"
 	$(FLOOR_VENV)/bin/python -m pytest
 
+# NVIDIA DALI as a client (tests/test_dali.py: fn.readers.caffe on our LMDBs, raw and PNG,
+# every record compared), in its own environment: DALI is ~1.1 GB and runs here on the CPU
+# (device_id=None). The main suite skips these tests; CI runs this target.
+DALI_VENV ?= .venv-dali
+DALI_STAMP := $(DALI_VENV)/.installed-stamp
+
+$(DALI_STAMP): pyproject.toml
+	test -x $(DALI_VENV)/bin/python || $(PYTHON) -m venv $(DALI_VENV)
+	$(DALI_VENV)/bin/python -m pip install --quiet --disable-pip-version-check nvidia-dali-cuda120 -e '.[test]'
+	touch $(DALI_STAMP)
+
+# DALI must import here: a skip would pass without testing anything.
+test-dali: $(DALI_STAMP)
+	$(DALI_VENV)/bin/python -c "import nvidia.dali"
+	$(DALI_VENV)/bin/python -m pytest tests/test_dali.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts
 	$(BIN)/ruff format --check src tests scripts
@@ -65,7 +81,7 @@ bench: $(STAMP)
 	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(FLOOR_VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(FLOOR_VENV) $(DALI_VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
 
 # The main job: fetch a dataset (verified) and write both databases, as Caffe's
 # get_mnist.sh + create_mnist.sh. make mnist DATASET=fashion-mnist BACKEND=leveldb MIRROR=URL

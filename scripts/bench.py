@@ -13,7 +13,6 @@ every contender reads the same bytes), else a generated 60 000 + 10 000 record d
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 import platform
 import shutil
@@ -24,7 +23,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FASHION = Path("/usr/share/datasets/fashion-mnist")
+from bench_data import generate, gunzip_or_generate
+from bench_read import png_read_table, read_table
+
 BIN = Path(sys.executable).parent
 
 #: The naive converter of issue 5: what most published scripts do. Run with ``python -c``.
@@ -117,6 +118,7 @@ class Contender:
     argv: list[str]  # {images} {labels} {out} are substituted
     records: int = 0
     floor: bool = False  # the time that counts is what the process prints
+    size: int = 0  # bytes of the database written (the last run's)
     times: list[float] = field(default_factory=list)
     rss: list[int] = field(default_factory=list)  # KiB
     anon: list[int] = field(default_factory=list)  # KiB, sampled
@@ -166,8 +168,9 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
-def run_once(argv: list[str], out: Path) -> tuple[float, int, int, str]:
-    """Run one process; returns (wall seconds, peak RSS KiB, peak sampled RssAnon KiB, stdout)."""
+def run_once(argv: list[str], out: Path) -> tuple[float, int, int, str, int]:
+    """Run one process; returns (wall seconds, peak RSS KiB, peak sampled RssAnon KiB, stdout,
+    bytes of the files it wrote in ``out``)."""
     if out.exists():
         shutil.rmtree(out)
     # Start every run with no dirty data waiting for the disk (the previous run's deleted
@@ -180,46 +183,9 @@ def run_once(argv: list[str], out: Path) -> tuple[float, int, int, str]:
     if proc.returncode != 0:
         raise SystemExit(f"benchmark: {' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr}")
     wall, rss, anon = report.read_text().split()
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.is_dir() else 0
     shutil.rmtree(out, ignore_errors=True)
-    return float(wall), int(rss), int(anon), proc.stdout
-
-
-def gunzip_or_generate(work: Path) -> tuple[dict[str, tuple[Path, Path]], str]:
-    data: dict[str, tuple[Path, Path]] = {}
-    if all((FASHION / f"{n}.gz").exists() for n in _names("train") + _names("t10k")):
-        for stem in ("train", "t10k"):
-            paths = []
-            for name in _names(stem):
-                target = work / name
-                with gzip.open(FASHION / f"{name}.gz") as src, open(target, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-                paths.append(target)
-            data["train" if stem == "train" else "test"] = (paths[0], paths[1])
-        return data, f"Debian's Fashion-MNIST ({FASHION}, gunzipped first)"
-    data["train"] = generate(work, 60000, "train")
-    data["test"] = generate(work, 10000, "test")
-    return data, "generated 60 000 + 10 000 records (Fashion-MNIST not installed)"
-
-
-def _names(stem: str) -> list[str]:
-    return [f"{stem}-images-idx3-ubyte", f"{stem}-labels-idx1-ubyte"]
-
-
-def generate(work: Path, count: int, stem: str) -> tuple[Path, Path]:
-    """Random 28 × 28 images and 0-9 labels, written a chunk at a time."""
-    images, labels = work / f"{stem}-images-idx3-ubyte", work / f"{stem}-labels-idx1-ubyte"
-    rng = __import__("random").Random(count)
-    with open(images, "wb") as f:
-        f.write(bytes([0, 0, 8, 3]) + count.to_bytes(4, "big") + (28).to_bytes(4, "big") * 2)
-        left = count
-        while left:
-            n = min(left, 10000)
-            f.write(os.urandom(n * 784))
-            left -= n
-    with open(labels, "wb") as f:
-        f.write(bytes([0, 0, 8, 1]) + count.to_bytes(4, "big"))
-        f.write(bytes(rng.randrange(10) for _ in range(count)))
-    return images, labels
+    return float(wall), int(rss), int(anon), proc.stdout, size
 
 
 def measure(
@@ -230,7 +196,8 @@ def measure(
         for c in contenders:  # alternating: one run of each, then again
             images, labels = data[c.dataset]
             argv = [a.format(images=images, labels=labels, out=out) for a in c.argv]
-            wall, rss, anon, stdout = run_once(argv, out)
+            wall, rss, anon, stdout, size = run_once(argv, out)
+            c.size = size
             c.times.append(float(stdout.strip()) if c.floor else wall)
             c.rss.append(rss)
             c.anon.append(anon)
@@ -278,6 +245,11 @@ def main() -> None:
                 [cmd, "{images}", "{labels}", "{out}"],
             ),
             Contender("mnist2db convert, LevelDB", "train", convert("leveldb")),
+            Contender(
+                "mnist2db convert --encoded png, LMDB",
+                "train",
+                [*convert("lmdb")[:3], "--encoded", "png", *convert("lmdb")[3:]],
+            ),
             Contender(
                 "convert_mnist_data (mnist2db), LevelDB",
                 "train",
@@ -338,14 +310,17 @@ def main() -> None:
 
         by = {(c.name, c.dataset): c for c in contenders}
         scale_rows: list[tuple[int, Contender]] = []
+        leveldb_rows: list[tuple[int, Contender]] = []
         for n in [int(x) for x in args.scale.split(",") if x.strip()]:
             print(f"scale: {n} records ...", file=sys.stderr)
             sdir = work / f"scale-{n}"
             sdir.mkdir()
             sdata = {"scale": generate(sdir, n, "scale")}
             c = Contender("mnist2db convert, LMDB", "scale", convert("lmdb"), records=n)
-            measure([c], sdata, work, args.scale_repeat)
+            ldb = Contender("mnist2db convert, LevelDB", "scale", convert("leveldb"), records=n)
+            measure([c, ldb], sdata, work, args.scale_repeat)
             scale_rows.append((n, c))
+            leveldb_rows.append((n, ldb))
             shutil.rmtree(sdir)
         train_lmdb = by[("mnist2db convert, LMDB", "train")]
         per_train = train_lmdb.median_time() / counts["train"]
@@ -364,15 +339,31 @@ def main() -> None:
                     f"| {n} | {c.median_time():.3f} | {per * 1e6:.2f} | {per / per_train:.2f}× "
                     f"| {c.median_rss():.1f} | {c.median_anon():.1f} |"
                 )
+            lines += [
+                "",
+                "The same records written as LevelDB (issue 19: memory bounded at any size), "
+                "alternating with the LMDB runs:",
+                "",
+                "| records | wall s | µs / record | × LMDB same size | peak RSS MB | RssAnon MB |",
+                "|---|---|---|---|---|---|",
+            ]
+            for (n, c), (_, lmdb_c) in zip(leveldb_rows, scale_rows, strict=True):
+                per = c.median_time() / n
+                lines.append(
+                    f"| {n} | {c.median_time():.3f} | {per * 1e6:.2f} "
+                    f"| {c.median_time() / lmdb_c.median_time():.2f}× "
+                    f"| {c.median_rss():.1f} | {c.median_anon():.1f} |"
+                )
 
         lines += ["", "Targets (issue 5):", ""]
         lines += targets(by, naive, scale_rows, per_train)
 
         print("read side ...", file=sys.stderr)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from bench_read import read_table
-
         lines += ["", *read_table(*data["train"], work)]
+        png_lines, png_rates = png_read_table(*data["test"], work)
+        lines += ["", *png_lines]
+        lines += ["", "Targets (issue 19, same run):", ""]
+        lines += targets_19(by, leveldb_rows, png_rates)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = "\n".join(lines) + "\n"
@@ -426,6 +417,45 @@ def targets(
             )
         )
     out.append(row("6. mnist2db --help ≤ 0.06 s", f"{helptime:.3f} s", helptime <= 0.06))
+    return out
+
+
+def targets_19(
+    by: dict[tuple[str, str], Contender],
+    leveldb_rows: list[tuple[int, Contender]],
+    png_rates: dict[str, float],
+) -> list[str]:
+    def row(what: str, value: str, ok: bool) -> str:
+        return f"| {what} | {value} | {'met' if ok else 'MISSED'} |"
+
+    raw = by[("mnist2db convert, LMDB", "train")]
+    png = by[("mnist2db convert --encoded png, LMDB", "train")]
+    ldb = by[("mnist2db convert, LevelDB", "train")]
+    write = png.median_time() / raw.median_time()
+    size = png.size / raw.size
+    ldb_ratio = ldb.median_time() / raw.median_time()
+    out = [
+        "| target | measured | |",
+        "|---|---|---|",
+        row("convert --encoded png, train ≤ 7× the raw conversion", f"{write:.2f}×", write <= 7),
+        row("PNG database ≤ 0.75× the raw one", f"{size:.2f}×", size <= 0.75),
+        row("LevelDB convert, train ≤ 1.7× the LMDB one", f"{ldb_ratio:.2f}×", ldb_ratio <= 1.7),
+    ]
+    big = [c for n, c in leveldb_rows if n >= 1_000_000]
+    if big:
+        rss = big[0].median_rss()
+        out.append(
+            row("LevelDB at 1 000 000 records: peak RSS ≤ 150 MiB", f"{rss:.0f} MB", rss <= 150)
+        )
+    if "dali" in png_rates:
+        single = png_rates["db[i]"] / png_rates["dali"]
+        batch = png_rates["getitems"] / png_rates["dali"]
+        out.append(
+            row("PNG open_db[i] ≥ 1.5× DALI's CPU pipeline", f"{single:.2f}×", single >= 1.5)
+        )
+        out.append(row("PNG __getitems__ of 500 ≥ 2× DALI", f"{batch:.2f}×", batch >= 2))
+    else:
+        out.append("| PNG reads against DALI | DALI not installed (make test-dali) | |")
     return out
 
 

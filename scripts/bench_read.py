@@ -16,17 +16,18 @@ best of ``--repeat`` runs each, in this process:
 from __future__ import annotations
 
 import argparse
-import gzip
+import os
 import shutil
-import sys
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from bench_data import gunzip_or_generate
 
-FASHION = Path("/usr/share/datasets/fashion-mnist")
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _best(fn: Callable[[], int], repeat: int) -> tuple[float, int]:
@@ -154,23 +155,116 @@ def read_table(images: Path, labels: Path, work: Path, repeat: int = 3) -> list[
     return lines
 
 
+def dali_python() -> Path | None:
+    """The interpreter of an environment with NVIDIA DALI: $MNIST2DB_BENCH_DALI, else the
+    repository's .venv-dali (make test-dali), else None (the DALI rows are left out)."""
+    named = os.environ.get("MNIST2DB_BENCH_DALI")
+    candidate = Path(named) if named else ROOT / ".venv-dali" / "bin" / "python"
+    return candidate if candidate.exists() else None
+
+
+def _dali_rate(python: Path, db: Path, kind: str) -> float:
+    out = subprocess.run(
+        [str(python), str(ROOT / "scripts" / "bench_dali.py"), str(db), kind, "--repeat", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return float(out.split()[-1])
+
+
+def png_read_table(
+    images: Path, labels: Path, work: Path, repeat: int = 5
+) -> tuple[list[str], dict[str, float]]:
+    """Reading PNG records (issue 19): open_db against Pillow per image and, where installed,
+    NVIDIA DALI's CPU pipeline (in its own process), over the same LMDB, measured in turn
+    ``repeat`` times (best of each). Returns Markdown rows and the rates (records/s)."""
+    import io
+
+    import lmdb
+    from PIL import Image
+
+    import mnist2db
+    from mnist2db.formats.datum import decode_datum
+
+    db_path = work / "png_lmdb"
+    mnist2db.convert(images, labels, db_path, backend="lmdb", encoded="png")
+    python = dali_python()
+    with mnist2db.open_db(db_path) as db:
+        n = len(db)
+    order = np.random.default_rng(0).permutation(n).tolist()
+
+    def db_random() -> int:
+        with mnist2db.open_db(db_path) as db:
+            for i in order:
+                db[i]
+        return n
+
+    def db_getitems() -> int:
+        with mnist2db.open_db(db_path) as db:
+            for start in range(0, n, 500):
+                db.__getitems__(order[start : start + 500])
+        return n
+
+    def db_iterate() -> int:
+        with mnist2db.open_db(db_path) as db:
+            return sum(1 for _ in db)
+
+    def pillow_random() -> int:
+        # The reader before issue 19: protobuf, then Pillow on each image (as torchvision).
+        env = lmdb.open(str(db_path), readonly=True, lock=False, readahead=False)
+        with env.begin() as txn:
+            for i in order:
+                datum = decode_datum(txn.get(b"%08d" % i))
+                with Image.open(io.BytesIO(datum.data)) as image:
+                    np.asarray(image)[np.newaxis].copy()
+        env.close()
+        return n
+
+    names = {
+        "db[i]": "open_db db[i], random order",
+        "getitems": "open_db __getitems__ of 500, random order",
+        "iterate": "open_db iteration, sequential",
+        "pillow": "protobuf + Pillow per image, random order (before)",
+        "dali": "NVIDIA DALI CPU pipeline (caffe reader + decoders.image GRAY, 2 threads, batch 500)",
+    }
+    timings: dict[str, list[float]] = {k: [] for k in names}
+    for _ in range(repeat):  # in turn, so that each meets the machine's load alike
+        for key, fn in (("db[i]", db_random), ("getitems", db_getitems),
+                        ("iterate", db_iterate), ("pillow", pillow_random)):  # fmt: skip
+            timings[key].append(_best(fn, 1)[0] / n)
+        if python is not None:
+            timings["dali"].append(1 / _dali_rate(python, db_path, "png"))
+    rates = {k: 1 / min(v) for k, v in timings.items() if v}
+    base = rates["pillow"]
+    lines = [
+        f"PNG records (issue 19): {n} records, LMDB written by `convert --encoded png`, best of "
+        f"{repeat}, measured in turn; ratios against Pillow per image"
+        + (" and DALI" if "dali" in rates else " (DALI not installed: make test-dali)")
+        + ", in the same run.",
+        "",
+        "| reader | records/s | × Pillow | × DALI |",
+        "|---|---|---|---|",
+    ]
+    for key, name in names.items():
+        if key in rates:
+            dali = f"{rates[key] / rates['dali']:.2f}×" if "dali" in rates else "-"
+            lines.append(
+                f"| {name} | {rates[key] / 1000:.0f} k | {rates[key] / base:.2f}× | {dali} |"
+            )
+    return lines, rates
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mnist2db-bench-read-"))
     try:
-        images, labels = work / "train-images-idx3-ubyte", work / "train-labels-idx1-ubyte"
-        if (FASHION / "train-images-idx3-ubyte.gz").exists():
-            for target in (images, labels):
-                with gzip.open(FASHION / (target.name + ".gz")) as src, open(target, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-        else:
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
-            from bench import generate
-
-            images, labels = generate(work, 60_000, "train")
-        print("\n".join(read_table(images, labels, work, args.repeat)))
+        data, _ = gunzip_or_generate(work)
+        print("\n".join(read_table(*data["train"], work, args.repeat)))
+        print()
+        print("\n".join(png_read_table(*data["test"], work, args.repeat)[0]))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -17,12 +17,11 @@ from mnist2db.fetch.sink import (
     IDX_HEAD_MAX,
     MAX_UNPACKED,
     STRENGTH,
-    NotRegularFile,
     declared_size,
     handle_digests,
-    open_regular,
     strongest,
 )
+from mnist2db.fetch.untrusted import NotRegularFile, open_regular
 from mnist2db.storage.files import AtomicFile
 
 MANIFEST_NAME = ".mnist2db.sha256"

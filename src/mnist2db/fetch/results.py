@@ -19,10 +19,9 @@ from mnist2db.fetch.sink import (
     DownloadSink,
     Rejected,
     SourceFailed,
-    clean,
     packed_bound,
 )
-from mnist2db.fetch.transport import shown_url
+from mnist2db.fetch.untrusted import clean, shown_url
 from mnist2db.storage.files import make_parents
 
 

@@ -13,16 +13,15 @@ every source with its reason.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import os
-import stat
 import struct
 import zlib
 from collections.abc import Iterable, Mapping
 from typing import IO, Any
 
 from mnist2db.fetch.catalog import PACKING_SUFFIX, Resource
+from mnist2db.fetch.untrusted import clean
 from mnist2db.formats.idx import GZIP_MAGIC, IDX_TYPES, XZ_MAGIC
 from mnist2db.storage.files import AtomicFile, remove_stale, temp_prefix
 
@@ -66,55 +65,6 @@ class Rejected(SourceFailed):
     """Delivered, but the bytes are not the file (no digest matches, damaged packing)."""
 
 
-def clean(text: object, limit: int = 300) -> str:
-    """``text`` safe to print on one line: every control or format character (escape
-    sequences, carriage returns, bidi overrides) spelled out as ``\\xNN``/``\\uNNNN``, and
-    cut at ``limit`` characters. For everything a server or a file supplies (a reason phrase,
-    a header, a URL it redirects to, a member name)."""
-    shown = "".join(
-        ch if ch.isprintable() else f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
-        for ch in str(text)[: limit + 1]
-    )
-    return shown if len(shown) <= limit else shown[:limit] + "..."
-
-
-class NotRegularFile(OSError):
-    """A path that is not a regular file (a FIFO, a device, a directory): never read."""
-
-
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def open_regular(path: str) -> IO[bytes]:
-    """Open ``path`` for reading only if it is a regular file (after symlinks).
-
-    Opened non-blocking, so a FIFO without a writer cannot hang the open, then checked with
-    ``fstat`` on the open descriptor (no window for a swap between the check and the use).
-
-    Raises:
-        NotRegularFile: a FIFO, a device, a directory, a socket (``strerror`` says which).
-        OSError: it cannot be opened (FileNotFoundError when missing).
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _KINDS if test(mode)), "not a file")
-            raise NotRegularFile(errno.EINVAL, f"not a regular file ({kind})", path)
-        # Regular files ignore O_NONBLOCK; cleared all the same, for plain blocking reads.
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 #: The longest IDX header: the magic and 255 dimensions.
 IDX_HEAD_MAX = 4 + 4 * 255
 
@@ -141,15 +91,6 @@ def declared_size(head: bytes) -> int | None:
 
 def hashers(algorithms: Iterable[str]) -> dict[str, Any]:
     return {name: hashlib.new(name) for name in sorted(set(algorithms))}
-
-
-def file_digests(path: str, algorithms: Iterable[str]) -> dict[str, str] | None:
-    """The file's digests by algorithm, or None when it cannot be read (or is no regular file)."""
-    try:
-        with open_regular(path) as handle:
-            return handle_digests(handle, algorithms)
-    except OSError:
-        return None
 
 
 def handle_digests(handle: IO[bytes], algorithms: Iterable[str]) -> dict[str, str]:

@@ -9,7 +9,7 @@ Every source is bounded in time and requests: ``timeout`` bounds each wait, the 
 limit (curl's ``--speed-limit``/``--speed-time``) the whole transfer, ``retries`` the
 attempts that bring nothing new (a restart from zero is one), :data:`MAX_RESUMES` those
 that do. Bytes are bounded by the sink. What a server says (its reason phrase, headers,
-the URL it redirects to) reaches a message only through :func:`~mnist2db.fetch.sink.clean`.
+the URL it redirects to) reaches a message only through :func:`~mnist2db.fetch.untrusted.clean`.
 
 A source's faults are :class:`~mnist2db.fetch.sink.SourceFailed` (the next source is tried); a
 failure to write the local temporary is an ``OSError`` that stops the fetch.
@@ -17,24 +17,22 @@ failure to write the local temporary is an ``OSError`` that stops the fetch.
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import os
 import socket
 import ssl
-import string
-import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any, Protocol
+from typing import Protocol
 
 from mnist2db import __version__
 from mnist2db.errors import DownloadError
-from mnist2db.fetch.sink import CHUNK, SourceFailed, Transient, clean, open_regular
+from mnist2db.fetch.connections import HeadWatch, opener
+from mnist2db.fetch.sink import CHUNK, SourceFailed, Transient
+from mnist2db.fetch.untrusted import clean, open_regular, shown_url
 from mnist2db.progress import NamedProgress
 
 #: ``progress(file_name, bytes_done, bytes_total)``; total is 0 when unknown.
@@ -48,8 +46,6 @@ DEFAULT_SPEED_TIME = 30.0
 #: Attempts that did bring new bytes (resumed with Range) before a source is given up: a
 #: real mirror cut this often is not worth more; a hostile one cannot keep us for ever.
 MAX_RESUMES = 100
-#: Redirects followed for one request (curl's default is 50; browsers stop at about 20).
-MAX_REDIRECTS = 10
 
 
 class Sink(Protocol):
@@ -65,178 +61,11 @@ class Sink(Protocol):
     def announce(self, length: int) -> None: ...
 
 
-def shown_url(url: str) -> str:
-    """``url`` as it may be printed: any password masked, control characters spelled out."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        password = parts.password
-    except ValueError:
-        password = None
-    if password is not None:
-        user, _, host = parts.netloc.rpartition("@")
-        user = user.split(":", 1)[0]
-        url = urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-    return clean(url, 2000)
-
-
-def _redirect_refusal(old: str, new: str) -> str | None:
-    """Why a redirect from ``old`` to ``new`` is not followed, or None."""
-    try:
-        parts = urllib.parse.urlsplit(new)
-        hostname = parts.hostname
-    except ValueError:
-        return "not a valid URL"
-    scheme = parts.scheme.lower()
-    if scheme not in ("http", "https"):
-        return "only http(s) is followed"
-    if urllib.parse.urlsplit(old).scheme.lower() == "https" and scheme != "https":
-        return "https is never downgraded"
-    if not hostname:
-        return "no host"
-    if parts.username is not None or parts.password is not None:
-        return "it carries credentials"
-    return None
-
-
-class _Redirects(urllib.request.HTTPRedirectHandler):
-    """Redirects as urllib follows them, with these differences: the redirect's body is
-    never read (it may be endless), https is never downgraded, only http(s) without
-    credentials is followed, and every refusal says what it is."""
-
-    def http_error_302(
-        self,
-        req: urllib.request.Request,
-        fp: IO[bytes],
-        code: int,
-        msg: str,
-        headers: http.client.HTTPMessage,
-    ) -> IO[bytes]:
-        fp.close()
-        location = (headers.get("Location") or "").strip()
-        if not location:
-            raise SourceFailed(f"HTTP {code} {clean(msg)} without a Location header")
-        # As urllib: recover the header's bytes, percent-encode spaces and non-ASCII bytes.
-        location = urllib.parse.quote(location, encoding="iso-8859-1", safe=string.punctuation)
-        newurl = urllib.parse.urljoin(req.full_url, location)
-        refusal = _redirect_refusal(req.full_url, newurl)
-        if refusal is not None:
-            raise SourceFailed(
-                f"refused a redirect (HTTP {code}) to {shown_url(newurl)}: {refusal}"
-            )
-        visited: dict[str, int] = getattr(req, "redirect_dict", {})
-        if newurl in visited or len(visited) >= MAX_REDIRECTS:
-            raise SourceFailed(f"too many redirects (HTTP {code})")
-        new = self.redirect_request(req, fp, code, msg, headers, newurl)
-        if new is None:  # pragma: no cover - only for methods other than GET/HEAD
-            raise SourceFailed(f"HTTP {code} {clean(msg)}: redirect not followed")
-        new.redirect_dict = {**visited, newurl: 1}  # type: ignore[attr-defined]
-        return self.parent.open(new, timeout=req.timeout)  # type: ignore[no-any-return]
-
-    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
-
-
-# -- the response head's deadline ---------------------------------------------------------
-# --timeout bounds each wait, so a server sending its status line and headers a byte at a
-# time would hold a request for ever (http.client reads them before any code of ours runs).
-# The connections below hand their socket to the request's watch, which shuts it down when
-# the whole head has not arrived by its deadline.
-
-_watching = threading.local()
-
-
-class _HeadWatch:
-    """Shuts down the connections of one request still waiting for its response head
-    ``seconds`` after it started (a redirect's hops included)."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.fired = False
-        self.lock = threading.Lock()
-        self.sockets: list[socket.socket] = []
-
-    def attach(self, sock: socket.socket) -> None:
-        with self.lock:
-            # A duplicate: shutting it down ends the connection, whatever wraps the original
-            # (TLS detaches it), and it cannot be a reused descriptor of something else.
-            self.sockets.append(sock.dup())
-            if self.fired:
-                self._shut()
-
-    def _fire(self) -> None:
-        with self.lock:
-            self.fired = True
-            self._shut()
-
-    def _shut(self) -> None:
-        for sock in self.sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def __enter__(self) -> _HeadWatch:
-        self.timer = threading.Timer(self.seconds, self._fire)
-        self.timer.daemon = True
-        self.timer.start()
-        _watching.current = self
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.timer.cancel()
-        _watching.current = None
-        with self.lock:
-            for sock in self.sockets:
-                sock.close()
-            self.sockets.clear()
-
-
-def _watched(create: Callable[..., socket.socket]) -> Callable[..., socket.socket]:
-    def create_connection(*args: Any, **kwargs: Any) -> socket.socket:
-        sock = create(*args, **kwargs)
-        watch = getattr(_watching, "current", None)
-        if watch is not None:
-            watch.attach(sock)
-        return sock
-
-    return create_connection
-
-
-class _HTTPConnection(http.client.HTTPConnection):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._create_connection = _watched(self._create_connection)  # type: ignore[has-type]
-
-
-class _HTTPSConnection(http.client.HTTPSConnection):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._create_connection = _watched(self._create_connection)  # type: ignore[has-type]
-
-
-class _HTTPHandler(urllib.request.HTTPHandler):
-    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(_HTTPConnection, req)
-
-
-class _HTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, context: ssl.SSLContext) -> None:
-        super().__init__(context=context)
-        self.tls = context
-
-    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(_HTTPSConnection, req, context=self.tls)
-
-
-def _opener() -> urllib.request.OpenerDirector:
-    # build_opener adds a ProxyHandler reading the environment's proxies; the context
-    # verifies certificates and host names (there is deliberately no way to turn that off).
-    context = ssl.create_default_context()
-    return urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler(context), _Redirects())
-
-
 def _open(opts: Options, request: urllib.request.Request) -> http.client.HTTPResponse:
     """``opts.opener.open(request)``, its response head due within ``opts.timeout`` plus
     ``opts.speed_time`` seconds (connection, redirects and headers included)."""
     deadline = opts.timeout + opts.speed_time
-    watch = _HeadWatch(deadline)
+    watch = HeadWatch(deadline)
     try:
         with watch:
             response: http.client.HTTPResponse = opts.opener.open(request, timeout=opts.timeout)
@@ -260,7 +89,7 @@ class Options:
     progress: FetchProgress  # progress.named_reporting: never None
     speed_limit: float = DEFAULT_SPEED_LIMIT
     speed_time: float = DEFAULT_SPEED_TIME
-    opener: urllib.request.OpenerDirector = field(default_factory=_opener)
+    opener: urllib.request.OpenerDirector = field(default_factory=opener)
 
 
 class _Pace:

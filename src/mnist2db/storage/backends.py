@@ -4,7 +4,8 @@ that iterate ``(key, value)`` in key order.
 Writers are opened on a fresh directory (the staging directory of :mod:`mnist2db.conversion`)
 and do not fsync per batch: the finished database is flushed once, by :meth:`Writer.close`,
 before it is moved to its final name. Caffe's own options are kept (LMDB: a directory with
-``data.mdb`` and ``lock.mdb``; LevelDB: 64 KiB blocks, 256 MiB write buffer, 100 open files).
+``data.mdb`` and ``lock.mdb``; LevelDB: 64 KiB blocks, 100 open files), but for LevelDB's
+write buffer, sized to bound memory (:func:`leveldb_write_buffer`).
 """
 
 from __future__ import annotations
@@ -30,12 +31,20 @@ SIAMESE_BACKEND = "leveldb"
 #: Records per transaction (LMDB) or write batch (LevelDB), as Caffe's convert_mnist_data commits.
 DEFAULT_BATCH_SIZE = 1000
 
-#: Caffe's LevelDB options (caffe/src/caffe/util/db_leveldb.cpp).
+#: Caffe's LevelDB options (caffe/src/caffe/util/db_leveldb.cpp), but for the write buffer
+#: (the memtable), which :func:`leveldb_write_buffer` sizes: the records are the same.
 LEVELDB_OPTIONS: dict[str, Any] = {
     "block_size": 65536,
-    "write_buffer_size": 268435456,
     "max_open_files": 100,
 }
+#: The largest memtable a writer uses. Caffe's 256 MiB holds two at once while the full one
+#: is written out as a table (519 MiB peak RSS at 1,000,000 records); a memtable of this size
+#: plus the interpreter stays under 150 MiB even then. Measured at 1,000,000 records
+#: (docs/performance.md): 16, 32 and 48 MiB take the same time (the disk is the limit),
+#: 56, 86 and 119 MiB peak RSS.
+LEVELDB_MEMTABLE_MAX = 112 << 20
+#: The memtable of a database larger than :data:`LEVELDB_MEMTABLE_MAX`, or of unknown size.
+LEVELDB_MEMTABLE_STREAMING = 16 << 20
 
 #: Mode for LMDB's files, as Caffe's ``mdb_env_open(..., 0664)``; the umask applies.
 LMDB_FILE_MODE = 0o664
@@ -187,17 +196,39 @@ class _Writeback:
         self._fds.clear()
 
 
-class LeveldbWriter:
-    """Writes a LevelDB database with Caffe's options, one write batch per batch."""
+def leveldb_write_buffer(size_hint: int) -> int:
+    """The memtable size for a database of :func:`size_hint` ``size_hint``: large enough to
+    hold all of it when that fits under :data:`LEVELDB_MEMTABLE_MAX`, else
+    :data:`LEVELDB_MEMTABLE_STREAMING`.
 
-    def __init__(self, path: str) -> None:
+    A database held in one memtable is never written out as tables by the writer: each
+    table LevelDB writes is fsynced, and on Fashion-MNIST's training set the flushes of
+    8 to 56 MiB memtables took 3 to 8 times the whole conversion with one memtable
+    (docs/performance.md). The memtable's arena takes about 1.3 times the keys and values
+    (4 KiB blocks, a record of 800 bytes leaves the rest of a block unused).
+    """
+    data = max(0, size_hint - (16 << 20)) // 2  # size_hint's own inverse: keys and values
+    need = data * 13 // 10 + (1 << 20)
+    return need if data > 0 and need <= LEVELDB_MEMTABLE_MAX else LEVELDB_MEMTABLE_STREAMING
+
+
+class LeveldbWriter:
+    """Writes a LevelDB database with Caffe's options, one write batch per batch, its
+    memtable sized by :func:`leveldb_write_buffer` (memory bounded at any size)."""
+
+    def __init__(self, path: str, size_hint: int = 0) -> None:
         import plyvel
 
         self._plyvel = plyvel
         self.path = path
+        self.write_buffer_size = leveldb_write_buffer(size_hint)
         try:
             self._db = plyvel.DB(
-                os.fsencode(path), create_if_missing=True, error_if_exists=True, **LEVELDB_OPTIONS
+                os.fsencode(path),
+                create_if_missing=True,
+                error_if_exists=True,
+                write_buffer_size=self.write_buffer_size,
+                **LEVELDB_OPTIONS,
             )
         except plyvel.Error as exc:
             raise BackendError(
@@ -277,7 +308,7 @@ def open_writer(backend: str, path: str, size_hint: int = 0, append: bool = True
     if backend == "lmdb":
         return LmdbWriter(path, size_hint, append=append)
     check_backend(backend)
-    return LeveldbWriter(path)
+    return LeveldbWriter(path, size_hint)
 
 
 def detect_backend(path: str | os.PathLike[str]) -> str:

@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -245,6 +246,37 @@ def _belongs(entry: object, paths: Sequence[str]) -> bool:
     )
 
 
+#: The largest journal read: one holds a few paths and numbers per file of a pair.
+_JOURNAL_LIMIT = 1 << 20
+
+
+def _read_journal(path: str) -> object | None:
+    """What a killed :func:`place_together` journalled at ``path``; ``[]`` for a journal cut
+    short (killed while writing it: nothing was placed yet); None for anything that is not
+    a journal this module writes (a regular file of at most :data:`_JOURNAL_LIMIT` bytes):
+    a FIFO of that name would hang the reader, a link to ``/dev/zero`` never end."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode) or status.st_size > _JOURNAL_LIMIT:
+            return None
+        data = os.read(fd, _JOURNAL_LIMIT + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > _JOURNAL_LIMIT:
+        return None
+    try:
+        found: object = json.loads(data)
+    except (ValueError, RecursionError):
+        return []
+    return found
+
+
 def recover_together(paths: Sequence[str]) -> None:
     """Finish what a killed :func:`place_together` of ``paths`` left: roll it back.
 
@@ -261,11 +293,9 @@ def recover_together(paths: Sequence[str]) -> None:
             pid = owner_pid(entry.name[len(prefix) :])
             if pid is None or pid == os.getpid() or pid_alive(pid):
                 continue
-            try:
-                with open(entry.path) as journal:
-                    files = json.load(journal)
-            except (OSError, ValueError):
-                files = []  # killed while writing it: nothing was placed yet
+            files = _read_journal(entry.path)
+            if files is None:
+                continue  # not a journal this module writes: never read on, never removed
             for file in reversed(files if isinstance(files, list) else []):
                 if _belongs(file, paths):
                     with contextlib.suppress(OSError, KeyError, TypeError):
