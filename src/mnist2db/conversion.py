@@ -246,11 +246,12 @@ def write_database(
     backend: str,
     staging: str,
     value_size: int,
-    batches: Iterable[Sequence[bytes]],
+    batches: Iterable[Sequence[bytes]] | Iterable[Sequence[tuple[bytes, bytes]]],
     total: int,
     progress: Progress,
     *,
     streaming: bool = False,
+    keyed: bool = False,
 ) -> None:
     """Write ``total`` records, a batch of values at a time, under Caffe's keys into a new
     database in ``staging``: one transaction per batch, the writer aborted on any failure
@@ -258,7 +259,9 @@ def write_database(
     mnist2db makes (:func:`convert`, :func:`mnist2db.siamese.convert_siamese`).
 
     ``value_size`` (bytes per value) and ``streaming`` (the count is a pipe's promise) size
-    LMDB's map (:func:`mnist2db.storage.backends.size_hint`).
+    LMDB's map (:func:`mnist2db.storage.backends.size_hint`). ``keyed``: the batches hold
+    ``(key, value)`` pairs in increasing key order (``convert_imageset``'s keys name the
+    files) instead of values; ``total`` is then at most the number of records.
     """
     check_record_count(total, staging)  # each writer checked already, before any work
     hint = size_hint(total, value_size, streaming=streaming)
@@ -267,7 +270,10 @@ def write_database(
         done = 0
         for values in batches:
             n = len(values)
-            writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))
+            if keyed:
+                writer.write_batch(values)  # type: ignore[arg-type]
+            else:
+                writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))  # type: ignore[arg-type]
             done += n
             progress(done, total)
     except BaseException:

@@ -60,6 +60,11 @@ class ChecksumError(DownloadError):
     """A downloaded file matches none of the published digests."""
 
 
+class ImageError(Mnist2dbError):
+    """An image file cannot be read or written as Caffe's OpenCV would, or a list of images
+    is malformed (the file and the line are named)."""
+
+
 class DatumError(Mnist2dbError):
     """A stored value is not a Datum, or its data does not match its declared shape."""
 

@@ -18,6 +18,7 @@ from mnist2db.formats.idx import (
     magic_kind,
 )
 from mnist2db.formats.idx_reader import scan_idx
+from mnist2db.formats.image import image_format
 from mnist2db.formats.png import datum_encoding as _datum_encoding
 from mnist2db.formats.png import decode_image
 from mnist2db.progress import Progress, reporting
@@ -26,6 +27,7 @@ from mnist2db.storage.backends import detect_backend
 from mnist2db.storage.metadata import (
     METADATA_NAME,
     SHUFFLE_METHOD,
+    imageset_lines,
     item_range,
     load_metadata,
     orientation,
@@ -168,6 +170,8 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
     backend = detect_backend(path)
     info = DbInfo(path, backend, 0, None, None, True, None, None)
     counts: dict[int, int] = {}
+    shapes: set[tuple[int, ...]] = set()
+    kinds: set[str] = set()
     with shared_reader(path, backend) as reader:
         total = len(reader) if counted else 0
         count = 0
@@ -197,6 +201,12 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
             encoding = _datum_encoding(datum)
             if info.shape is None:
                 info.shape, info.encoding = shape, encoding
+                if datum.encoded:
+                    kinds.add(image_format(datum.data) or "unknown")
+            elif datum.encoded and info.encoding and "encoded" in info.encoding:
+                # convert_imageset writes images of any size and type (JPEG and PNG mixed).
+                shapes.add(shape)
+                kinds.add(image_format(datum.data) or "unknown")
             elif shape != info.shape or encoding != info.encoding:
                 info.problem = (
                     f"key {key_text(bytes(key))}: Datum {'×'.join(map(str, shape))} "
@@ -210,6 +220,8 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
         # Through the reader: the options of the records just read, not of a database
         # that replaced them meanwhile.
         info.recipe = describe_db(reader)
+    if info.encoding and (shapes - {info.shape} or len(kinds) > 1):
+        info.encoding += f"; {len(shapes | {info.shape})} sizes, {' and '.join(sorted(kinds))}"
     info.count = count
     # Measured after closing: opening a LevelDB database may rewrite its log into a table.
     info.disk_size = sum(
@@ -236,6 +248,9 @@ def describe_db(db: DbReader | str | os.PathLike[str]) -> list[tuple[str, str]]:
     source = loaded[1]["source"]
     items = source["items"]
     names = f"{printable(source['images'])} + {printable(source['labels'])}"
+    imageset = imageset_lines(loaded[1])
+    if imageset is not None:
+        return [("source", f"{names} ({items} images listed)"), *imageset]
     lines = [("source", f"{names} ({items} items)")]
     pairs = pairs_of(loaded[1])
     if pairs is not None:

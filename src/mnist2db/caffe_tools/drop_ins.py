@@ -362,6 +362,12 @@ def _main(tool: Callable[[list[str], str], int], name: str) -> None:
     sys.exit(run(lambda: tool(sys.argv[1:], argv0)))
 
 
+#: For the drop-ins in other modules (convert_imageset): the same frame and entry point.
+run_tool = _run_tool
+tool_main = _main
+log_here = _here
+
+
 def main() -> None:
     """Entry point of the ``convert_mnist_data`` console script."""
     _main(run, PROG)

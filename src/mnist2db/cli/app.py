@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("data_commands", "Write a database's records back as IDX files."),
     "mean": ("caffe_commands", "Compute a database's mean image, as compute_image_mean."),
     "siamese": ("caffe_commands", "Write random image pairs for Caffe's siamese example."),
+    "imageset": ("imageset_commands", "Convert your own images (a list or class folders)."),
 }
 
 

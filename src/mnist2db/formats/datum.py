@@ -13,6 +13,7 @@ layout directly, without a message object per record; the tests prove the bytes 
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Sequence
 
@@ -381,6 +382,12 @@ def datum_shape(datum: Any, where: str = "") -> tuple[int, int, int]:
                 "exceeds Caffe's blob size limit of 2^31-1 values"
             )
         expected *= side
+    if expected == 0 and math.prod(side or 1 for side in shape) * 8 >= 1 << 63:
+        # An empty blob Caffe takes, whose sides numpy cannot shape an array of floats with.
+        raise DatumError(
+            f"{prefix}Datum {' × '.join(map(str, shape))} (channels × height × width) holds "
+            "no values and is too large a shape to read"
+        )
     if len(datum.data) or datum.HasField("data"):
         if len(datum.data) != expected:
             raise DatumError(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from mnist2db.errors import Mnist2dbError, OutputError
+from mnist2db.errors import Mnist2dbError, OutputError, printable
 from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -98,6 +98,44 @@ def pairs_metadata(
         **_source(images, labels),
         "pairs": {"count": pairs, "seed": seed, "balanced": balanced, "method": method},
     }
+
+
+def imageset_metadata(
+    *, root: str, listing: str, lines: int, options: dict[str, Any], seed: int | None
+) -> dict[str, Any]:
+    """What :func:`write_metadata` records for a database of image files
+    (:mod:`mnist2db.imageset`): the root and list (or class folders), how the images
+    were read (``options``: gray, resize, encode_type, check_size), the shuffle's seed."""
+    return {
+        "format": _FORMAT,
+        "version": _VERSION,
+        "source": {"images": root, "labels": listing, "items": lines},
+        "imageset": {
+            **options,
+            "shuffle": None if seed is None else {"seed": seed, "method": SHUFFLE_METHOD},
+        },
+    }
+
+
+def imageset_lines(metadata: dict[str, Any]) -> list[tuple[str, str]] | None:
+    """``info``'s lines on a database of image files, else None."""
+    found = metadata.get("imageset")
+    if found is None:
+        return None
+    shuffle = found.get("shuffle")
+    read = "grey" if found.get("gray") else "colour (BGR)"
+    if found.get("resize"):
+        read += ", resized to {} × {}".format(*found["resize"])
+    lines = [("images", read)]
+    if found.get("encode_type"):
+        lines.append(("encoded", f"{found['encode_type']} in Datum.data (encoded: true)"))
+    order = (
+        "list order"
+        if shuffle is None
+        else f"shuffled, seed {shuffle['seed']} ({shuffle['method']})"
+    )
+    lines.append(("order", order))
+    return lines
 
 
 def write_metadata(directory: str, metadata: dict[str, Any], out: str) -> None:
@@ -225,6 +263,16 @@ def _check_fields(metadata: Any) -> None:
     for name in ("images", "labels"):
         _field(source, f"source.{name}", _TEXT)
     items = _field(source, "source.items", _COUNT)
+    if metadata.get("imageset") is not None:  # image files: no IDX source, no recipe
+        found = _field(metadata, "imageset", _OBJECT)
+        _field(found, "imageset.gray", _BOOL)
+        shuffle = _field(
+            found, "imageset.shuffle", ("an object or null", lambda v: v is None or type(v) is dict)
+        )
+        if shuffle is not None:
+            _field(shuffle, "imageset.shuffle.seed", _SEED)
+            _field(shuffle, "imageset.shuffle.method", _TEXT)
+        return
     magic = ("a magic number, '0x' and 8 hex digits", lambda v: type(v) is str
              and re.fullmatch(r"0x[0-9a-f]{8}", v) is not None)  # fmt: skip
     _field(source, "source.label_magic", magic)
@@ -274,6 +322,12 @@ def read_metadata(
     if loaded is None:
         return None
     path, metadata = loaded
+    if "imageset" in metadata:
+        raise Mnist2dbError(
+            f"{os.path.dirname(path)}: a database of image files "
+            f"({printable(str(metadata['source']['images']))}): its records are not items "
+            "of IDX files"
+        )
     pairs = pairs_of(metadata)
     if pairs is not None:
         name = os.path.dirname(path)

@@ -1,0 +1,164 @@
+"""``convert_imageset ROOTFOLDER/ LISTFILE DB_NAME``: Caffe's tool, byte for byte, as a drop-in.
+
+Caffe's command line (gflags: ``--gray --shuffle --backend --resize_width --resize_height
+--check_size --encoded --encode_type``, and gflags' and glog's own flags) and log lines;
+the records are Caffe's (:mod:`mnist2db.imageset`). Where Caffe aborts half-way or writes
+nothing without a word, this refuses in one line and leaves nothing behind. Extensions:
+``--overwrite`` (replace an existing database of the backend), ``--seed`` (a repeatable
+``--shuffle``; Caffe's draws from ``/dev/urandom``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from mnist2db.caffe_tools.drop_ins import OPENED_AT, log_here, run_tool, tool_main
+from mnist2db.caffe_tools.gflags import Flag, ParsedArgs
+from mnist2db.caffe_tools.glog import Logger
+from mnist2db.storage.backends import DEFAULT_BACKEND
+
+PROG = "convert_imageset"
+
+USAGE = """\
+Convert a set of images to the leveldb/lmdb
+format used as input for Caffe.
+Usage:
+    convert_imageset [FLAGS] ROOTFOLDER/ LISTFILE DB_NAME
+The ImageNet dataset for the training demo is at
+    http://www.image-net.org/download-images
+(mnist2db: --overwrite and --seed are extensions.)
+"""
+
+#: The flags of tools/convert_imageset.cpp, then mnist2db's.
+FLAGS: dict[str, Flag] = {
+    "gray": Flag("gray", "bool", False, "When this option is on, treat images as grayscale ones"),
+    "shuffle": Flag(
+        "shuffle", "bool", False, "Randomly shuffle the order of images and their labels"
+    ),
+    "backend": Flag(
+        "backend", "string", DEFAULT_BACKEND, "The backend {lmdb, leveldb} for storing the result"
+    ),
+    "resize_width": Flag("resize_width", "int32", 0, "Width images are resized to"),
+    "resize_height": Flag("resize_height", "int32", 0, "Height images are resized to"),
+    "check_size": Flag(
+        "check_size",
+        "bool",
+        False,
+        "When this option is on, check that all the datum have the same size",
+    ),
+    "encoded": Flag(
+        "encoded", "bool", False, "When this option is on, the encoded image will be save in datum"
+    ),
+    "encode_type": Flag(
+        "encode_type",
+        "string",
+        "",
+        "Optional: What type should we encode the image as ('png','jpg',...).",
+    ),
+    "overwrite": Flag(
+        "overwrite", "bool", False, "Replace an existing database at DB_NAME (mnist2db extension)"
+    ),
+    "seed": Flag(
+        "seed", "int64", -1, "Seed of --shuffle; -1: a fresh one each run (mnist2db extension)"
+    ),
+}
+
+
+def _convert(parsed: ParsedArgs, logger: Logger) -> None:
+    from mnist2db.errors import ArgumentError
+    from mnist2db.formats.image_list import ListEntry, read_image_list
+    from mnist2db.imageset import Skipped, write_imageset
+
+    root, listing, db_path = parsed.positional
+    backend = str(parsed["backend"])
+    encode_type = str(parsed["encode_type"])
+    width = max(0, int(parsed["resize_width"]))  # type: ignore[call-overload]
+    height = max(0, int(parsed["resize_height"]))  # type: ignore[call-overload]
+    if (width > 0) != (height > 0):
+        logger.log(
+            "W", log_here(), "only one of --resize_width and --resize_height given: no resize "
+            "(Caffe resizes only when both are)",
+        )  # fmt: skip
+    resize = (width, height) if width and height else None
+    shuffle = bool(parsed["shuffle"])
+    order: list[ListEntry] | None = None
+    if shuffle:
+        import numpy as np
+
+        seed = int(parsed["seed"])  # type: ignore[call-overload]
+        if seed == -1:
+            seed = int.from_bytes(os.urandom(8), "little") >> 1
+        if not 0 <= seed < 1 << 63:
+            raise ArgumentError(f"--seed must be between 0 and 2**63-1, got {seed}")
+        logger.log("I", "convert_imageset.cpp:86", "Shuffling data")
+        logger.log("I", log_here(), f"Shuffle seed {seed} (--seed={seed} repeats this order)")
+        listed = list(read_image_list(listing))
+        picks = np.argsort(np.random.PCG64(seed).random_raw(len(listed)), kind="stable")
+        order = [
+            ListEntry(position, listed[i].path, listed[i].label)
+            for position, i in enumerate(picks.tolist())
+        ]
+
+    def entries() -> list[ListEntry] | object:
+        return order if order is not None else read_image_list(listing)
+
+    def started(total: int) -> None:
+        logger.log("I", "convert_imageset.cpp:89", f"A total of {total} images.")
+        if encode_type and not parsed["encoded"]:
+            logger.log(
+                "I", "convert_imageset.cpp:92", "encode_type specified, assuming encoded=true."
+            )
+        logger.log("I", OPENED_AT.get(backend, "db.cpp:0"), f"Opened {backend} {db_path}")
+
+    def skipped(gone: Skipped) -> None:
+        logger.log("E", "io.cpp:80", f"Could not open or find file {gone.reason}")
+
+    def progress(done: int, total: int) -> None:
+        if done % 1000 == 0:
+            logger.log("I", "convert_imageset.cpp:147", f"Processed {done} files.")
+
+    result = write_imageset(
+        root,
+        entries,  # type: ignore[arg-type]
+        db_path,
+        backend,
+        gray=bool(parsed["gray"]),
+        resize=resize,
+        encoded=bool(parsed["encoded"]),
+        encode_type=encode_type or None,
+        check_size=bool(parsed["check_size"]),
+        overwrite=bool(parsed["overwrite"]),
+        where=listing,
+        inputs=[listing],
+        progress=progress,
+        on_skip=skipped,
+        on_start=started,
+    )
+    if result.count % 1000:
+        logger.log("I", "convert_imageset.cpp:153", f"Processed {result.count} files.")
+    if result.skipped:
+        logger.log(
+            "W",
+            log_here(),
+            f"Skipped {len(result.skipped)} of {result.lines} images that could not be read "
+            "(their keys are left out, as Caffe leaves them).",
+        )
+
+
+def convert_imageset(argv: list[str], argv0: str = PROG) -> int:
+    """Run convert_imageset on ``argv`` (without the program name); the exit code."""
+    return run_tool(
+        argv, argv0, FLAGS, USAGE, "tools/convert_imageset.cpp", (3,), _convert,
+        alsologtostderr=True,
+    )  # fmt: skip
+
+
+def main() -> None:
+    """Entry point of the ``convert_imageset`` console script."""
+    tool_main(convert_imageset, PROG)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
+    sys.exit(0)

@@ -1,0 +1,84 @@
+"""``mnist2db imageset``: a user's own images (a list or class folders) to Caffe records or
+an MNIST IDX pair."""
+
+from __future__ import annotations
+
+import click
+
+from mnist2db.cli.common import check_seed, echo, library_errors, progress_reporter
+from mnist2db.cli.options import Path, backend_option, quiet_option, shuffle_options
+
+
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    width, x, height = value.lower().partition("x")
+    if not (x and width.isdigit() and height.isdigit() and int(width) and int(height)):
+        raise click.BadParameter(f"{value!r} is not WIDTHxHEIGHT (e.g. 28x28)")
+    return int(width), int(height)
+
+
+@click.command()
+@click.argument("root", type=Path(path_type=str))
+@click.argument("out", type=Path(path_type=str))
+@click.option("--list", "listing", type=Path(dir_okay=False, path_type=str),
+              help="A Caffe list file (PATH LABEL lines, paths relative to ROOT).  "
+                   "[default: ROOT/<class>/<image> folders]")  # fmt: skip
+@click.option("--to", type=click.Choice(["db", "idx"]), default="db", show_default=True,
+              help="db: a Caffe database; idx: OUT-images-idx3-ubyte and OUT-labels-idx1-ubyte.")  # fmt: skip
+@backend_option
+@click.option("--gray", is_flag=True, help="Read the images grey (as Caffe's --gray).")
+@click.option("--resize", callback=_size, metavar="WxH",
+              help="Resize every image to W×H as OpenCV (Caffe's --resize_width/--resize_height).")  # fmt: skip
+@click.option("--encoded", type=click.Choice(["file", "png", "jpg", "bmp"]), default=None,
+              help="Store encoded images: each file's own bytes (file), or re-encoded as Caffe "
+                   "encodes them.  [default: raw pixels]")  # fmt: skip
+@click.option("--check-size", is_flag=True, help="Refuse images of different sizes.")
+@shuffle_options
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it is what this writes.")
+@quiet_option
+def imageset(
+    root: str, out: str, listing: str | None, to: str, backend: str, gray: bool,
+    resize: tuple[int, int] | None, encoded: str | None, check_size: bool, shuffle: bool,
+    seed: int | None, overwrite: bool, quiet: bool,
+) -> None:  # fmt: skip
+    """Convert your own images into a Caffe database (or an MNIST IDX pair).
+
+    With --list, the records are byte for byte Caffe's convert_imageset ROOT/ LIST OUT.
+    Without, ROOT holds one folder per class (sorted names are labels 0, 1, ...; hidden
+    folders are skipped), and OUT.classes.txt and OUT.list.txt are written beside OUT so
+    that --list repeats the run. Images that cannot be read are skipped and named. --to idx
+    writes grey images of one size (give --resize otherwise), labels 0-255.
+
+    \b
+    Examples:
+      mnist2db imageset my_digits/ my_digits_lmdb
+      mnist2db imageset --to idx --resize 28x28 my_digits/ my_digits
+      mnist2db imageset --list train.txt --gray --shuffle --seed 1 photos/ train_lmdb
+    """
+    from mnist2db.own_images import convert_images
+
+    check_seed({"seed": seed, "shuffle": shuffle})
+    skipped: list[str] = []
+    with library_errors(), progress_reporter("Converting", quiet) as progress:
+        done = convert_images(
+            root, out, listing=listing, to=to, backend=backend.lower(), gray=gray,
+            resize=resize, encoded=encoded, check_size=check_size, shuffle=shuffle,
+            seed=seed, overwrite=overwrite, progress=progress,
+            on_skip=lambda gone: skipped.append(gone.reason),
+        )  # fmt: skip
+    if quiet:
+        return
+    for reason in skipped:
+        echo(f"skipped: {reason}", err=True)
+    if done.hidden:
+        shown = ", ".join(done.hidden[:5]) + (" …" if len(done.hidden) > 5 else "")
+        echo(f"skipped {len(done.hidden)} hidden folders and files: {shown}", err=True)
+    if done.classes:
+        echo(f"{len(done.classes)} classes: {', '.join(done.classes[:10])}"
+             + (" …" if len(done.classes) > 10 else ""), err=True)  # fmt: skip
+    if done.seed is not None:
+        echo(f"shuffled with seed {done.seed} (--seed {done.seed} repeats it)", err=True)
+    echo(done.result.summary(), err=True)
+    for path in done.extra:
+        echo(f"Wrote {path}.", err=True)

@@ -1,0 +1,499 @@
+"""Image files read and written as Caffe's OpenCV reads and writes them, with Pillow and numpy.
+
+Caffe's ``convert_imageset`` reads each image with ``cv::imread(path, IMREAD_COLOR)`` (or
+``IMREAD_GRAYSCALE`` with ``--gray``) and stores the pixels BGR, channel after channel. The
+pixels OpenCV 4.6 returns follow per-format rules, reproduced here (:func:`decode_image`):
+
+* colour: BGR; a grey image has its value in all three channels; alpha is dropped (never
+  blended); palettes are expanded; 16-bit samples keep their high byte;
+* grey, by format: JPEG gives libjpeg's luma (the Y channel, as decoded, not recomputed);
+  PNG libpng's truncating ``(9797 R + 19234 G + 3737 B) >> 15`` (computed on 16-bit samples
+  before their high byte is kept); BMP, PPM and TIFF OpenCV's rounded
+  ``(4899 R + 9617 G + 1868 B + 8192) >> 14``; WebP ``cvtColor``'s 15-bit
+  ``(9798 R + 19235 G + 3735 B + 16384) >> 15``; CMYK JPEGs OpenCV's own CMYK conversion;
+* TIFF's unassociated alpha is multiplied in (libtiff's RGBA interface, rounded);
+* the EXIF orientation of a JPEG or PNG is applied (flips and a transpose, ``ExifTransform``).
+
+Writing (:func:`encode_image`) follows ``cv::imencode`` with Caffe's defaults: PNG with the
+Sub filter on every row, zlib level 1 with ``Z_RLE`` and libpng's window and 8192-byte
+``IDAT`` chunks; JPEG through Pillow's libjpeg at quality 95, 4:2:0; BMP as OpenCV's
+writer lays it out. Other formats OpenCV writes (TIFF, WebP, PPM, ...) depend on library
+settings that are not reproduced: they are refused, naming the choices.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import zlib
+from typing import TYPE_CHECKING, Any
+
+from mnist2db.errors import ImageError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: The formats OpenCV 4.6 reads, by Pillow's name for them (GIF is not among them).
+READ_FORMATS = ("BMP", "JPEG", "MPO", "PNG", "PPM", "TIFF", "WEBP")
+#: The extensions :func:`encode_image` writes, as ``imencode("." + ext)`` does.
+ENCODE_TYPES = ("png", "jpg", "jpeg", "jpe", "bmp", "dib")
+
+#: OpenCV's rounded grey weights (``icvCvt_BGR2Gray_8u``, ``cvtColor``), 14-bit fixed point.
+_CV_R, _CV_G, _CV_B = 4899, 9617, 1868
+#: ``cvtColor(COLOR_BGR2GRAY)`` (WebP's grey): rounded 15-bit weights.
+_CV15_R, _CV15_G, _CV15_B = 9798, 19235, 3735
+#: libpng's ``png_set_rgb_to_gray(png, 1, 0.299, 0.587)``: truncated 15-bit weights, blue
+#: the rest of 32768.
+_PNG_R, _PNG_G, _PNG_B = 9797, 19234, 3737
+_EXIF_ORIENTATION = 0x0112
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_IDAT_SIZE = 8192
+
+
+def image_format(data: bytes) -> str | None:
+    """The format of encoded image bytes from their signature (``"PNG"``, ``"JPEG"``, ...)."""
+    head = bytes(data[:12])
+    if head.startswith(_PNG_SIGNATURE):
+        return "PNG"
+    if head.startswith(b"\xff\xd8\xff"):
+        return "JPEG"
+    if head.startswith(b"BM"):
+        return "BMP"
+    if head[:4] in (b"II*\x00", b"MM\x00*"):
+        return "TIFF"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "WEBP"
+    if len(head) >= 2 and head[0:1] == b"P" and head[1:2] in b"123456":
+        return "PPM"
+    return None
+
+
+def read_image(path: str | bytes, *, color: bool) -> np.ndarray:
+    """The pixels of the image file at ``path`` as ``cv::imread`` returns them: ``(h, w, 3)``
+    BGR when ``color``, else ``(h, w)`` grey; uint8.
+
+    Raises:
+        ImageError: the file cannot be opened, or is not an image OpenCV reads (the message
+            names the path and why).
+    """
+    shown = os.fsdecode(path)
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read()
+    except OSError as exc:
+        raise ImageError(f"{shown}: cannot read it: {exc.strerror}") from None
+    return decode_image(data, color=color, where=shown)
+
+
+def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
+    """Decode image bytes as ``cv::imdecode`` does: ``color`` True for ``IMREAD_COLOR``
+    (``(h, w, 3)`` BGR), False for ``IMREAD_GRAYSCALE`` (``(h, w)``), None for the image's
+    own kind (grey images grey, every other colour; alpha dropped, no EXIF orientation:
+    what Caffe's data layer gets from an encoded Datum).
+
+    Raises:
+        ImageError: not an image OpenCV reads, or damaged (naming ``where``).
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    kind = image_format(data)
+    if kind == "PNG":
+        plain = _plain_png(data)
+        if plain is not None:
+            import numpy as np
+
+            mode, width, height, raw = plain
+            grey = mode == "L"
+            shape = (height, width) if grey else (height, width, 3)
+            pixels = np.frombuffer(raw, dtype=np.uint8).reshape(shape)
+            want = (not grey) if color is None else color
+            return _convert(pixels, "grey" if grey else "rgb", kind, want, None)
+    if kind is None:
+        raise ImageError(f"{where}: not an image OpenCV reads (PNG, JPEG, BMP, PPM, TIFF, WebP)")
+    try:
+        with Image.open(io.BytesIO(data), formats=[kind]) as opened:
+            pixels, model = _samples(opened, kind, color, data)
+            gamma = _png_gamma(dict(opened.info)) if kind == "PNG" else None
+            orientation = 1
+            if _may_orient(kind, data, opened) and color is not None:
+                orientation = int(opened.getexif().get(_EXIF_ORIENTATION, 1) or 1)
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError, struct.error) as exc:
+        raise ImageError(f"{where}: {kind} image cannot be decoded: {exc}") from None
+    if color is None:
+        color = model != "grey"
+    image = _convert(pixels, model, kind, color, gamma)
+    return _orient(image, orientation)
+
+
+#: Chunks that change nothing OpenCV reads from an 8-bit grey or RGB PNG.
+_INERT_CHUNKS = frozenset((b"tEXt", b"zTXt", b"iTXt", b"tIME", b"pHYs", b"bKGD", b"sBIT",
+                           b"tRNS", b"hIST", b"sPLT", b"cHRM"))  # fmt: skip
+
+
+def png_planes(data: bytes, color: bool) -> tuple[bytes, tuple[int, int, int]] | None:
+    """A plain PNG's pixels as Caffe's ``CVMatToDatum`` stores them, channel after channel
+    (BGR), and their ``(channels, height, width)``; None when the full path must decode it
+    (not a plain PNG, or grey wanted of a colour one). No numpy: the commonest case of
+    ``convert_imageset`` costs a file read, an inflate and a few byte copies."""
+    plain = _plain_png(data)
+    if plain is None:
+        return None
+    mode, width, height, raw = plain
+    if mode == "L":
+        return (raw * 3, (3, height, width)) if color else (raw, (1, height, width))
+    if not color:
+        return None
+    return raw[2::3] + raw[1::3] + raw[0::3], (3, height, width)
+
+
+def _plain_png(data: bytes) -> tuple[str, int, int, bytes] | None:
+    """The samples of the commonest PNGs (8-bit grey or RGB, not interlaced, no gamma,
+    colour profile or EXIF), by Pillow's own zlib decoder without its Python chunk reader:
+    ``(mode, width, height, bytes)``. None for anything else, or anything unusual (a CRC
+    that does not match, data cut short): the full path then decides."""
+    from PIL import Image
+
+    if len(data) < 33 or data[12:16] != b"IHDR":
+        return None
+    width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", data[16:29])
+    if depth != 8 or colour not in (0, 2) or interlace or not 0 < width * height <= 1 << 24:
+        return None
+    parts = []
+    position = 8
+    end = len(data)
+    while position + 12 <= end:
+        length, name = struct.unpack(">I4s", data[position : position + 8])
+        body_end = position + 8 + length
+        if body_end + 4 > end:
+            return None
+        if name in (b"IHDR", b"IDAT"):
+            crc = zlib.crc32(data[position + 4 : body_end])
+            if struct.unpack(">I", data[body_end : body_end + 4])[0] != crc:
+                return None
+            if name == b"IDAT":
+                parts.append(data[position + 8 : body_end])
+        elif name == b"IEND":
+            break
+        elif name not in _INERT_CHUNKS:
+            return None
+        position = body_end + 4
+    mode = "L" if colour == 0 else "RGB"
+    try:
+        picture = Image.new(mode, (width, height))
+        decoder = Image._getdecoder(mode, "zip", mode)
+        decoder.setimage(picture.im, (0, 0, width, height))
+        consumed, error = decoder.decode(b"".join(parts))
+        decoder.cleanup()
+    except (AttributeError, TypeError, ValueError, OSError):
+        return None  # another Pillow's internals, or a damaged stream: the full path
+    if consumed >= 0 or error < 0:
+        return None
+    return mode, width, height, picture.tobytes()
+
+
+def _may_orient(kind: str, data: bytes, opened: Any) -> bool:
+    """Whether the image may carry an EXIF orientation OpenCV applies: a JPEG with an
+    ``Exif`` APP1 segment, a PNG with an ``eXIf`` chunk (reading EXIF costs a parse)."""
+    if kind == "JPEG":
+        return b"Exif\x00\x00" in data[:65536]
+    return kind == "PNG" and (b"eXIf" in data or "exif" in opened.info)
+
+
+def _samples(opened: Any, kind: str, color: bool | None, data: bytes) -> tuple[np.ndarray, str]:
+    """The image's 8-bit samples and their model: ``"grey"`` (h, w), ``"rgb"`` (h, w, 3)
+    (or (h, w, 3) uint16 for a 16-bit colour PNG), ``"cmyk"`` (h, w, 4) as libjpeg gives them."""
+    import numpy as np
+
+    mode = opened.mode
+    if kind == "JPEG" and color is False and mode in ("RGB", "YCbCr"):
+        # libjpeg's own grey output: the Y channel, chroma never converted.
+        opened.draft("L", opened.size)
+        mode = opened.mode
+    if kind == "PNG" and mode in ("RGB", "RGBA") and _png_layout(opened) == (16, 0):
+        return _png16_rgb(opened), "rgb"
+    inverted = kind == "JPEG" and _inverted_cmyk(opened)  # read before load() drops the tiles
+    opened.load()
+    if mode == "1":
+        return np.asarray(opened.convert("L")), "grey"
+    if kind == "PPM" and mode in ("L", "RGB"):
+        top = _pnm_maxval(data)
+        if top < 255:
+            # OpenCV keeps the samples as stored; Pillow stretches them to 0..255.
+            stretched = np.rint(np.arange(top + 1) * 255 / top).astype(np.int64)
+            back = np.zeros(256, dtype=np.uint8)
+            back[stretched] = np.arange(top + 1, dtype=np.uint8)
+            return back[np.asarray(opened)], "grey" if mode == "L" else "rgb"
+    if mode in ("L", "LA", "La"):
+        return np.asarray(opened if mode == "L" else opened.getchannel(0)), "grey"
+    if mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
+        wide = np.asarray(opened).astype(np.int64)
+        top = 255 if kind == "PPM" and opened.info.get("maxval", 65535) <= 255 else 65535
+        if top == 255:
+            return wide.clip(0, 255).astype(np.uint8), "grey"
+        return (wide.clip(0, 65535) >> 8).astype(np.uint8), "grey"
+    if mode in ("P", "PA"):
+        return np.asarray(opened.convert("RGB")), "rgb"
+    if mode == "RGBA" and kind == "TIFF":
+        # libtiff's TIFFReadRGBA* (OpenCV's path for these) multiplies unassociated alpha in.
+        wide = np.asarray(opened).astype(np.uint32)
+        return ((wide[:, :, :3] * wide[:, :, 3:] + 127) // 255).astype(np.uint8), "rgb"
+    if mode in ("RGB", "RGBA", "RGBX", "RGBa"):
+        return np.asarray(opened)[:, :, :3], "rgb"
+    if mode == "CMYK" and kind == "TIFF":
+        # libtiff's RGBA interface: each of C, M, Y against the inverted K, truncated.
+        wide = np.asarray(opened).astype(np.uint32)
+        ink = 255 - wide[:, :, 3:]
+        return (ink * (255 - wide[:, :, :3]) // 255).astype(np.uint8), "rgb"
+    if mode == "CMYK":
+        samples = np.asarray(opened)
+        if inverted:
+            samples = 255 - samples  # Pillow inverts Adobe's CMYK; libjpeg gives it as stored
+        return samples, "cmyk"
+    raise ValueError(f"{mode} pixels are not 8- or 16-bit grey or colour")
+
+
+def _pnm_maxval(data: bytes) -> int:
+    """The maximum sample value in a PGM/PPM header (P2/P3/P5/P6); 1 for a bitmap."""
+    import re
+
+    if data[1:2] in (b"1", b"4"):
+        return 1
+    fields = re.sub(rb"#[^\n]*", b" ", bytes(data[2:512])).split()
+    return int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else 255
+
+
+def _png_gamma(info: dict[Any, Any]) -> int | None:
+    """A PNG's gamma as libpng holds it (1/100000), when it makes libpng's grey conversion
+    go through linear light: an sRGB chunk (45455) or a gAMA chunk away from 1.0."""
+    if "srgb" in info:
+        value = 45455
+    elif "gamma" in info:
+        value = int(round(float(info["gamma"]) * 100000))
+    else:
+        return None
+    return value if value and not 95000 <= value <= 105000 else None
+
+
+def _png_gamma_tables(gamma: int) -> tuple[np.ndarray, np.ndarray]:
+    """libpng's 8-bit ``gamma_to_1`` and ``gamma_from_1`` tables for a file gamma."""
+    import math
+
+    import numpy as np
+
+    def reciprocal(value: float) -> int:
+        return int(math.floor(1e10 / value + 0.5))
+
+    def table(exponent: int) -> np.ndarray:
+        values = [0] + [
+            int(math.floor(255 * math.pow(i / 255.0, exponent * 0.00001) + 0.5))
+            for i in range(1, 255)
+        ]
+        return np.array(values + [255], dtype=np.int64)
+
+    screen = reciprocal(gamma)
+    return table(reciprocal(gamma)), table(reciprocal(screen))
+
+
+def _png_layout(opened: Any) -> tuple[int, int]:
+    """A PNG's bit depth and interlace method, from its header (Pillow reduces 16-bit
+    colour to 8 bits; an interlaced one is left to it, the one known difference)."""
+    fp = opened.fp
+    where = fp.tell()
+    try:
+        fp.seek(24)
+        header = fp.read(5)
+    finally:
+        fp.seek(where)
+    return header[0], header[4]
+
+
+def _inverted_cmyk(opened: Any) -> bool:
+    return any(tile[3][0] == "CMYK;I" for tile in getattr(opened, "tile", []) if tile[3])
+
+
+def _png16_rgb(opened: Any) -> np.ndarray:
+    """A 16-bit colour PNG's samples in full (h, w, 3) uint16, alpha dropped: libpng's grey
+    conversion works on them before keeping the high byte, and Pillow keeps only that."""
+    from mnist2db.formats.png16 import decode_png16
+
+    return decode_png16(opened.fp, opened.size)
+
+
+def _convert(
+    pixels: np.ndarray, model: str, kind: str, color: bool, gamma: int | None
+) -> np.ndarray:
+    import numpy as np
+
+    if model == "cmyk":
+        return _cmyk(pixels, color)
+    if model == "grey":
+        grey = np.ascontiguousarray(pixels, dtype=np.uint8)
+        return np.repeat(grey[:, :, None], 3, axis=2) if color else grey
+    if color:
+        if pixels.dtype != np.uint8:
+            pixels = (pixels >> 8).astype(np.uint8)
+        return np.ascontiguousarray(pixels[:, :, ::-1])
+    wide = pixels.astype(np.int64)
+    r, g, b = wide[:, :, 0], wide[:, :, 1], wide[:, :, 2]
+    if kind == "PNG" and gamma is not None and pixels.dtype == np.uint8:
+        # libpng's gamma path: weights applied in linear light, rounded, and back.
+        to_linear, from_linear = _png_gamma_tables(gamma)
+        mixed = (
+            _PNG_R * to_linear[r] + _PNG_G * to_linear[g] + _PNG_B * to_linear[b] + (1 << 14)
+        ) >> 15
+        same = (r == g) & (g == b)
+        return np.where(same, r, from_linear[mixed]).astype(np.uint8)
+    if kind == "PNG":
+        weighted: np.ndarray = (_PNG_R * r + _PNG_G * g + _PNG_B * b) >> 15
+        if pixels.dtype != np.uint8:
+            weighted = weighted >> 8
+        return weighted.astype(np.uint8)
+    if kind == "WEBP":
+        return ((_CV15_R * r + _CV15_G * g + _CV15_B * b + (1 << 14)) >> 15).astype(np.uint8)
+    return ((_CV_R * r + _CV_G * g + _CV_B * b + (1 << 13)) >> 14).astype(np.uint8)
+
+
+def _cmyk(samples: np.ndarray, color: bool) -> np.ndarray:
+    """OpenCV's ``icvCvt_CMYK2BGR_8u`` / ``icvCvt_CMYK2Gray_8u`` on libjpeg's CMYK."""
+    import numpy as np
+
+    wide = samples.astype(np.int64)
+    k = wide[:, :, 3]
+    c, m, y = (k - (((255 - wide[:, :, i]) * k) >> 8) for i in range(3))
+    if color:
+        bgr: np.ndarray = np.stack([y, m, c], axis=2).astype(np.uint8)
+        return bgr
+    grey: np.ndarray = ((_CV_B * y + _CV_G * m + _CV_R * c + (1 << 13)) >> 14).astype(np.uint8)
+    return grey
+
+
+def _orient(image: np.ndarray, orientation: int) -> np.ndarray:
+    """OpenCV's ``ExifTransform``: the EXIF orientation undone by flips and a transpose."""
+    import numpy as np
+
+    if orientation in (5, 6, 7, 8):
+        image = np.swapaxes(image, 0, 1)
+    flips = {2: (1,), 3: (0, 1), 4: (0,), 6: (1,), 7: (0, 1), 8: (0,)}.get(orientation, ())
+    for axis in flips:
+        image = np.flip(image, axis)
+    return np.ascontiguousarray(image)
+
+
+def to_chw(image: np.ndarray) -> np.ndarray:
+    """``(h, w)`` or ``(h, w, c)`` pixels as Caffe's ``CVMatToDatum`` orders them: ``(c, h, w)``."""
+    import numpy as np
+
+    if image.ndim == 2:
+        return image[None]
+    return np.ascontiguousarray(image.transpose(2, 0, 1))
+
+
+# -- writing, as cv::imencode ------------------------------------------------------------------
+
+
+def encode_image(image: np.ndarray, ext: str) -> bytes:
+    """``cv::imencode("." + ext, image)`` with no parameters: ``image`` is ``(h, w)`` grey or
+    ``(h, w, 3)`` BGR uint8.
+
+    Raises:
+        ImageError: ``ext`` is not one of :data:`ENCODE_TYPES`.
+    """
+    ext = ext.lower()
+    if ext == "png":
+        return encode_png(image)
+    if ext in ("jpg", "jpeg", "jpe"):
+        return encode_jpeg(image)
+    if ext in ("bmp", "dib"):
+        return encode_bmp(image)
+    raise ImageError(
+        f"cannot encode images as {ext!r}: the types written as Caffe writes them are "
+        f"{', '.join(ENCODE_TYPES)}"
+    )
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    crc = zlib.crc32(body, zlib.crc32(kind))
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    """OpenCV's PNG: Sub filter on every row, zlib level 1 with ``Z_RLE`` and the window
+    libpng picks for the image's size, ``IDAT`` chunks of 8192 bytes."""
+    import numpy as np
+
+    rows, cols = image.shape[:2]
+    channels = 1 if image.ndim == 2 else image.shape[2]
+    samples = image if channels == 1 else image[:, :, ::-1]  # png_set_bgr: stored RGB
+    flat = np.ascontiguousarray(samples, dtype=np.uint8).reshape(rows, cols * channels)
+    filtered = np.empty((rows, cols * channels + 1), dtype=np.uint8)
+    filtered[:, 0] = 1  # Sub
+    filtered[:, 1 : 1 + channels] = flat[:, :channels]
+    filtered[:, 1 + channels :] = flat[:, channels:] - flat[:, :-channels]
+    raw = filtered.tobytes()
+    window = 15
+    if len(raw) <= 16384:  # libpng's png_deflate_claim shrinks the window for small images
+        half = 1 << (window - 1)
+        while len(raw) + 262 <= half:
+            half >>= 1
+            window -= 1
+    compressor = zlib.compressobj(1, zlib.DEFLATED, max(window, 9), 8, zlib.Z_RLE)
+    stream = _optimize_cmf(compressor.compress(raw) + compressor.flush(), len(raw))
+    header = struct.pack(">IIBBBBB", cols, rows, 8, 0 if channels == 1 else 2, 0, 0, 0)
+    parts = [_PNG_SIGNATURE, _chunk(b"IHDR", header)]
+    for start in range(0, len(stream), _IDAT_SIZE):
+        parts.append(_chunk(b"IDAT", stream[start : start + _IDAT_SIZE]))
+    parts.append(_chunk(b"IEND", b""))
+    return b"".join(parts)
+
+
+def _optimize_cmf(stream: bytes, size: int) -> bytes:
+    """libpng's ``optimize_cmf``: the zlib header names the smallest window that holds
+    ``size`` bytes (the check bits recomputed), whatever window compressed them."""
+    cmf = stream[0]
+    if size > 16384 or cmf & 0x0F != 8 or cmf & 0xF0 > 0x70:
+        return stream
+    info = cmf >> 4
+    half = 1 << (info + 7)
+    if size > half:
+        return stream
+    while True:
+        half >>= 1
+        info -= 1
+        if not (info > 0 and size <= half):
+            break
+    cmf = (cmf & 0x0F) | (info << 4)
+    flags = stream[1] & 0xE0
+    flags += 0x1F - ((cmf << 8) + flags) % 0x1F
+    return bytes((cmf, flags)) + stream[2:]
+
+
+def encode_jpeg(image: np.ndarray) -> bytes:
+    """OpenCV's JPEG: libjpeg's defaults at quality 95 (4:2:0 for colour, baseline)."""
+    from PIL import Image
+
+    picture = Image.fromarray(image if image.ndim == 2 else image[:, :, ::-1].copy())
+    out = io.BytesIO()
+    picture.save(out, "JPEG", quality=95)
+    return out.getvalue()
+
+
+def encode_bmp(image: np.ndarray) -> bytes:
+    """OpenCV's BMP: bottom-up rows padded to 4 bytes, a grey ramp palette for grey images."""
+    import numpy as np
+
+    rows, cols = image.shape[:2]
+    channels = 1 if image.ndim == 2 else image.shape[2]
+    width = cols * channels
+    step = (width + 3) & -4
+    palette = b"".join(bytes((i, i, i, 0)) for i in range(256)) if channels == 1 else b""
+    header_size = 14 + 40 + len(palette)
+    body = np.zeros((rows, step), dtype=np.uint8)
+    body[:, :width] = np.ascontiguousarray(image, dtype=np.uint8).reshape(rows, width)
+    return (
+        b"BM"
+        + struct.pack("<IiI", header_size + step * rows, 0, header_size)
+        + struct.pack("<IiiHHIIiiII", 40, cols, rows, 1, channels * 8, 0, 0, 0, 0, 0, 0)
+        + palette
+        + body[::-1].tobytes()
+    )

@@ -1,0 +1,166 @@
+"""One image file to one record, as Caffe's ``ReadImageToDatum`` makes it, and many of them
+decoded in list order on a few threads, a bounded window ahead (memory holds a few chunks,
+never the set).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from mnist2db.errors import ImageError, printable
+from mnist2db.formats.datum import datum_prefix
+from mnist2db.formats.image import encode_image, png_planes, read_image, to_chw
+from mnist2db.formats.image_list import ListEntry
+from mnist2db.formats.protowire import encode_varint
+from mnist2db.formats.resize import resize_linear
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: Entries per task handed to a worker thread.
+CHUNK = 16
+
+
+def encoding_of(entry: ListEntry, encode_type: str | None) -> str:
+    """The type ``entry``'s record is encoded as: ``encode_type``, or Caffe's guess, the
+    path's extension in lower case."""
+    if encode_type:
+        return encode_type.lower()
+    path = entry.path
+    dot = path.rfind(b".")
+    return os.fsdecode(path[dot + 1 :] if dot >= 0 else path).lower()
+
+
+def matches_ext(filename: bytes, encoding: str) -> bool:
+    """Caffe's ``matchExt``: the file's extension (after its last dot) is the encoding."""
+    dot = filename.rfind(b".")
+    ext = os.fsdecode(filename[dot + 1 :] if dot >= 0 else filename).lower()
+    return ext == encoding or (encoding == "jpg" and ext == "jpeg")
+
+
+def image_record(
+    entry: ListEntry,
+    *,
+    root: bytes,
+    color: bool,
+    resize: tuple[int, int] | None,
+    encoding: str | None,
+) -> tuple[bytes, tuple[int, int, int]]:
+    """The Datum value of ``entry`` as Caffe's ``ReadImageToDatum`` writes it, and the
+    decoded image's ``(channels, height, width)``.
+
+    Raises:
+        ImageError: the image cannot be read (Caffe skips it).
+        OSError: the file cannot be read again (an encoded record's own bytes).
+    """
+    filename = root + entry.path
+    label = b"\x28" + encode_varint(entry.label)
+    if resize is None and encoding is None:
+        try:
+            with open(filename, "rb") as stream:
+                planes = png_planes(stream.read(), color)
+        except OSError:
+            planes = None  # read_image names the file and the reason
+        if planes is not None:
+            data, shape = planes
+            return datum_prefix(*shape, len(data)) + data + label + b"\x38\x00", shape
+    image = read_image(filename, color=color)
+    if resize is not None:
+        image = resize_linear(image, resize[0], resize[1])
+    pixels = to_chw(image)
+    shape = (int(pixels.shape[0]), int(pixels.shape[1]), int(pixels.shape[2]))
+    if encoding is None:
+        data = pixels.tobytes()
+        return datum_prefix(*shape, len(data)) + data + label + b"\x38\x00", shape
+    if resize is None and matches_ext(filename, encoding):
+        with open(filename, "rb") as stream:
+            data = stream.read()
+    else:
+        data = encode_image(image, encoding)
+    return b"\x22" + encode_varint(len(data)) + data + label + b"\x38\x01", shape
+
+
+class RecordWork:
+    """An entry to its record (picklable, for worker processes)."""
+
+    def __init__(
+        self,
+        root: bytes,
+        color: bool,
+        resize: tuple[int, int] | None,
+        encoded: bool,
+        encode_type: str | None,
+    ) -> None:
+        self.root, self.color, self.resize = root, color, resize
+        self.encoded, self.encode_type = encoded, encode_type
+
+    def __call__(self, entry: ListEntry) -> tuple[bytes, tuple[int, int, int]]:
+        encoding = encoding_of(entry, self.encode_type) if self.encoded else None
+        return image_record(
+            entry, root=self.root, color=self.color, resize=self.resize, encoding=encoding
+        )
+
+
+class PixelWork:
+    """An entry to its grey pixels, ``(h, w)`` uint8, resized when asked (picklable)."""
+
+    def __init__(self, root: bytes, resize: tuple[int, int] | None) -> None:
+        self.root, self.resize = root, resize
+
+    def __call__(self, entry: ListEntry) -> np.ndarray:
+        image = read_image(self.root + entry.path, color=False)
+        return image if self.resize is None else resize_linear(image, *self.resize)
+
+
+def _attempt(work: Callable[[ListEntry], Any], root: bytes, entry: ListEntry) -> Any:
+    """``work(entry)``, or the reason (a str) the image could not be read."""
+    try:
+        return work(entry)
+    except ImageError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"{printable(os.fsdecode(root + entry.path))}: cannot read it: {exc.strerror}"
+
+
+def _chunk(work: Callable[[ListEntry], Any], root: bytes, entries: list[ListEntry]) -> list[Any]:
+    return [_attempt(work, root, entry) for entry in entries]
+
+
+def _pool() -> tuple[ThreadPoolExecutor, int]:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = min(cpus or 1, 4)
+    return ThreadPoolExecutor(workers), workers
+
+
+def decode_in_order(
+    entries: Iterable[ListEntry], work: Callable[[ListEntry], Any], root: bytes, total: int
+) -> Iterator[tuple[ListEntry, Any]]:
+    """Each entry with ``work(entry)`` or the reason (a str) it could not be read, in order,
+    decoded on a few threads (zlib, Pillow's decoders and numpy release the GIL), a bounded
+    window of chunks ahead. ``total``: the number of entries (for the window)."""
+    pool, workers = _pool()
+    window: deque[tuple[list[ListEntry], Future[list[Any]]]] = deque()
+    chunk = CHUNK
+    try:
+        batch: list[ListEntry] = []
+        for entry in entries:
+            batch.append(entry)
+            if len(batch) == chunk:
+                window.append((batch, pool.submit(_chunk, work, root, batch)))
+                batch = []
+                if len(window) > 2 * workers:
+                    done, future = window.popleft()
+                    yield from zip(done, future.result(), strict=True)
+        if batch:
+            window.append((batch, pool.submit(_chunk, work, root, batch)))
+        while window:
+            done, future = window.popleft()
+            yield from zip(done, future.result(), strict=True)
+    finally:
+        for _, future in window:
+            future.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)

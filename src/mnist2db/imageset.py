@@ -1,0 +1,375 @@
+"""Image files to Caffe Datum records, as ``convert_imageset`` writes them, or to an IDX pair.
+
+Each entry of a list (:mod:`mnist2db.formats.image_list`) names an image under a root
+folder (Caffe joins the two as text: ``ROOT + PATH``) and its label. Its record, under
+Caffe's key ``%08d_PATH`` (the line's number), is
+
+* raw (the default): the pixels as OpenCV reads them (:mod:`mnist2db.formats.image`),
+  resized by OpenCV's bilinear (:mod:`mnist2db.formats.resize`) when a size is given,
+  channel after channel (BGR), with ``channels``, ``height``, ``width``, ``label`` and an
+  explicit ``encoded: false``;
+* encoded: the file's own bytes when it is not resized and its extension is the encoding's
+  (``--encoded`` alone takes each file's extension), else the pixels re-encoded as OpenCV
+  would; ``data``, ``label`` and ``encoded: true`` only, as Caffe leaves them.
+
+An image that cannot be read is skipped, as Caffe skips it (its line number leaves a gap
+in the keys), and reported. What Caffe aborts on or silently gets wrong is refused before
+anything is written, in one line: a key over LMDB's 511 bytes, more than 10**8 lines, a
+root folder without its ``/``, a type that cannot be encoded; ``check_size`` refuses the
+first image of another size; a run in which no image could be read writes nothing. The
+database is staged and placed whole (:mod:`mnist2db.storage.staging`); batches are bounded
+by records and by bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
+
+from mnist2db.conversion import write_database
+from mnist2db.errors import ArgumentError, ImageError, Mnist2dbError, OutputError, printable
+from mnist2db.formats.datum import KEY_LIMIT
+from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
+from mnist2db.formats.image import ENCODE_TYPES
+from mnist2db.formats.image_list import KEY_LIMIT_LMDB, ListEntry, image_key
+from mnist2db.image_records import (
+    PixelWork,
+    RecordWork,
+    decode_in_order,
+    encoding_of,
+    matches_ext,
+)
+from mnist2db.progress import Progress, reporting
+from mnist2db.storage.backends import DEFAULT_BATCH_SIZE, check_backend, check_batch_size
+from mnist2db.storage.files import AtomicFile
+from mnist2db.storage.metadata import write_metadata
+from mnist2db.storage.placement import check_file_target, place_together
+from mnist2db.storage.staging import staged_database
+
+#: Bytes of records per transaction at most (a batch also stops at ``batch_size`` records).
+BATCH_BYTES = 64 << 20
+
+#: A source of entries: called once per pass (the list is read twice: checked, then written).
+Entries = Callable[[], Iterable[ListEntry]]
+
+
+class Skipped(NamedTuple):
+    """An image that could not be read: its entry and why."""
+
+    entry: ListEntry
+    reason: str
+
+
+class ImagesetResult(NamedTuple):
+    """What :func:`write_imageset` wrote: ``path``, ``backend``, ``count`` (records),
+    ``lines`` (entries listed), ``skipped`` (images that could not be read), ``shape``
+    (``(channels, height, width)`` when every raw record has it, else None), ``seconds``."""
+
+    path: str
+    backend: str
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
+    lines: int
+    skipped: tuple[Skipped, ...]
+    shape: tuple[int, int, int] | None
+    seconds: float
+
+    def summary(self) -> str:
+        skipped = ""
+        if self.skipped:
+            names = ", ".join(printable(os.fsdecode(s.entry.path)) for s in self.skipped[:3])
+            more = f" and {len(self.skipped) - 3} more" if len(self.skipped) > 3 else ""
+            skipped = f"; skipped {len(self.skipped)} that could not be read ({names}{more})"
+        shape = "" if self.shape is None else " of {} × {} × {}".format(*self.shape)
+        return (
+            f"Wrote {self.count} records{shape} from {self.lines} listed images{skipped}.\n"
+            f"Wrote {printable(self.path)} ({self.backend}) in {self.seconds:.2f} s."
+        )
+
+
+def check_entries(
+    entries: Iterable[ListEntry],
+    *,
+    root: bytes,
+    backend: str,
+    encoded: bool,
+    encode_type: str | None,
+    resize: tuple[int, int] | None,
+    where: str,
+) -> int:
+    """Check every entry before any work; returns their number.
+
+    Raises:
+        Mnist2dbError: more than 10**8 lines, an LMDB key over 511 bytes, a type that
+            cannot be encoded, or a root folder missing its ``/`` (each naming the line).
+    """
+    count = 0
+    first: ListEntry | None = None
+    for entry in entries:
+        count += 1
+        first = first or entry
+        if entry.line >= KEY_LIMIT:
+            raise Mnist2dbError(
+                f"{where}: more than {KEY_LIMIT} lines: Caffe's keys (%08d_PATH) stop sorting "
+                "in line order there"
+            )
+        key = image_key(entry)
+        if backend == "lmdb" and len(key) > KEY_LIMIT_LMDB:
+            raise Mnist2dbError(
+                f"{where}:{entry.line + 1}: the key {printable(os.fsdecode(key[:40]))}… is "
+                f"{len(key)} bytes; LMDB keys hold at most {KEY_LIMIT_LMDB} (shorten the "
+                "path, or use --backend leveldb)"
+            )
+        if encoded or encode_type:
+            kind = encoding_of(entry, encode_type)
+            reencoded = resize is not None or not matches_ext(root + entry.path, kind)
+            if reencoded and kind not in ENCODE_TYPES:
+                shown = printable(os.fsdecode(entry.path))
+                raise ImageError(
+                    f"{where}:{entry.line + 1}: {shown}: cannot encode as {kind!r} "
+                    f"(written as Caffe writes them: {', '.join(ENCODE_TYPES)}); "
+                    "give --encode_type"
+                )
+    if first is not None and root and not root.endswith(b"/") and os.path.isdir(root):
+        joined = root + first.path
+        if not os.path.lexists(joined) and os.path.lexists(root + b"/" + first.path):
+            shown = printable(os.fsdecode(root))
+            raise Mnist2dbError(
+                f"{shown}: the root folder does not end with '/': Caffe joins it to each "
+                f"path as text ({printable(os.fsdecode(joined))}, which does not exist); "
+                f"write {shown}/"
+            )
+    return count
+
+
+def write_imageset(
+    root: str | bytes,
+    entries: Entries,
+    out: str | os.PathLike[str],
+    backend: str = "lmdb",
+    *,
+    gray: bool = False,
+    resize: tuple[int, int] | None = None,
+    encoded: bool = False,
+    encode_type: str | None = None,
+    check_size: bool = False,
+    overwrite: bool = False,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    where: str = "list",
+    inputs: Iterable[str] = (),
+    metadata: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+    on_skip: Callable[[Skipped], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> ImagesetResult:
+    """Write the images ``entries()`` names (under ``root``) to a new database at ``out``.
+
+    Args:
+        root: prefix joined to each path as text, as Caffe joins it (``"photos/"``).
+        entries: returns the entries, in key order; called twice (checked, then written).
+        gray: read grey (``IMREAD_GRAYSCALE``) instead of BGR colour.
+        resize: ``(width, height)`` to resize every image to.
+        encoded, encode_type: store encoded images (see the module docstring).
+        check_size: refuse an image whose shape differs from the first one's.
+        where: the list's name, for messages.
+        inputs: paths the output must not replace (the list file, the root).
+        metadata: written as ``mnist2db.json`` beside the records (None: nothing).
+        on_skip: called for each image that cannot be read, when it is skipped.
+        on_start: called with the number of entries once they are checked.
+
+    Raises:
+        Mnist2dbError: a refusal (see the module docstring), no image readable, or the
+            database cannot be written; the destination is then untouched.
+    """
+
+    progress = reporting(progress)
+    started = time.perf_counter()
+    out = os.fspath(out)
+    root_bytes = os.fsencode(root)
+    check_backend(backend)
+    check_batch_size(batch_size)
+    if resize is not None and min(resize) < 1:
+        raise ArgumentError(f"cannot resize to {resize[0]} × {resize[1]}: both must be ≥ 1")
+    if encode_type and encode_type.lower() not in ENCODE_TYPES:
+        raise ImageError(
+            f"cannot encode images as {encode_type!r}: the types written as Caffe writes "
+            f"them are {', '.join(ENCODE_TYPES)}"
+        )
+    total = check_entries(
+        entries(),
+        root=root_bytes,
+        backend=backend,
+        encoded=encoded,
+        encode_type=encode_type,
+        resize=resize,
+        where=where,
+    )
+    if on_start is not None:
+        on_start(total)
+    skipped: list[Skipped] = []
+    state: dict[str, Any] = {"count": 0, "shape": None, "mixed": False}
+
+    def skip(entry: ListEntry, reason: str) -> None:
+        gone = Skipped(entry, reason)
+        skipped.append(gone)
+        if on_skip is not None:
+            on_skip(gone)
+
+    with staged_database(out, backend, overwrite=overwrite, inputs=list(inputs)) as staging:
+        batches = _batches(
+            entries(), root_bytes, not gray, resize, encoded or bool(encode_type), encode_type,
+            check_size, batch_size, state, skip, where, total,
+        )  # fmt: skip
+        write_database(backend, staging, 4096, batches, total, progress, keyed=True)
+        if not state["count"]:
+            raise ImageError(
+                f"{where}: no image could be read"
+                + (f" (the first: {skipped[0].reason})" if skipped else " (it lists none)")
+                + "; nothing written"
+            )
+        if metadata is not None:
+            source = {**metadata.get("source", {}), "items": total}
+            write_metadata(staging, {**metadata, "source": source, "records": state["count"]}, out)
+    return ImagesetResult(
+        path=out,
+        backend=backend,
+        count=state["count"],
+        lines=total,
+        skipped=tuple(skipped),
+        shape=None if state["mixed"] or encoded or encode_type else state["shape"],
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _batches(
+    entries: Iterable[ListEntry],
+    root: bytes,
+    color: bool,
+    resize: tuple[int, int] | None,
+    encoded: bool,
+    encode_type: str | None,
+    check_size: bool,
+    batch_size: int,
+    state: dict[str, Any],
+    skip: Callable[[ListEntry, str], None],
+    where: str,
+    total: int,
+) -> Iterator[list[tuple[bytes, bytes]]]:
+    """``(key, value)`` batches of at most ``batch_size`` records or :data:`BATCH_BYTES`."""
+    batch: list[tuple[bytes, bytes]] = []
+    size = 0
+    first: tuple[ListEntry, tuple[int, int, int]] | None = None
+
+    work = RecordWork(root, color, resize, encoded, encode_type)
+    for entry, record in decode_in_order(entries, work, root, total):
+        if isinstance(record, str):
+            skip(entry, record)
+            continue
+        value, shape = record
+        if first is None:
+            first = (entry, shape)
+            state["shape"] = shape
+        elif shape != first[1]:
+            state["mixed"] = True
+            if check_size:
+                raise _other_size(where, entry, shape, *first,
+                                  "--check_size: every image one size; or give a resize")  # fmt: skip
+        batch.append((image_key(entry), value))
+        size += len(value)
+        state["count"] += 1
+        if len(batch) >= batch_size or size >= BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _other_size(where: str, entry: ListEntry, shape: tuple[int, ...], first: ListEntry,
+                first_shape: tuple[int, ...], hint: str) -> ImageError:  # fmt: skip
+    return ImageError(
+        f"{where}:{entry.line + 1}: {printable(os.fsdecode(entry.path))} is "
+        + " × ".join(map(str, shape))
+        + f", the first image ({printable(os.fsdecode(first.path))}) "
+        + " × ".join(map(str, first_shape))
+        + f" ({hint})"
+    )
+
+
+def write_imageset_idx(
+    root: str | bytes,
+    entries: Entries,
+    prefix: str,
+    *,
+    resize: tuple[int, int] | None = None,
+    overwrite: bool = False,
+    where: str = "list",
+    inputs: Iterable[str] = (),
+    progress: Progress | None = None,
+    on_skip: Callable[[Skipped], None] | None = None,
+) -> ImagesetResult:
+    """Write the images ``entries()`` names as an MNIST pair, ``PREFIX-images-idx3-ubyte``
+    and ``PREFIX-labels-idx1-ubyte``: grey (as OpenCV reads grey), all one size (or
+    ``resize``), labels 0-255. Both files appear together, complete, or neither.
+
+    Raises:
+        Mnist2dbError: a target may not be written, a label outside 0-255, an image of
+            another size, no image readable; nothing is then written.
+    """
+
+    progress = reporting(progress)
+    started = time.perf_counter()
+    root_bytes = os.fsencode(root)
+    targets = (f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte")
+    for target in targets:
+        check_file_target(target, overwrite, list(inputs))
+    if resize is not None and min(resize) < 1:
+        raise ArgumentError(f"cannot resize to {resize[0]} × {resize[1]}: both must be ≥ 1")
+    total = check_entries(entries(), root=root_bytes, backend="idx", encoded=False,
+                          encode_type=None, resize=resize, where=where)  # fmt: skip
+    for entry in entries():
+        if not 0 <= entry.label <= 255:
+            raise Mnist2dbError(
+                f"{where}:{entry.line + 1}: label {entry.label}: an idx1 label file holds "
+                "0 … 255 (write a database instead)"
+            )
+
+    skipped: list[Skipped] = []
+    count = 0
+    first: tuple[ListEntry, tuple[int, ...]] | None = None
+    try:
+        with AtomicFile(targets[0]) as images, AtomicFile(targets[1]) as labels:
+            images.write(pack_header(IMAGES_MAGIC, 0, 0, 0))
+            labels.write(pack_header(LABELS_MAGIC, 0))
+            for entry, image in decode_in_order(
+                entries(), PixelWork(root_bytes, resize), root_bytes, total
+            ):
+                if isinstance(image, str):
+                    skipped.append(Skipped(entry, image))
+                    if on_skip is not None:
+                        on_skip(skipped[-1])
+                    continue
+                if first is None:
+                    first = (entry, image.shape)
+                elif image.shape != first[1]:
+                    raise _other_size(where, entry, image.shape, *first,
+                                      "an IDX file holds one size: give a resize")  # fmt: skip
+                images.write(image.tobytes())
+                labels.write(bytes((entry.label,)))
+                count += 1
+                if count % 1000 == 0:
+                    progress(count, total)
+            if first is None:
+                raise ImageError(f"{where}: no image could be read; nothing written")
+            images.stream.seek(0)
+            images.write(pack_header(IMAGES_MAGIC, count, *first[1]))
+            labels.stream.seek(0)
+            labels.write(pack_header(LABELS_MAGIC, count))
+            place_together([images, labels])
+    except OSError as exc:
+        raise OutputError(f"{exc.filename or prefix}: cannot write: {exc.strerror}") from None
+    progress(count, total)
+    return ImagesetResult(
+        path=targets[0], backend="idx", count=count, lines=total, skipped=tuple(skipped),
+        shape=(1, int(first[1][0]), int(first[1][1])), seconds=time.perf_counter() - started,
+    )  # fmt: skip

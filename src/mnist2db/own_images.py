@@ -1,0 +1,146 @@
+"""``mnist2db imageset``: a user's own images, from a list or a class-folder tree, to Caffe
+records (:func:`mnist2db.imageset.write_imageset`) or to an MNIST IDX pair.
+
+With a list (Caffe's ``PATH LABEL`` lines, relative to ROOT) the records are exactly
+``convert_imageset``'s. Without one, ROOT is a class-folder tree
+(:mod:`mnist2db.formats.image_folders`); the classes and the list generated from it are
+written beside the output (``OUT.classes.txt``: one class name a line, in label order;
+``OUT.list.txt``: the list, which ``--list`` takes to repeat the run). ``seed`` shuffles
+the entries repeatably (the permutation of :func:`mnist2db.records.permutation`); the seed
+and the options are recorded in the database's ``mnist2db.json``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from mnist2db.errors import ArgumentError, OutputError
+from mnist2db.formats.image_list import ListEntry, read_image_list
+from mnist2db.imageset import ImagesetResult, Skipped, write_imageset, write_imageset_idx
+from mnist2db.progress import Progress
+
+TARGETS = ("db", "idx")
+
+
+class OwnImagesResult(NamedTuple):
+    """What :func:`convert_images` wrote: the records' ``result``, the ``seed`` of the
+    shuffle (None: list order), the class names and the ``extra`` files written beside (a
+    class-folder tree), and the ``hidden`` folders and files skipped in it."""
+
+    result: ImagesetResult
+    seed: int | None
+    classes: tuple[str, ...]
+    extra: tuple[str, ...]
+    hidden: tuple[str, ...]
+
+
+def convert_images(
+    root: str,
+    out: str,
+    *,
+    listing: str | None = None,
+    to: str = "db",
+    backend: str = "lmdb",
+    gray: bool = False,
+    resize: tuple[int, int] | None = None,
+    encoded: str | None = None,
+    check_size: bool = False,
+    shuffle: bool = False,
+    seed: int | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    on_skip: Callable[[Skipped], None] | None = None,
+) -> OwnImagesResult:
+    """Write the images under ``root`` to ``out`` (a database, or with ``to="idx"`` the
+    prefix of an IDX pair).
+
+    Args:
+        listing: a Caffe list file; None: ``root`` is a class-folder tree.
+        encoded: ``"file"`` (each file's own bytes, Caffe's ``--encoded``), or a type to
+            encode every image as (``png``, ``jpg``, ``bmp``); None: raw pixels.
+        shuffle, seed: a random order; ``seed`` repeats it (None: a fresh seed).
+
+    Raises:
+        Mnist2dbError: see :func:`mnist2db.imageset.write_imageset` and
+            :func:`mnist2db.imageset.write_imageset_idx`; nothing is then written.
+    """
+    from mnist2db.records import permutation
+    from mnist2db.storage.metadata import imageset_metadata
+    from mnist2db.storage.placement import check_file_target
+
+    if to not in TARGETS:
+        raise ArgumentError(f"unknown target {to!r}: expected one of {', '.join(TARGETS)}")
+    if to == "idx" and encoded is not None:
+        raise ArgumentError("an IDX file holds raw grey pixels: --encoded writes a database")
+    base = os.fsencode(root)
+    prefix = base if not base or base.endswith(b"/") else base + b"/"
+    classes: tuple[str, ...] = ()
+    hidden: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
+    if listing is None:
+        from mnist2db.formats.image_folders import scan_class_folders
+
+        tree = scan_class_folders(root)
+        classes, hidden = tree.classes, tree.hidden
+        entries: list[ListEntry] | None = list(tree.entries)
+        extra = (f"{os.path.normpath(out)}.classes.txt", f"{os.path.normpath(out)}.list.txt")
+        for path in extra:
+            check_file_target(path, overwrite, [root])
+        where = f"{root} (class folders)"
+    else:
+        entries = None
+        where = listing
+    if shuffle:
+        if seed is None:
+            seed = int.from_bytes(os.urandom(8), "little")
+        listed = entries if entries is not None else list(read_image_list(listing or ""))
+        order = permutation(seed, len(listed)).tolist()
+        entries = [ListEntry(k, listed[i].path, listed[i].label) for k, i in enumerate(order)]
+    else:
+        seed = None
+    fixed = entries
+
+    def source() -> Any:
+        return fixed if fixed is not None else read_image_list(listing or "")
+
+    inputs = [root] + ([listing] if listing else [])
+    if to == "idx":
+        result = write_imageset_idx(prefix, source, out, resize=resize, overwrite=overwrite,
+                                    where=where, inputs=inputs, progress=progress,
+                                    on_skip=on_skip)  # fmt: skip
+    else:
+        options = {"gray": gray, "resize": list(resize) if resize else None,
+                   "encode_type": encoded, "check_size": check_size}  # fmt: skip
+        metadata = imageset_metadata(root=root, listing=listing or "class folders",
+                                     lines=len(fixed) if fixed is not None else -1,
+                                     options=options, seed=seed)  # fmt: skip
+        result = write_imageset(
+            prefix, source, out, backend, gray=gray, resize=resize,
+            encoded=encoded == "file", encode_type=None if encoded in (None, "file") else encoded,
+            check_size=check_size, overwrite=overwrite, where=where, inputs=inputs,
+            metadata=metadata, progress=progress, on_skip=on_skip,
+        )  # fmt: skip
+    if fixed is not None and listing is None:
+        _write_beside(extra, classes, fixed)
+    return OwnImagesResult(result, seed, classes, extra, hidden)
+
+
+def _write_beside(
+    paths: tuple[str, ...], classes: tuple[str, ...], entries: list[ListEntry]
+) -> None:
+    """The class names and the generated list, each written whole or not at all."""
+    from mnist2db.storage.files import AtomicFile
+
+    texts = (
+        "".join(f"{name}\n" for name in classes).encode("utf-8", "surrogateescape"),
+        b"".join(e.path + b" %d\n" % e.label for e in sorted(entries, key=lambda e: e.line)),
+    )
+    for path, text in zip(paths, texts, strict=True):
+        try:
+            with AtomicFile(path) as target:
+                target.write(text)
+                target.commit()
+        except OSError as exc:
+            raise OutputError(f"{path}: cannot write: {exc.strerror}") from None

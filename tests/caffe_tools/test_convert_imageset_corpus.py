@@ -1,0 +1,73 @@
+"""The convert_imageset drop-in against Caffe's own output on the recorded corpus.
+
+tests/data/imageset holds small generated images in every promised format and layout,
+the list files, and digests.json: for each run (flags and list) and backend, every key
+Caffe's convert_imageset wrote and the SHA-256 of its value (made by make_corpus.py with
+a real Caffe build; Caffe is not needed here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+
+from mnist2db.caffe_tools.convert_imageset import convert_imageset
+
+CORPUS = os.path.join(os.path.dirname(__file__), os.pardir, "data", "imageset")
+with open(os.path.join(CORPUS, "digests.json"), encoding="utf-8") as _stream:
+    DIGESTS = json.load(_stream)
+
+
+def read_db(path: str, backend: str) -> dict[str, str]:
+    records = {}
+    if backend == "lmdb":
+        import lmdb
+
+        with lmdb.open(path, readonly=True, lock=False) as env, env.begin() as txn:
+            for key, value in txn.cursor():
+                records[key.decode()] = hashlib.sha256(value).hexdigest()
+    else:
+        import plyvel
+
+        db = plyvel.DB(path)
+        try:
+            for key, value in db:
+                records[key.decode()] = hashlib.sha256(value).hexdigest()
+        finally:
+            db.close()
+    return records
+
+
+RUNS = [(name, backend) for name in sorted(DIGESTS["runs"]) for backend in ("lmdb", "leveldb")]
+
+
+@pytest.mark.parametrize(("name", "backend"), RUNS, ids=[f"{n}-{b}" for n, b in RUNS])
+def test_matches_caffe(tmp_path, capsys, name: str, backend: str) -> None:
+    run = DIGESTS["runs"][name]
+    out = str(tmp_path / "db")
+    root = os.path.join(CORPUS, "images") + "/"
+    code = convert_imageset(
+        [*run["flags"], f"--backend={backend}", root, os.path.join(CORPUS, run["list"]), out]
+    )
+    assert code == 0, capsys.readouterr().err
+    expected = run[backend]
+    assert len(expected) > 3
+    got = read_db(out, backend)
+    assert sorted(got) == sorted(expected)
+    differing = [key for key in expected if got[key] != expected[key]]
+    assert differing == []
+
+
+def test_corpus_covers_every_flag() -> None:
+    flags = {flag.split("=")[0] for run in DIGESTS["runs"].values() for flag in run["flags"]}
+    assert flags == {
+        "--gray", "--resize_width", "--resize_height", "--encoded", "--encode_type",
+        "--check_size",
+    }  # fmt: skip
+    types = {
+        f.split("=")[1] for r in DIGESTS["runs"].values() for f in r["flags"] if "encode_type" in f
+    }
+    assert types == {"png", "jpg"}
