@@ -45,7 +45,7 @@ def test_fashion_class_folders_come_back_as_their_idx(tmp_path: Path) -> None:
         Image.fromarray(image).save(root / f"class{label}" / f"{i:05d}.png", compress_level=1)
     (root / ".ipynb_checkpoints").mkdir()
     result = run("imageset", "--to", "idx", root, tmp_path / "fashion")
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 0, result.stderr
     order = np.argsort(labels, kind="stable")
     out_images = (tmp_path / "fashion-images-idx3-ubyte").read_bytes()
     out_labels = (tmp_path / "fashion-labels-idx1-ubyte").read_bytes()
@@ -53,7 +53,7 @@ def test_fashion_class_folders_come_back_as_their_idx(tmp_path: Path) -> None:
     assert out_images[:16] == source_head
     assert out_images[16:] == images[order].tobytes()
     assert out_labels[8:] == labels[order].tobytes()
-    assert "skipped 1 hidden folders and files: .ipynb_checkpoints" in result.output
+    assert "skipped 1 hidden folders and files: .ipynb_checkpoints" in result.stderr
     assert (tmp_path / "fashion.classes.txt").read_text().split() == [
         f"class{i}" for i in range(10)
     ]
@@ -63,7 +63,7 @@ def test_fashion_class_folders_come_back_as_their_idx(tmp_path: Path) -> None:
     again = run(
         "imageset", "--to", "idx", "--list", tmp_path / "fashion.list.txt", root, tmp_path / "again"
     )
-    assert again.exit_code == 0, again.output
+    assert again.exit_code == 0, again.stderr
     assert (tmp_path / "again-images-idx3-ubyte").read_bytes() == out_images
 
 
@@ -84,8 +84,8 @@ def tree(tmp_path: Path) -> Path:
 
 def test_class_folders_to_a_database_with_a_seed(tree: Path, tmp_path: Path) -> None:
     result = run("imageset", "--shuffle", "--seed", "7", tree, tmp_path / "db")
-    assert result.exit_code == 0, result.output
-    assert "shuffled with seed 7 (--seed 7 repeats it)" in result.output
+    assert result.exit_code == 0, result.stderr
+    assert "shuffled with seed 7 (--seed 7 repeats it)" in result.stderr
     meta = json.loads((tmp_path / "db" / "mnist2db.json").read_text())
     assert meta["imageset"]["shuffle"]["seed"] == 7 and meta["source"]["items"] == 7
     db = open_db(tmp_path / "db")
@@ -97,14 +97,14 @@ def test_class_folders_to_a_database_with_a_seed(tree: Path, tmp_path: Path) -> 
     assert [db.key(i) for i in range(7)] == [other.key(i) for i in range(7)]
     assert sorted(db.key(i)[9:] for i in range(7))[0] == b"cat/0.png"
     info = run("info", tmp_path / "db")
-    assert "order       shuffled, seed 7" in info.output
+    assert "order       shuffled, seed 7" in info.stdout
 
 
 def test_idx_refuses_images_of_another_size(tree: Path, tmp_path: Path) -> None:
     Image.fromarray(np.zeros((9, 9), dtype=np.uint8)).save(tree / "cat" / "big.png")
     result = run("imageset", "--to", "idx", tree, tmp_path / "out")
     assert result.exit_code == 1
-    assert result.output == (
+    assert result.stderr == (
         f"Error: {tree} (class folders):4: cat/big.png is 9 × 9, the first image (cat/0.png) "
         "6 × 5 (an IDX file holds one size: give a resize)\n"
     )
@@ -117,7 +117,7 @@ def test_idx_refuses_a_label_over_255(tree: Path, tmp_path: Path) -> None:
     (tmp_path / "list.txt").write_text("cat/0.png 300\n")
     result = run("imageset", "--to", "idx", "--list", tmp_path / "list.txt", tree, tmp_path / "o")
     assert result.exit_code == 1
-    assert result.output == (
+    assert result.stderr == (
         f"Error: {tmp_path / 'list.txt'}:1: label 300: an idx1 label file holds 0 … 255 "
         "(write a database instead)\n"
     )
@@ -127,7 +127,7 @@ def test_an_empty_class_folder_is_refused(tree: Path, tmp_path: Path) -> None:
     (tree / "empty").mkdir()
     result = run("imageset", tree, tmp_path / "db")
     assert result.exit_code == 1
-    assert result.output == (
+    assert result.stderr == (
         f"Error: {tree / 'empty'}: class folder 'empty' holds no image (.jpg, .jpeg, .png, .ppm, "
         ".bmp, .pgm, .tif, .tiff, .webp)\n"
     )
@@ -144,14 +144,14 @@ def test_an_empty_class_folder_is_refused(tree: Path, tmp_path: Path) -> None:
 def test_usage_errors_exit_2(tree: Path, tmp_path: Path, args: list[str], message: str) -> None:
     result = run("imageset", *args, tree, tmp_path / "db")
     assert result.exit_code == 2
-    assert message in result.output
+    assert message in result.stderr
 
 
 def test_encoded_idx_is_refused(tree: Path, tmp_path: Path) -> None:
     result = run("imageset", "--to", "idx", "--encoded", "png", tree, tmp_path / "o")
     assert result.exit_code == 1
     assert (
-        result.output == "Error: an IDX file holds raw grey pixels: --encoded writes a database\n"
+        result.stderr == "Error: an IDX file holds raw grey pixels: --encoded writes a database\n"
     )
 
 
@@ -169,17 +169,17 @@ def test_readers_take_jpeg_and_png_of_several_sizes(tmp_path: Path) -> None:
     shapes = [db[i][0].shape for i in range(len(db))]
     assert shapes == [(3, 23, 31), (3, 29, 37), (1, 23, 31)]
     info = run("info", tmp_path / "mixed")
-    assert info.exit_code == 0, info.output
-    assert "3 sizes, JPEG and PNG" in info.output and "valid       yes" in info.output
+    assert info.exit_code == 0, info.stdout
+    assert "3 sizes, JPEG and PNG" in info.stdout and "valid       yes" in info.stdout
     show = run("show", tmp_path / "mixed", "--ascii", "--count", "3")
-    assert show.exit_code == 0 and "key 00000001_jpeg_420.jpg" in show.output
+    assert show.exit_code == 0 and "key 00000001_jpeg_420.jpg" in show.stdout
 
 
 def test_mean_refuses_another_size_naming_the_record(tmp_path: Path) -> None:
     path = mixed_db(tmp_path)
     result = run("mean", path)
     assert result.exit_code == 1
-    assert result.output == (
+    assert result.stderr == (
         f"Error: {path}: key 00000001_jpeg_420.jpg: shape 3 × 29 × 37 differs from the first "
         "record's 3 × 23 × 31\n"
     )

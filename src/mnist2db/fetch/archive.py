@@ -111,10 +111,12 @@ def fetch_from_archive(
             if on_file is not None:
                 on_file(ready)
         return done
-    verified = _obtain(archive, archive_path(archive, directory, home), sources, opts, on_file)
+    verified, got = _obtain(archive, archive_path(archive, directory, home), sources, opts)
     path = verified.path
     results = []
     with verified.handle:
+        if on_file is not None:
+            on_file(got)
         try:
             bundle = zipfile.ZipFile(verified.handle)
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError) as exc:
@@ -138,9 +140,9 @@ def _obtain(
     kept: str,
     sources: Sequence[str],
     opts: Options,
-    on_file: Callable[[FetchedFile], None] | None,
-) -> _Verified:
-    """A verified copy of the archive, open."""
+) -> tuple[_Verified, FetchedFile]:
+    """A verified copy of the archive, open, and what was done to get it (told by the
+    caller once the handle is in its ``with``: nothing can leave it open)."""
     start = time.perf_counter()
     resource = _as_resource(archive)
     home = os.path.dirname(kept) or "."
@@ -153,9 +155,7 @@ def _obtain(
     failures: list[tuple[str, SourceFailed]] = []
     verified = _open_verified(kept, resource, failures, not_ours_fatal=True)
     if verified is not None:
-        if on_file is not None:
-            on_file(FetchedFile(archive.name, kept, "present", None, verified.how, 0, 0.0))
-        return verified
+        return verified, FetchedFile(archive.name, kept, "present", None, verified.how, 0, 0.0)
     for mirror in sources:
         where = source_for(mirror, resource.remote)
         if not is_url(mirror):
@@ -163,9 +163,7 @@ def _obtain(
             verified = _open_verified(where, resource, failures)
             if verified is None:
                 continue
-            if on_file is not None:
-                on_file(FetchedFile(archive.name, where, "present", None, verified.how, 0, 0.0))
-            return verified
+            return verified, FetchedFile(archive.name, where, "present", None, verified.how, 0, 0.0)
         made = create_directory(home)
         try:
             verified = _download(where, kept, resource, opts, archive)
@@ -176,13 +174,11 @@ def _obtain(
         except BaseException:
             remove_made(made)
             raise
-        if on_file is not None:
-            seconds = time.perf_counter() - start
-            size = os.fstat(verified.handle.fileno()).st_size
-            on_file(
-                FetchedFile(archive.name, kept, "downloaded", where, verified.how, size, seconds)
-            )
-        return verified
+        seconds = time.perf_counter() - start
+        size = os.fstat(verified.handle.fileno()).st_size
+        return verified, FetchedFile(
+            archive.name, kept, "downloaded", where, verified.how, size, seconds
+        )
     raise fetch_failure(archive.name, failures)
 
 
