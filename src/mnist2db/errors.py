@@ -12,6 +12,8 @@ def printable(text: str) -> str:
     as surrogates, ``\\udce9``) shown as the bytes they are, ``\\xe9``. The one place that
     does it: every library message passes through it, and the CLI's own path lines."""
     shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if not shown.isprintable():  # an escape sequence or a tab in a path: made inert
+        shown = "".join(c if c.isprintable() or c == "\n" else f"\\x{ord(c):02x}" for c in shown)
     if "\\udc" not in shown:
         return shown  # the usual case, without importing re on the fast path
     import re
@@ -24,7 +26,8 @@ class Mnist2dbError(Exception):
     """Root of every error mnist2db raises on purpose; its message is one line for the user."""
 
     def __str__(self) -> str:
-        return printable(super().__str__())
+        # One line, whatever a path in it holds.
+        return printable(super().__str__()).replace("\n", "\\x0a")
 
 
 class IdxFormatError(Mnist2dbError):
@@ -78,7 +81,7 @@ class MissingKeyError(Mnist2dbError, KeyError):
 
     def __str__(self) -> str:
         # KeyError quotes its argument; the message is a sentence, keep it as written.
-        return printable(str(self.args[0])) if self.args else ""
+        return printable(str(self.args[0])).replace("\n", "\\x0a") if self.args else ""
 
 
 class VerifyError(Mnist2dbError):

@@ -75,7 +75,7 @@ def default_prefix(db: str | os.PathLike[str]) -> str:
     ``…_train_lmdb`` / ``…_train_leveldb`` give ``train``, ``…_test_…`` give ``t10k``
     (MNIST's names); any other name (``latest_lmdb``, ``digits``) is used as it is.
     """
-    name = os.path.basename(os.path.normpath(os.fspath(db)))
+    name = os.path.basename(os.path.normpath(os.fsdecode(db)))
     match = _CAFFE_NAME.fullmatch(name)
     if match is None:
         return name
@@ -108,8 +108,8 @@ def export_db(
         BackendError: ``db`` is not a database.
     """
     progress = reporting(progress)
-    db_path = os.fspath(db)
-    out = os.fspath(out_dir)
+    db_path = os.fsdecode(db)
+    out = os.fsdecode(out_dir)
     if not out:
         raise ArgumentError("the output directory is empty: name a directory")
     stem = prefix if prefix is not None else default_prefix(db_path)

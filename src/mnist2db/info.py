@@ -166,7 +166,7 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
     # len() of a LevelDB database is a pass over it: counted only when watched.
     counted = progress is not None
     progress = reporting(progress)
-    path = os.fspath(path)
+    path = os.fsdecode(path)
     backend = detect_backend(path)
     info = DbInfo(path, backend, 0, None, None, True, None, None)
     counts: dict[int, int] = {}

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from helpers import write_idx
 
 import mnist2db
 from mnist2db import BackendError, convert, open_db
+from mnist2db.cli.app import cli
 
 # Four threads read through every way a dataset reads (db[i] on the hot path, slices,
 # batched fetch, read_range, iteration, keys, and a reader of their own) and check every
@@ -176,3 +178,101 @@ def test_pickled_dataset_checks_it_finds_the_same_database(tmp_path: Path) -> No
     convert(images, labels, path, overwrite=True)
     with pytest.raises(BackendError, match="was replaced while it was being read"):
         pickle.loads(state)[0]
+
+
+# -- paths and files a reader is given ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_every_reader_takes_a_bytes_path_as_its_docstring_says(databases, backend: str) -> None:
+    """open_db and iter_db raised TypeError for a bytes path; info, verify, export too."""
+    from mnist2db.export import export_db
+    from mnist2db.info import db_info
+
+    paths, label_path = databases
+    path = bytes(paths[backend])
+    labels = np.frombuffer(label_path.read_bytes()[8:], np.uint8).tolist()
+    with open_db(path) as db:
+        assert db.path == str(paths[backend]) and db[599][1] == labels[599]
+    assert [d.label for _, d in mnist2db.iter_db(path)] == labels
+    assert db_info(path).count == 600
+    assert mnist2db.compute_mean(path).count == 600
+    out = paths[backend].parent / f"exported_{backend}"
+    result = export_db(path, bytes(out), prefix="x")
+    assert Path(result.labels).read_bytes() == label_path.read_bytes()
+
+
+def test_read_range_takes_negative_bounds_as_a_slice(databases) -> None:
+    """read_range(-5, -1) returned nothing while db[-5:-1] gave four records."""
+    paths, label_path = databases
+    labels = np.frombuffer(label_path.read_bytes()[8:], np.uint8).tolist()
+    with open_db(paths["lmdb"]) as db:
+        for start, stop in ((-5, -1), (-5, None), (-700, 3), (590, -5), (-1, -5), (3, 700)):
+            images, got = db.read_range(start, stop)
+            assert got.tolist() == labels[start:stop] == [label for _, label in db[start:stop]]
+            assert images.shape == (len(labels[start:stop]), 1, 6, 5)
+        assert [r[3] for r in db.records(-3)] == labels[-3:]
+
+
+@pytest.mark.parametrize(
+    ("backend", "name"), [("lmdb", "data.mdb"), ("leveldb", "CURRENT"), ("leveldb", "table")]
+)
+def test_a_fifo_among_a_databases_files_is_named_never_waited_on(
+    tmp_path: Path, backend: str, name: str
+) -> None:
+    """A FIFO data.mdb was reported as 'no data.mdb'; opened as the backend, a FIFO blocks
+    for ever (no writer comes). Every reader names the file and what it is."""
+    import os
+
+    images = write_idx(tmp_path / "i", np.full((3, 2, 2), 1, np.uint8))
+    labels = write_idx(tmp_path / "l", np.arange(3, dtype=np.uint8))
+    db = tmp_path / "db"
+    convert(images, labels, db, backend)
+    if name == "table":
+        name = next(p.name for p in db.iterdir() if p.suffix in (".ldb", ".log"))
+    (db / name).unlink()
+    os.mkfifo(db / name)
+    found: list[str] = []
+
+    def read() -> None:
+        for reader in (lambda: open_db(db), lambda: list(mnist2db.iter_db(db, backend))):
+            try:
+                reader()
+            except BackendError as exc:
+                found.append(str(exc))
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "a reader waits on the FIFO"
+    assert len(found) == 2
+    if name in ("data.mdb", "CURRENT"):
+        kind = "an LMDB" if backend == "lmdb" else "a LevelDB"
+        assert found[0] == f"{db / name}: not a regular file (a FIFO); not {kind} database"
+    else:
+        assert found[0] == (
+            f"{db / name}: not a regular file (a FIFO); the leveldb database cannot be read"
+        )
+    assert found[1].startswith(f"{db / name}: not a regular file (a FIFO)")
+    result = CliRunner().invoke(cli, ["info", str(db)])
+    assert result.exit_code == 1 and result.stderr == f"Error: {found[0]}\n"
+
+
+def test_keys_and_paths_with_control_characters_stay_on_one_inert_line(tmp_path: Path) -> None:
+    """A key is any bytes: b'\\x1b[2J' printed raw clears the terminal, b'\\n' breaks the
+    one-line rule. Keys and paths are shown with such bytes escaped."""
+    from helpers import write_raw_db
+
+    from mnist2db.formats.datum import encode_datum
+    from mnist2db.info import db_info
+
+    good = encode_datum(bytes(4), 1, 2, 2, 1)
+    db = write_raw_db(tmp_path / "db", "lmdb", {b"\x1b[2J": good, b"a\nb": b"\xff"})
+    info = db_info(db)
+    assert (info.problem or "").startswith("key a\\x0ab: value of 1 bytes is not a Datum")
+    result = CliRunner().invoke(cli, ["info", str(db)])
+    assert "\x1b" not in result.output and "keys        \\x1b[2J … a\\x0ab" in result.output
+    odd = tmp_path / "x\ny\x1b[31m"
+    result = CliRunner().invoke(cli, ["info", str(odd)])
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {tmp_path}/x\\x0ay\\x1b[31m: no such file\n"

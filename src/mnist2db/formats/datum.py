@@ -155,8 +155,13 @@ def record_key(index: int) -> bytes:
 
 
 def key_text(key: bytes) -> str:
-    """A key as messages show it: ASCII, other bytes escaped."""
-    return key.decode("ascii", errors="backslashreplace")
+    """A key as messages show it: printable ASCII, every other byte escaped (``\\xff``,
+    ``\\x1b``): a key is any bytes, and a control character (a newline, a terminal's
+    escape sequence) would break a message's one line or act on the terminal."""
+    text = key.decode("ascii", errors="backslashreplace")
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
 
 
 def record_keys(start: int, count: int) -> Sequence[bytes]:

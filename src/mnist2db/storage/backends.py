@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import stat
 from collections import deque
 from collections.abc import Iterator, Sequence
 
@@ -311,22 +312,43 @@ def open_writer(backend: str, path: str, size_hint: int = 0, append: bool = True
     return LeveldbWriter(path, size_hint)
 
 
-def detect_backend(path: str | os.PathLike[str]) -> str:
+def detect_backend(path: str | os.PathLike[str] | bytes) -> str:
     """Tell which backend wrote the database at ``path``, from its files.
 
     Raises:
         BackendError: the path is missing, or is neither an LMDB nor a LevelDB database.
     """
-    path = os.fspath(path)
+    path = os.fsdecode(path)
     if not os.path.exists(path):
         raise BackendError(f"{path}: no such database")
     if not os.path.isdir(path):
         raise BackendError(f"{path}: not a database directory (LMDB or LevelDB)")
-    if os.path.isfile(os.path.join(path, "data.mdb")):
-        return "lmdb"
-    if os.path.isfile(os.path.join(path, "CURRENT")):
-        return "leveldb"
+    for backend, name in (("lmdb", "data.mdb"), ("leveldb", "CURRENT")):
+        try:
+            mode = os.stat(os.path.join(path, name)).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            raise BackendError(
+                f"{os.path.join(path, name)}: not a regular file ({file_kind(mode)}); "
+                f"not {'an LMDB' if backend == 'lmdb' else 'a LevelDB'} database"
+            )
+        return backend
     raise BackendError(f"{path}: neither an LMDB (no data.mdb) nor a LevelDB (no CURRENT) database")
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words (from its ``st_mode``)."""
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
 
 
 #: The files each backend creates in its directory (regular expressions for whole names):

@@ -14,7 +14,7 @@ from typing import Any
 
 from mnist2db.errors import BackendError, DatumError, Mnist2dbError
 from mnist2db.formats.datum import check_datum, decode_datum, key_text
-from mnist2db.storage.backends import backend_message, check_backend, detect_backend
+from mnist2db.storage.backends import backend_message, check_backend, detect_backend, file_kind
 from mnist2db.storage.readhandles import (
     READ_HANDLES,
     ReadHandle,
@@ -173,7 +173,7 @@ def _read_regular_file(dir_fd: int, name: str, failed: str, limit: int) -> bytes
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise Mnist2dbError(f"{failed}: not a regular file ({_file_kind(mode)})")
+            raise Mnist2dbError(f"{failed}: not a regular file ({file_kind(mode)})")
         chunks: list[bytes] = []
         size = 0
         while chunk := os.read(fd, limit + 1 - size):
@@ -186,19 +186,6 @@ def _read_regular_file(dir_fd: int, name: str, failed: str, limit: int) -> bytes
         raise Mnist2dbError(f"{failed}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
-
-
-def _file_kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a file"
 
 
 class DbReader:

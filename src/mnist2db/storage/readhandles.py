@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import fcntl
 import os
+import stat
 import struct
 import threading
 import time
@@ -25,7 +26,7 @@ import plyvel
 
 from mnist2db.errors import BackendError
 from mnist2db.formats.datum import key_text
-from mnist2db.storage.backends import backend_message
+from mnist2db.storage.backends import backend_message, file_kind, is_database_file
 
 #: py-lmdb's options for reading a finished database. lock=False: a finished database never
 #: changes, so readers need no reader table; nothing is written to lock.mdb (read-only media
@@ -93,6 +94,30 @@ class ReadHandle:
 
     def failed(self, exc: BaseException) -> BackendError:
         return BackendError(f"{self.path}: {self.backend} read failed: {self.message(exc)}")
+
+    def opens(self, name: str) -> bool:
+        """True for the names of the files the backend opens to read."""
+        return is_database_file(self.backend, name)
+
+    def check_files(self) -> None:
+        """Refuse a database whose backend files are not all regular files: the backend
+        would block opening a FIFO for ever, or read a device without end."""
+        try:
+            entries = list(os.scandir(self.dir_fd))
+        except OSError:
+            return  # the backend's own open says what is wrong
+        for entry in entries:
+            if not self.opens(entry.name):
+                continue
+            try:
+                mode = os.stat(entry.name, dir_fd=self.dir_fd).st_mode
+            except OSError:
+                continue  # a dangling link: the backend's own open says so
+            if not stat.S_ISREG(mode):
+                raise BackendError(
+                    f"{os.path.join(self.path, entry.name)}: not a regular file "
+                    f"({file_kind(mode)}); the {self.backend} database cannot be read"
+                )
 
     def check_path_after_open(self) -> None:
         """Opened by path (no /proc): the path must still name the directory."""
@@ -169,11 +194,15 @@ class LmdbHandle(ReadHandle):
     def errors(cls) -> tuple[type[Exception], ...]:
         return (lmdb.Error,)
 
+    def opens(self, name: str) -> bool:
+        return name == "data.mdb"  # lock=False: lock.mdb is never opened
+
     def ensure_open(self) -> None:
         if self._env is not None:
             return
         env = self._env_ref() if self._env_ref is not None else None
         if env is None:
+            self.check_files()
             env = self._open_env()
         self._env, self._env_ref = env, weakref.ref(env)
         self.check_path_after_open()
@@ -285,7 +314,7 @@ class LeveldbHandle(ReadHandle):
             return
         if self.forked_from is not None:
             raise self._forked()
-
+        self.check_files()
         if self.location != self.path and _lock_holder(self.dir_fd) == os.getpid():
             # Opened through /proc, LevelDB's own check for a lock this process holds (by
             # file name) cannot see one taken through the path: said here, in its words.
