@@ -19,7 +19,7 @@ from mnist2db.cli.app import cli
 from mnist2db.formats.image_list import read_image_list
 from mnist2db.images.imageset import write_imageset
 
-CORPUS = Path(__file__).parent / "data" / "imageset"
+CORPUS = Path(__file__).parents[1] / "data" / "imageset"
 
 
 def run(*args: object) -> object:
