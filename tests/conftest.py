@@ -1,4 +1,5 @@
-"""Shared fixtures (the helpers they use are in helpers.py)."""
+"""Shared fixtures (the helpers they use are in helpers.py: IDX files and data; db_helpers.py:
+databases; os_helpers.py: mounts and processes)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,13 @@
 """Test helpers every suite imports (``from helpers import ...``): tiny IDX files built in
-memory or in tmp_path, and Debian's Fashion-MNIST (its files and the digests of what the
-real Caffe writes from it)."""
+memory or in tmp_path, and Debian's Fashion-MNIST files. Databases are db_helpers.py's;
+mounts and processes os_helpers.py's."""
 
 from __future__ import annotations
 
-import contextlib
 import gzip
-import hashlib
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 
-import lmdb
 import numpy as np
 import pytest
 
@@ -66,108 +62,3 @@ FASHION_DIGESTS = {
     "train": (60000, "cf8f41069ab0b4f729a2a1637b04f586e936e1319fd6033af8fc71cedd01668c"),
     "t10k": (10000, "2dc00bc680cecf9443cc7c4214066f4211d4b3989991745da969dc0a442c3e21"),
 }
-
-
-def record_digest(path: Path) -> tuple[int, str]:
-    """Count and sha256 over, in key order, 4-byte big-endian len(key), key, len(value), value."""
-    from mnist2db.storage.readers import open_reader
-
-    digest = hashlib.sha256()
-    count = 0
-    with open_reader(path) as reader:
-        for key, value in reader:
-            key, value = bytes(key), bytes(value)
-            digest.update(struct.pack(">I", len(key)) + key + struct.pack(">I", len(value)) + value)
-            count += 1
-    return count, digest.hexdigest()
-
-
-def serialize(data: bytes, rows: int, cols: int, label: int) -> bytes:
-    """protobuf's own bytes for a one-channel Datum (what the fast encoders must equal)."""
-    from mnist2db.datum_pb2 import Datum
-
-    datum = Datum()
-    datum.channels, datum.height, datum.width = 1, rows, cols
-    datum.data = data
-    datum.label = label
-    return datum.SerializeToString()
-
-
-def converted(mnist_pair, tmp_path: Path, backend: str = "lmdb", count: int = 25, **kw):
-    from mnist2db import convert
-
-    images, labels, image_array, label_array = mnist_pair(count, 6, 5, **kw)
-    db = tmp_path / f"tiny_{backend}"
-    convert(images, labels, db, backend=backend)
-    return db, images, labels, image_array, label_array
-
-
-def rewrite_lmdb(db: Path, edit) -> None:
-    """Apply ``edit(txn)`` to an LMDB database with lmdb itself (no mnist2db code)."""
-    env = lmdb.open(str(db), map_size=1 << 24)
-    with env.begin(write=True) as txn:
-        edit(txn)
-    env.close()
-
-
-def flip(key: bytes, offset: int):
-    def edit(txn) -> None:
-        value = bytearray(txn.get(key))
-        value[offset] ^= 0x5A
-        txn.put(key, bytes(value))
-
-    return edit
-
-
-def write_lmdb(path: Path, records: dict[bytes, bytes]) -> Path:
-    env = lmdb.open(str(path), map_size=1 << 22)
-    with env.begin(write=True) as txn:
-        for key, value in records.items():
-            txn.put(key, value)
-    env.close()
-    return path
-
-
-def write_raw_db(path: Path, backend: str, records: dict[bytes, bytes]) -> Path:
-    """A database of exactly ``records``, written with the backend's own library (not mnist2db)."""
-    if backend == "lmdb":
-        return write_lmdb(path, records)
-    import plyvel
-
-    db = plyvel.DB(str(path), create_if_missing=True)
-    for key, value in records.items():
-        db.put(key, value)
-    db.close()
-    return path
-
-
-@contextlib.contextmanager
-def mounted_tmpfs(mount: Path, size: str) -> Iterator[Path]:
-    """A real small file system at ``mount`` (created), unmounted afterwards: a real full disk.
-    Skips the test where mounting is not allowed (not root, or no mount namespace)."""
-    import subprocess
-
-    mount.mkdir(exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def dead_pid() -> int:
-    """The pid of a process that has exited (and been reaped)."""
-    import subprocess
-    import sys
-
-    proc = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return int(proc.stdout)

@@ -9,7 +9,8 @@ import lmdb
 import numpy as np
 import plyvel
 import pytest
-from helpers import make_images, make_labels, serialize, write_idx
+from db_helpers import serialize
+from helpers import make_images, make_labels, write_idx
 
 from mnist2db import BackendError, IdxFormatError, OutputExistsError, convert, iter_db
 from mnist2db.datum_pb2 import Datum

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import FASHION_DIGESTS, FASHION_DIR, record_digest, write_idx
+from db_helpers import record_digest
+from helpers import FASHION_DIGESTS, FASHION_DIR, write_idx
 
 from mnist2db.cli.app import cli
 from mnist2db.create import create_databases

@@ -11,7 +11,7 @@ import lmdb
 import numpy as np
 import plyvel
 import pytest
-from helpers import write_raw_db
+from db_helpers import write_raw_db
 
 import mnist2db
 from mnist2db import BackendError, Mnist2dbError, convert, open_db

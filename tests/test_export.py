@@ -10,7 +10,8 @@ import click
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import converted, rewrite_lmdb, write_idx, write_lmdb
+from db_helpers import converted, rewrite_lmdb, write_lmdb
+from helpers import write_idx
 
 from mnist2db import array_to_datum, convert
 from mnist2db.cli.app import cli

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import FASHION_DIGESTS, fashion_file, record_digest
+from db_helpers import record_digest
+from helpers import FASHION_DIGESTS, fashion_file
 
 from mnist2db import convert
 from mnist2db.cli.app import cli

@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import make_images, make_labels, mounted_tmpfs, write_idx
+from helpers import make_images, make_labels, write_idx
+from os_helpers import mounted_tmpfs
 
 from mnist2db.cli.app import cli
 from mnist2db.conversion import STAGING_MARK, convert

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import write_idx, write_raw_db
+from db_helpers import write_raw_db
+from helpers import write_idx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -11,7 +11,8 @@ import click
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import converted, idx_bytes, rewrite_lmdb, write_idx, write_lmdb
+from db_helpers import converted, rewrite_lmdb, write_lmdb
+from helpers import idx_bytes, write_idx
 
 from mnist2db.cli.app import cli
 

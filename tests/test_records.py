@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import idx_bytes, make_images, mounted_tmpfs, write_idx
+from helpers import idx_bytes, make_images, write_idx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from os_helpers import mounted_tmpfs
 
 import mnist2db
 from mnist2db.errors import IdxFormatError, Mnist2dbError, OutputExistsError

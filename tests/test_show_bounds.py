@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import write_idx, write_lmdb
+from db_helpers import write_lmdb
+from helpers import write_idx
 
 from mnist2db.formats.datum import datum_type
 from mnist2db.formats.png import encode_png

@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from helpers import converted, flip, rewrite_lmdb, write_idx
+from db_helpers import converted, flip, rewrite_lmdb
+from helpers import write_idx
 
 from mnist2db import convert
 from mnist2db.cli.app import cli

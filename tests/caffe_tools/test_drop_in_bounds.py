@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import make_images, make_labels, record_digest, write_idx
+from db_helpers import record_digest
+from helpers import make_images, make_labels, write_idx
 
 from mnist2db.caffe_tools.gflags import FLAGFILE_LIMIT
 from mnist2db.siamese import convert_siamese

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import record_digest, write_idx
+from db_helpers import record_digest
+from helpers import write_idx
 
 from mnist2db.__main__ import parse_convert
 

@@ -27,14 +27,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import (
-    FASHION_DIGESTS,
-    FASHION_DIR,
-    idx_bytes,
-    make_images,
-    make_labels,
-    record_digest,
-)
+from db_helpers import record_digest
+from helpers import FASHION_DIGESTS, FASHION_DIR, idx_bytes, make_images, make_labels
 
 from mnist2db.cli.app import cli
 from mnist2db.errors import ChecksumError, DownloadError
@@ -937,7 +931,7 @@ def test_network_fault_mid_body_is_a_mirror_failure_not_a_write_error(
 def test_temporaries_of_a_killed_fetch_are_removed(
     server: Server, tiny: tuple, tmp_path: Path
 ) -> None:
-    from helpers import dead_pid
+    from os_helpers import dead_pid
 
     raw, packed = tiny
     server.serve("a", packed)

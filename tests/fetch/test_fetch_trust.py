@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import dead_pid, idx_bytes
+from helpers import idx_bytes
+from os_helpers import dead_pid
 from test_fetch import Server, gz, make_spec, quick, sha256, small_files, start_server
 from test_fetch_family import ARCHIVE, split_files, use_server
 

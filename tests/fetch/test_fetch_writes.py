@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import mounted_tmpfs
+from os_helpers import mounted_tmpfs
 from test_fetch import Server, gz, listing, server, small_files, start_server  # noqa: F401
 
 from mnist2db.fetch.catalog import FILE_NAMES

@@ -261,7 +261,7 @@ def test_a_fifo_among_a_databases_files_is_named_never_waited_on(
 def test_keys_and_paths_with_control_characters_stay_on_one_inert_line(tmp_path: Path) -> None:
     """A key is any bytes: b'\\x1b[2J' printed raw clears the terminal, b'\\n' breaks the
     one-line rule. Keys and paths are shown with such bytes escaped."""
-    from helpers import write_raw_db
+    from db_helpers import write_raw_db
 
     from mnist2db.formats.datum import encode_datum
     from mnist2db.info import db_info

@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from helpers import dead_pid, mounted_tmpfs
+from os_helpers import dead_pid, mounted_tmpfs
 
 from mnist2db.storage.files import AtomicFile, mkdtemp_beside, remove_stale, temp_prefix
 

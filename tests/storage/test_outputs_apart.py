@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import make_images, make_labels, mounted_tmpfs, write_idx
+from helpers import make_images, make_labels, write_idx
+from os_helpers import mounted_tmpfs
 
 from mnist2db import convert
 from mnist2db.errors import Mnist2dbError, OutputExistsError

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import plyvel
 import pytest
-from helpers import write_raw_db
+from db_helpers import write_raw_db
 from PIL import Image
 
 import mnist2db
