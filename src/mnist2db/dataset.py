@@ -51,7 +51,8 @@ from mnist2db.formats.datum import (
     key_text,
     record_key,
 )
-from mnist2db.formats.png_codec import decode_image, decode_many, decode_png_record, decode_stream
+from mnist2db.formats.png_codec import decode_image, decode_png_record
+from mnist2db.formats.threaded import decode_many, decode_stream
 from mnist2db.storage.backends import backend_message, detect_backend
 from mnist2db.storage.readers import DbReader, iterate
 from mnist2db.storage.readhandles import READ_HANDLES, ReadHandle

@@ -17,7 +17,8 @@ from PIL import Image
 
 from mnist2db.errors import DatumError
 from mnist2db.formats.png import encode_png
-from mnist2db.formats.png_codec import decode_image, decode_many, decode_png
+from mnist2db.formats.png_codec import decode_image, decode_png
+from mnist2db.formats.threaded import decode_many
 
 WHERE = "db: key 00000007"
 CHANNELS = {0: 1, 2: 3, 4: 2, 6: 4}

@@ -138,7 +138,7 @@ def encode_png_batch(images: np.ndarray, labels: np.ndarray) -> list[bytes]:
     check_png_shape(rows, cols, "images")
     if n == 0:
         return []
-    from mnist2db.formats.png_codec import run_chunks
+    from mnist2db.formats.threaded import run_chunks
 
     header = _header(rows, cols)
     head = b"\x08\x01\x10" + encode_varint(rows) + b"\x18" + encode_varint(cols) + b"\x22"
@@ -212,7 +212,7 @@ def decode_image(data: bytes, where: str) -> np.ndarray:
 def decode_images(datas: Sequence[bytes], wheres: Sequence[str]) -> list[np.ndarray]:
     """:func:`decode_image` of each, in order, on a few threads when there are many."""
     from mnist2db.formats.png_codec import decode_image as decode
-    from mnist2db.formats.png_codec import decode_many
+    from mnist2db.formats.threaded import decode_many
 
     return decode_many(decode, datas, wheres)
 

@@ -1,0 +1,126 @@
+"""Many records decoded (or encoded) on a few threads, results in order: zlib and Pillow
+release the GIL, so PNG records scale with processors. Used by the reading API's batches
+(:mod:`mnist2db.dataset`) and the PNG encoder (:mod:`mnist2db.formats.png`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from mnist2db.errors import Mnist2dbError
+from mnist2db.formats.png_codec import SIGNATURE
+
+T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
+
+#: Records per task: large enough that the pool's overhead (~20 µs a task) is small.
+_CHUNK = 64
+_pool: ThreadPoolExecutor | None = None
+_pool_pid = 0
+_pool_lock = threading.Lock()
+
+
+def _threads() -> int:
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
+
+
+def _get_pool() -> ThreadPoolExecutor:
+    global _pool, _pool_pid
+    with _pool_lock:
+        # A forked child inherits the pool object but not its threads: it makes its own.
+        if _pool is None or _pool_pid != os.getpid():
+            _pool = ThreadPoolExecutor(_threads(), thread_name_prefix="mnist2db-png")
+            _pool_pid = os.getpid()
+        return _pool
+
+
+def looks_encoded(value: bytes) -> bool:
+    """True when a serialized Datum seems to hold a PNG or JPEG near its start: worth
+    decoding on threads (a guess that only chooses threads or not)."""
+    head = value[:64]
+    return SIGNATURE in head or b"\xff\xd8\xff" in head
+
+
+def decode_many(
+    decode: Callable[[K, V], T],
+    keys: Sequence[K],
+    values: Sequence[V],
+    *,
+    threaded: bool | None = None,
+) -> list[T]:
+    """``[decode(k, v) for k, v in zip(keys, values)]``, in that order, on a few threads
+    when there are enough records and more than one processor. ``threaded``: None decides
+    by the first value (serialized Datums holding encoded images: threads; anything else
+    decodes in this thread, where the GIL would let threads gain nothing). The first
+    failure, in order, is raised."""
+    n = len(values)
+    if threaded is None:
+        first = values[0] if n else None
+        threaded = isinstance(first, bytes) and looks_encoded(first)
+    if not threaded:
+        return [decode(k, v) for k, v in zip(keys, values, strict=True)]
+
+    def run(start: int, stop: int) -> list[T]:
+        return [decode(keys[i], values[i]) for i in range(start, stop)]
+
+    return run_chunks(run, n)
+
+
+def run_chunks(work: Callable[[int, int], list[T]], n: int) -> list[T]:
+    """``work(start, stop)`` over ``range(n)`` in chunks of :data:`_CHUNK` or more, on this
+    process's threads when there are at least two chunks' worth and two processors, the
+    lists joined in order (the first failure, in order, is raised)."""
+    threads = _threads()
+    if n < 2 * _CHUNK or threads < 2:
+        return work(0, n)
+    # A few chunks a thread: even when one thread is slowed, the others take the rest.
+    size = max(_CHUNK, -(-n // (4 * threads)))
+    out: list[T] = []
+    for part in _get_pool().map(lambda start: work(start, min(n, start + size)), range(0, n, size)):
+        out += part
+    return out
+
+
+def decode_stream(
+    decode: Callable[[bytes, bytes], T],
+    items: Iterable[tuple[bytes | memoryview, bytes | memoryview]],
+    limit: int,
+    *,
+    batch_records: int = 256,
+    batch_bytes: int = 256 << 10,
+) -> Iterator[tuple[bytes, T]]:
+    """``(key, decode(key, value))`` for the first ``limit`` of ``items``, read a batch ahead
+    (at most ``batch_records`` records, ``batch_bytes`` of values) and decoded by
+    :func:`decode_many`. Records before a failure are yielded, then the failure raised."""
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    size = 0
+    for key, value in items:
+        if limit <= 0:
+            break
+        limit -= 1
+        keys.append(bytes(key))
+        values.append(bytes(value))
+        size += len(values[-1])
+        if len(keys) >= batch_records or size >= batch_bytes or limit == 0:
+            yield from _decode_batch(decode, keys, values)
+            keys, values, size = [], [], 0
+    if keys:
+        yield from _decode_batch(decode, keys, values)
+
+
+def _decode_batch(
+    decode: Callable[[bytes, bytes], T], keys: list[bytes], values: list[bytes]
+) -> Iterator[tuple[bytes, T]]:
+    try:
+        records = decode_many(decode, keys, values)
+    except Mnist2dbError:
+        records = []
+        for key, value in zip(keys, values, strict=True):
+            yield key, decode(key, value)  # up to the failing one, which raises
+    yield from zip(keys, records, strict=True)
