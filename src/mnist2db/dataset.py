@@ -51,8 +51,9 @@ from mnist2db.formats.datum import (
     key_text,
     record_key,
 )
-from mnist2db.formats.png_codec import decode_image, decode_png_record
-from mnist2db.formats.threaded import decode_many, decode_stream
+from mnist2db.formats.png_codec import decode_image
+from mnist2db.formats.png_records import PngRecords, decode_png_record
+from mnist2db.formats.threaded import decode_many, decode_stream, inflate_many
 from mnist2db.storage.backends import backend_message, detect_backend
 from mnist2db.storage.readers import DbReader, iterate
 from mnist2db.storage.readhandles import READ_HANDLES, ReadHandle
@@ -109,11 +110,13 @@ class DatumDataset:
     __slots__ = (
         "_errors",
         "_fast",
+        "_fast_png",
         "_identity",
         "_keys",
         "_layout",
         "_length",
         "_local",
+        "_png",
         "_reader",
         "_sequential",
         "backend",
@@ -132,6 +135,7 @@ class DatumDataset:
         self._identity: tuple[int, int] | None = None
         self._keys: list[bytes] | None = None
         self._layout: tuple[int, bytes, tuple[int, int, int], int] | None = None
+        self._png: PngRecords | None = None  # the layout of PNG records as mnist2db writes them
         reader = self._open()
         self._identity = reader.identity
         # Record i is read under Caffe's key "%08d" % i only if the keys are exactly that
@@ -147,6 +151,8 @@ class DatumDataset:
         if first is not None:
             value = reader.get(first)
             self._layout = _layout(value) if value is not None else None
+            if value is not None and self._layout is None:
+                self._png = PngRecords.from_record(value)
         self._init_fast()
 
     def _init_fast(self) -> None:
@@ -155,7 +161,9 @@ class DatumDataset:
         _decode_image, _decode_png_record = decode_image, decode_png_record
         # db[i]'s fast path: LMDB, Caffe's keys, a first record in Caffe's fixed layout.
         handle_class = READ_HANDLES[self.backend]
-        self._fast = self._layout if self._sequential and handle_class.backend == "lmdb" else None
+        lmdb_keys = self._sequential and handle_class.backend == "lmdb"
+        self._fast = self._layout if lmdb_keys else None
+        self._fast_png = self._png if lmdb_keys else None
         self._errors: tuple[type[Exception], ...] = handle_class.errors()
 
     # -- the handle, shared by the process (mnist2db.storage.readers) ----------------------------
@@ -317,6 +325,19 @@ class DatumDataset:
                 pass
             except self._errors as exc:
                 raise self._failed(exc, backend_message(exc)) from exc
+        # The same for PNG records as mnist2db writes them (formats.png_records): None from
+        # read() for any record not exactly in that layout.
+        png = self._fast_png
+        if png is not None and index.__class__ is int:
+            key = b"%08d" % (index + self._length if index < 0 else index)
+            try:
+                record = png.read(self._local.txn.get(key))
+                if record is not None:
+                    return record
+            except (AttributeError, TypeError):
+                pass
+            except self._errors as exc:
+                raise self._failed(exc, backend_message(exc)) from exc
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(self._length))]
         key = self.key(index)
@@ -324,9 +345,13 @@ class DatumDataset:
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[np.ndarray, int]]:
         """The records at ``indices`` (PyTorch's batched fetch: ``DataLoader`` calls it with
-        each batch's indices when a dataset has it)."""
-        fast = self._fast
-        if fast is not None and all(i.__class__ is int for i in indices) and indices:
+        each batch's indices when a dataset has it). The images of records in the first
+        record's layout are views of one ``(n, c, h, w)`` array made for the batch."""
+        if (
+            (self._fast is not None or self._fast_png is not None)
+            and indices
+            and all(i.__class__ is int for i in indices)
+        ):
             length = self._length
             if -length <= min(indices) and max(indices) < length:
                 keys = [b"%08d" % (i + length if i < 0 else i) for i in indices]
@@ -381,9 +406,22 @@ class DatumDataset:
                 images = matrix[:, offset : offset + size].reshape(n, *shape).copy()
                 return images, matrix[:, -1].astype(np.int64)
 
+        png = self._png
+        if png is not None and values:
+            # PNG records: the batch read at once (formats.png_records), the others decoded
+            # one by one, in order; one of another shape and the batch is stacked as below.
+            images, labels, misses = png.read_many(values, inflate_many)
+            for i in misses:
+                image, labels[i] = self._decode(keys[i], values[i])
+                if image.shape != images.shape[1:] or image.dtype != images.dtype:
+                    break
+                images[i] = image
+            else:
+                return images, np.array(labels, np.int64)
+
         records = decode_many(self._decode, keys, values)
         if not records:
-            shape = layout[2] if layout is not None else (0, 0, 0)
+            shape = layout[2] if layout is not None else png.shape if png is not None else (0, 0, 0)
             return np.empty((0, *shape), np.uint8), np.empty(0, np.int64)
         first = records[0][0]
         for key, (image, _) in zip(keys, records, strict=True):
@@ -396,6 +434,35 @@ class DatumDataset:
         return np.stack([image for image, _ in records]), np.array(
             [label for _, label in records], np.int64
         )
+
+    def _decode_batch(
+        self, keys: list[bytes], values: list[bytes]
+    ) -> tuple[list[tuple[np.ndarray, int]], Mnist2dbError | None]:
+        """The records decoded, in order, up to the first that fails, and its failure (None
+        when none fails). PNG records in the first record's layout are read as one batch
+        (their images: views of one array); the others one by one (several threads
+        decode encoded ones)."""
+        png = self._png
+        if png is not None and values:
+            images, labels, misses = png.read_many(values, inflate_many)
+            records = list(zip(images, labels, strict=True))
+            for i in misses:
+                try:
+                    records[i] = self._decode(keys[i], values[i])
+                except Mnist2dbError as exc:
+                    return records[:i], exc
+            return records, None
+        try:
+            return decode_many(self._decode, keys, values), None
+        except Mnist2dbError:
+            pass
+        done: list[tuple[np.ndarray, int]] = []
+        for key, value in zip(keys, values, strict=True):
+            try:
+                done.append(self._decode(key, value))
+            except Mnist2dbError as exc:
+                return done, exc
+        return done, None
 
     def __len__(self) -> int:
         return self._length
@@ -417,7 +484,7 @@ class DatumDataset:
         first_key = self.key(start)
         # A few records at a time, so that encoded ones decode on a few threads.
         records = iterate(self._pinned, first_key, keys_only=False)
-        stream = decode_stream(self._decode, records, stop - start)
+        stream = decode_stream(self._decode_batch, records, stop - start)
         for index, (key, (image, label)) in enumerate(stream, start):
             yield index, key, image, label
 

@@ -371,7 +371,7 @@ def test_a_record_read_without_protobuf_is_what_protobuf_and_the_decoder_give(
     rows: int, cols: int, label: int, seed: int, changes: list[tuple[int, int]]
 ) -> None:
     from mnist2db.formats.png import encode_png_batch
-    from mnist2db.formats.png_codec import decode_png_record
+    from mnist2db.formats.png_records import decode_png_record
 
     image = np.random.default_rng(seed).integers(0, 256, (1, rows, cols), dtype=np.uint8)
     value = bytearray(encode_png_batch(image, np.array([label])).pop())
@@ -391,7 +391,7 @@ def test_a_record_read_without_protobuf_is_what_protobuf_and_the_decoder_give(
 
 
 def test_record_heads_other_than_the_three_shape_fields_take_the_general_path() -> None:
-    from mnist2db.formats.png_codec import decode_png_record
+    from mnist2db.formats.png_records import decode_png_record
 
     png = encode_png(np.zeros((2, 2), np.uint8))
     tail = bytes([len(png)]) + png + b"\x28\x05\x38\x01"

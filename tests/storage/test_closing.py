@@ -96,10 +96,13 @@ def databases(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path]
     for backend in ("lmdb", "leveldb"):
         paths[backend] = base / f"db_{backend}"
         convert(image_path, label_path, paths[backend], backend)
+    # PNG records: labels of 128 and more take the general path, the others the fast ones
+    paths["lmdb-png"] = base / "db_lmdb_png"
+    convert(image_path, label_path, paths["lmdb-png"], "lmdb", encoded="png")
     return paths, label_path
 
 
-@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb", "lmdb-png"])
 def test_close_while_threads_read_never_crashes(databases, backend: str) -> None:
     """Today's main: LevelDB ends in SIGSEGV, LMDB readers get AttributeError."""
     paths, label_path = databases
@@ -114,7 +117,7 @@ def test_close_while_threads_read_never_crashes(databases, backend: str) -> None
     assert closes >= 200 and reads >= 20, done.stdout
 
 
-@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb", "lmdb-png"])
 def test_an_iteration_finishes_across_close_in_another_thread(databases, backend: str) -> None:
     paths, label_path = databases
     labels = np.frombuffer(label_path.read_bytes()[8:], np.uint8).tolist()

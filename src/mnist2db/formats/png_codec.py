@@ -20,8 +20,9 @@ compressed data can possibly hold (deflate expands at most 1032:1) before any pi
 memory exists; then the image data is inflated to at most the declared size. Every
 failure is one :class:`~mnist2db.errors.DatumError` naming the record.
 
-Batches decode on a few threads (:func:`decode_many`): zlib releases the GIL while it
-inflates. The pool belongs to one process; a forked child makes its own.
+Batches decode on a few threads (:mod:`mnist2db.formats.threaded`): zlib releases the GIL
+while it inflates. The records mnist2db writes are read faster still, without protobuf,
+by :mod:`mnist2db.formats.png_records`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ INFLATE_SLACK = 1024
 MAX_PIXELS = 1 << 30
 #: Inflate in one call when even the worst case fits in this many bytes; above it, inflate
 #: with ``max_length`` (a decompressobj costs ~1 µs more per image, so small ones skip it).
-_ONE_SHOT = 4 << 20
+ONE_SHOT = 4 << 20
 
 #: colour type -> (channels, allowed bit depths) (PNG specification, table 11.1)
 _COLOUR_TYPES = {
@@ -64,7 +65,9 @@ _crc32 = zlib.crc32
 _from_bytes = int.from_bytes
 
 
-class _Header(NamedTuple):
+class PngHeader(NamedTuple):
+    """A PNG's IHDR chunk, checked (:func:`parse_header`), and what decoding it needs."""
+
     width: int
     height: int
     depth: int
@@ -80,11 +83,17 @@ class _Header(NamedTuple):
 
 #: IHDR chunks seen (length, type, body and CRC: 25 bytes) -> their parsed header; a
 #: database's records share one or a few, so each is checked once. Bounded.
-_HEADERS: dict[bytes, _Header] = {}
-_HEADERS_MAX = 256
+_HEADERS: dict[bytes, PngHeader] = {}
+HEADERS_MAX = 256
 
 
-def _parse_header(chunk: bytes, where: str) -> _Header:
+def parse_header(chunk: bytes, where: str) -> PngHeader:
+    """The header in ``chunk``, a PNG's first 25 bytes after its signature (the IHDR chunk:
+    length, type, body, CRC), checked against the PNG specification and Caffe's limits.
+
+    Raises:
+        DatumError: naming ``where`` and what is wrong.
+    """
     if chunk[:8] != b"\x00\x00\x00\x0dIHDR":
         raise DatumError(f"{where}: PNG does not begin with a 13-byte IHDR chunk")
     if _crc32(chunk[4:21]) != _from_bytes(chunk[21:25], "big"):
@@ -129,7 +138,7 @@ def _parse_header(chunk: bytes, where: str) -> _Header:
                 raw_size += pass_height * ((pass_width * bits + 7) // 8 + 1)
     else:
         raw_size = height * (row_bytes + 1)
-    return _Header(
+    return PngHeader(
         width,
         height,
         depth,
@@ -161,8 +170,8 @@ def decode_png(data: bytes, where: str) -> np.ndarray:
     if header is None or data[:8] != SIGNATURE:
         if data[:8] != SIGNATURE:
             raise DatumError(f"{where}: not a PNG (no PNG signature)")
-        header = _parse_header(head, where)
-        if len(_HEADERS) >= _HEADERS_MAX:
+        header = parse_header(head, where)
+        if len(_HEADERS) >= HEADERS_MAX:
             _HEADERS.clear()
         _HEADERS[head] = header
     # The common layout, as mnist2db writes it: IHDR, one IDAT, IEND. Checked by slices;
@@ -172,7 +181,7 @@ def decode_png(data: bytes, where: str) -> np.ndarray:
     tables = 0
     if (
         data[37:41] == _IDAT
-        and data[end + 4 :] == _IEND_CHUNK
+        and data[end + 4 :] == IEND_CHUNK
         and _crc32(data[37:end]) == _from_bytes(data[end : end + 4], "big")
     ):
         compressed: bytes | memoryview = data[41:end]
@@ -185,7 +194,7 @@ def decode_png(data: bytes, where: str) -> np.ndarray:
             f"({header.raw_size} bytes of image data), but its {length} bytes of "
             "compressed data cannot hold that many"
         )
-    if INFLATE_RATIO * length + INFLATE_SLACK <= _ONE_SHOT:
+    if INFLATE_RATIO * length + INFLATE_SLACK <= ONE_SHOT:
         try:
             raw = zlib.decompress(compressed)
         except zlib.error as exc:
@@ -220,7 +229,8 @@ def decode_png(data: bytes, where: str) -> np.ndarray:
     return _decode_with_pillow(data, where)
 
 
-_IEND_CHUNK = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+#: The IEND chunk: every PNG ends with these 12 bytes.
+IEND_CHUNK = b"\x00\x00\x00\x00IEND\xaeB`\x82"
 _PLTE, _TRNS = 1, 2
 _IDAT, _IEND = b"IDAT", b"IEND"
 
@@ -291,7 +301,7 @@ def _inflate(compressed: bytes | memoryview, raw_size: int, where: str) -> bytes
     return raw
 
 
-def _unfilter(raw: bytes, header: _Header, where: str) -> np.ndarray | None:
+def _unfilter(raw: bytes, header: PngHeader, where: str) -> np.ndarray | None:
     """The rows without their filter bytes, unfiltered: ``(height, row_bytes)`` uint8; None
     when a row uses Average or Paeth (Pillow decodes those)."""
     height, row_bytes = header.height, header.row_bytes
@@ -322,7 +332,7 @@ def _unfilter(raw: bytes, header: _Header, where: str) -> np.ndarray | None:
     return rows
 
 
-def _arrange(rows: np.ndarray, header: _Header) -> np.ndarray:
+def _arrange(rows: np.ndarray, header: PngHeader) -> np.ndarray:
     """Unfiltered rows as a fresh ``(c, h, w)`` array in OpenCV's channel order."""
     height, width, colour = header.height, header.width, header.colour
     if colour == 0:
@@ -333,71 +343,6 @@ def _arrange(rows: np.ndarray, header: _Header) -> np.ndarray:
     if colour == 6:
         return np.ascontiguousarray(pixels[:, :, [2, 1, 0, 3]].transpose(2, 0, 1))
     return np.ascontiguousarray(pixels[:, :, [0, 0, 0, 1]].transpose(2, 0, 1))  # grey+alpha
-
-
-# -- mnist2db's own records --------------------------------------------------------------
-
-#: Record heads seen (the serialized ``channels``, ``height``, ``width`` fields) -> whether
-#: they are exactly those three fields, each a varint. Bounded.
-_RECORD_HEADS: dict[bytes, bool] = {}
-
-
-def decode_png_record(value: bytes) -> tuple[np.ndarray, int] | None:
-    """``(image, label)`` of a serialized Datum in the layout :mod:`mnist2db.formats.png`
-    writes (``channels``, ``height``, ``width``, ``data`` a PNG, ``label`` below 128,
-    ``encoded``), read without protobuf; None for any other record, or one whose PNG does
-    not decode (the caller's general path then decodes it, or names what is wrong).
-
-    The same image and label as protobuf and :func:`decode_image` give: the shape fields
-    are not used (Caffe's data layer takes the decoded image's).
-    """
-    if len(value) < 64 or value[-2:] != b"\x38\x01" or value[-4] != 0x28 or value[-3] >= 0x80:
-        return None
-    start = value.find(SIGNATURE, 7, 40)
-    if start < 0:
-        return None
-    size = len(value) - 4 - start
-    length = (
-        bytes((size,))
-        if size < 0x80
-        else bytes((size & 0x7F | 0x80, size >> 7))
-        if size < 0x4000
-        else None
-    )
-    if length is None or value[start - len(length) : start] != length:
-        return None
-    head = value[: start - len(length)]
-    known = _RECORD_HEADS.get(head)
-    if known is None:
-        known = _is_shape_head(head)
-        if len(_RECORD_HEADS) >= _HEADERS_MAX:
-            _RECORD_HEADS.clear()
-        _RECORD_HEADS[head] = known
-    if not known:
-        return None
-    try:
-        return decode_png(value[start:-4], ""), value[-3]
-    except DatumError:
-        return None
-
-
-def _is_shape_head(head: bytes) -> bool:
-    """True if ``head`` is ``08 <varint> 10 <varint> 18 <varint> 22``: fields 1-3 and the
-    tag of field 4 (``data``), as protobuf would read them."""
-    pos = 0
-    for tag in (0x08, 0x10, 0x18):
-        if head[pos : pos + 1] != bytes((tag,)):
-            return False
-        pos += 1
-        for count in range(10):  # a varint: at most 10 bytes, the last below 0x80
-            if pos >= len(head):
-                return False
-            pos += 1
-            if head[pos - 1] < 0x80:
-                break
-            if count == 9:
-                return False
-    return head[pos:] == b"\x22"
 
 
 # -- Pillow: every other image ----------------------------------------------------------

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import threading
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from mnist2db.errors import Mnist2dbError
 from mnist2db.formats.png_codec import SIGNATURE
 
 T = TypeVar("T")
@@ -86,17 +86,59 @@ def run_chunks(work: Callable[[int, int], list[T]], n: int) -> list[T]:
     return out
 
 
+def inflate_many(streams: Sequence[bytes], size: int) -> list[bytes]:
+    """Each zlib stream inflated, in order: its bytes when they are exactly ``size`` long,
+    else ``b""`` (also when it does not inflate). On this process's threads when there are
+    enough, this thread taking a share: a worker runs nothing but zlib per stream, so the
+    threads seldom wait for the GIL. At most one stream's output of another length is
+    held per thread at a time."""
+    n = len(streams)
+    threads = _threads()
+    if n < _INFLATE_MIN or threads < 2:
+        return _inflate_part(streams, size)
+    step = -(-n // threads)
+    parts = [streams[start : start + step] for start in range(0, n, step)]
+    pool = _get_pool()
+    futures = [pool.submit(_inflate_part, part, size) for part in parts[1:]]
+    out = _inflate_part(parts[0], size)
+    for future in futures:
+        out += future.result()
+    return out
+
+
+#: Fewer streams than this inflate in the calling thread: handing them over costs more.
+_INFLATE_MIN = 16
+
+
+def _inflate_part(streams: Sequence[bytes], size: int) -> list[bytes]:
+    decompress = zlib.decompress
+    try:
+        return [raw if len(raw) == size else b"" for raw in map(decompress, streams)]
+    except zlib.error:
+        pass
+    out = []  # a stream that does not inflate: the others one by one
+    for stream in streams:
+        try:
+            raw = decompress(stream)
+        except zlib.error:
+            raw = b""
+        out.append(raw if len(raw) == size else b"")
+    return out
+
+
 def decode_stream(
-    decode: Callable[[bytes, bytes], T],
+    decode_batch: Callable[[list[bytes], list[bytes]], tuple[list[T], Exception | None]],
     items: Iterable[tuple[bytes | memoryview, bytes | memoryview]],
     limit: int,
     *,
     batch_records: int = 256,
     batch_bytes: int = 256 << 10,
 ) -> Iterator[tuple[bytes, T]]:
-    """``(key, decode(key, value))`` for the first ``limit`` of ``items``, read a batch ahead
-    (at most ``batch_records`` records, ``batch_bytes`` of values) and decoded by
-    :func:`decode_many`. Records before a failure are yielded, then the failure raised."""
+    """``(key, record)`` for the first ``limit`` of ``items``, read a batch ahead (at most
+    ``batch_records`` records, ``batch_bytes`` of values) and decoded by
+    ``decode_batch(keys, values)``, which returns the records decoded in order up to the
+    first that fails, and that failure (or None). Records before a failure are yielded,
+    then the failure raised."""
     keys: list[bytes] = []
     values: list[bytes] = []
     size = 0
@@ -108,19 +150,13 @@ def decode_stream(
         values.append(bytes(value))
         size += len(values[-1])
         if len(keys) >= batch_records or size >= batch_bytes or limit == 0:
-            yield from _decode_batch(decode, keys, values)
+            records, failure = decode_batch(keys, values)
+            yield from zip(keys, records, strict=False)
+            if failure is not None:
+                raise failure
             keys, values, size = [], [], 0
     if keys:
-        yield from _decode_batch(decode, keys, values)
-
-
-def _decode_batch(
-    decode: Callable[[bytes, bytes], T], keys: list[bytes], values: list[bytes]
-) -> Iterator[tuple[bytes, T]]:
-    try:
-        records = decode_many(decode, keys, values)
-    except Mnist2dbError:
-        records = []
-        for key, value in zip(keys, values, strict=True):
-            yield key, decode(key, value)  # up to the failing one, which raises
-    yield from zip(keys, records, strict=True)
+        records, failure = decode_batch(keys, values)
+        yield from zip(keys, records, strict=False)
+        if failure is not None:
+            raise failure
