@@ -17,6 +17,7 @@ from mnist2db.fetch.catalog import (
 )
 from mnist2db.fetch.manifest import read_manifest, verified_present
 from mnist2db.fetch.sink import MAX_UNPACKED, packed_bound
+from mnist2db.formats.png import DEFAULT_PNG_COMPRESSION
 from mnist2db.progress import NamedProgress, labelled, named_reporting
 from mnist2db.storage.backends import DEFAULT_BACKEND, DEFAULT_BATCH_SIZE
 
@@ -78,6 +79,7 @@ def create_databases(
     shuffle: bool = False,
     seed: int | None = None,
     encoded: str | None = None,
+    png_compression: str = DEFAULT_PNG_COMPRESSION,
 ) -> list[ConvertResult]:
     """Convert a fetched dataset into ``mnist_train_<backend>`` and ``mnist_test_<backend>``.
 
@@ -98,8 +100,9 @@ def create_databases(
         transpose: swap height and width; None (default) writes upright images, that is
             transposes the datasets stored transposed (EMNIST,
             :attr:`Dataset.stored_transposed <mnist2db.fetch.catalog.Dataset>`) and no other.
-        label_column, shuffle, seed, encoded: as :func:`mnist2db.conversion.convert` (one seed for
-            every split: a fresh one is drawn once when None).
+        label_column, shuffle, seed, encoded, png_compression: as
+            :func:`mnist2db.conversion.convert` (one seed for every split: a fresh one is
+            drawn once when None).
 
     Returns:
         The ``ConvertResult`` of each split, train then test.
@@ -158,6 +161,7 @@ def create_databases(
             shuffle=shuffle,
             seed=seed,
             encoded=encoded,
+            png_compression=png_compression,
         )
         if on_database is not None:
             on_database(result)

@@ -18,7 +18,12 @@ from mnist2db.errors import DatumError, VerifyError
 from mnist2db.formats.datum import decode_datum, encode_batch, key_text, record_key
 from mnist2db.formats.idx import check_pair
 from mnist2db.formats.idx_reader import open_idx
-from mnist2db.formats.png import decode_image, decoded_datum, encode_png_batch
+from mnist2db.formats.png import (
+    OLD_PNG_COMPRESSION,
+    decode_image,
+    decoded_datum,
+    encode_png_batch,
+)
 from mnist2db.progress import Progress, reporting
 from mnist2db.records import iter_records, permutation
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
@@ -152,8 +157,12 @@ def _verify(
         records = iter(reader)
         index = 0
         for image_batch, label_batch in iter_records(images_reader, labels_reader, recipe, _BATCH):
-            expected_values = (encode_png_batch if recipe.encoded else encode_batch)(
-                image_batch, label_batch
+            expected_values = (
+                encode_png_batch(
+                    image_batch, label_batch, recipe.png_compression or OLD_PNG_COMPRESSION
+                )
+                if recipe.encoded
+                else encode_batch(image_batch, label_batch)
             )
             for j, expected in enumerate(expected_values):
                 want_key = record_key(index)

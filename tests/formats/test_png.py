@@ -44,11 +44,15 @@ def run(*args: str) -> Any:
     return CliRunner().invoke(cli, list(args))
 
 
-@pytest.mark.parametrize(("rows", "cols"), [(1, 1), (3, 5), (28, 28), (200, 7)])
-def test_batch_encodes_real_datums_whose_png_holds_the_pixels(rows: int, cols: int) -> None:
+@pytest.mark.parametrize("compression", ["fast", "small"])
+@pytest.mark.parametrize(("rows", "cols"), [(1, 1), (3, 5), (28, 28), (200, 7), (400, 300)])
+def test_batch_encodes_real_datums_whose_png_holds_the_pixels(
+    rows: int, cols: int, compression: str
+) -> None:
     images = make_images(6, rows, cols, seed=rows)
+    images[2] = 0  # long runs
     labels = np.array([0, 9, 127, 128, 300, -3])
-    values = encode_png_batch(images, labels)
+    values = encode_png_batch(images, labels, compression)
     assert len(values) == 6
     for value, image, label in zip(values, images, labels, strict=True):
         datum = decode_datum(value)
@@ -57,12 +61,12 @@ def test_batch_encodes_real_datums_whose_png_holds_the_pixels(rows: int, cols: i
         assert datum.encoded is True
         assert (datum.channels, datum.height, datum.width) == (1, rows, cols)
         assert datum.label == label and not len(datum.float_data)
-        assert is_png(datum.data) and datum.data == encode_png(image)
+        assert is_png(datum.data) and datum.data == encode_png(image, compression)
         np.testing.assert_array_equal(pillow_pixels(datum.data), image)
         decoded = datum_to_array(datum)  # decodes, unlike pycaffe's datum_to_array
         assert decoded.shape == (1, rows, cols) and decoded.dtype == np.uint8
         np.testing.assert_array_equal(decoded[0], image)
-    assert encode_png_batch(images[:0], labels[:0]) == []
+    assert encode_png_batch(images[:0], labels[:0], compression) == []
 
 
 _CV2_SCRIPT = """
@@ -237,6 +241,8 @@ def test_library_refuses_an_unknown_encoding(tmp_path: Path, mnist_pair: Pair) -
 def test_fashion_test_set_png_round_trip(tmp_path: Path, backend: str) -> None:
     import gzip
 
+    from db_helpers import record_digest
+
     from mnist2db.export import export_db
     from mnist2db.verify import verify_db
 
@@ -244,6 +250,8 @@ def test_fashion_test_set_png_round_trip(tmp_path: Path, backend: str) -> None:
     labels = fashion_file("t10k-labels-idx1-ubyte.gz")
     db = tmp_path / "db"
     mnist2db.convert(images, labels, db, backend, encoded="png")
+    # The "fast" records are a function of the images alone: pinned, whatever zlib.
+    assert record_digest(db) == (10000, FASHION_TEST_PNG_DIGEST)
     assert verify_db(db, images, labels).count == 10000
     export_db(db, tmp_path / "out", prefix="t")
     for path, kind in ((images, "images-idx3"), (labels, "labels-idx1")):
@@ -251,24 +259,49 @@ def test_fashion_test_set_png_round_trip(tmp_path: Path, backend: str) -> None:
         assert exported == gzip.decompress(path.read_bytes())
 
 
+FASHION_TEST_PNG_DIGEST = "ff6e5852cd17ad9ae908375c58e9dbb548b758025674937bd1150840243c286d"
+
+
 def test_the_png_bytes_are_pinned() -> None:
-    """The encoder's bytes for one image: a zlib that compresses otherwise (another version,
-    zlib-ng) fails here, before any database of it differs from ours."""
+    """The "small" encoder's bytes for one image: a zlib that compresses otherwise (another
+    version, zlib-ng) fails here, before any database of it differs from ours. (On so small
+    an image zlib chooses fixed codes, and its bytes are the "fast" encoder's.)"""
     image = (np.arange(20, dtype=np.uint8).reshape(4, 5) * 13) % 7 * 30
-    assert encode_png(image).hex() == PINNED_PNG
+    assert encode_png(image, "small").hex() == PINNED_PNG
+    assert encode_png(image, "fast").hex() == PINNED_PNG
 
 
 PINNED_PNG = "89504e470d0a1a0a0000000d49484452000000050000000408000000006358aa9c000000204944415478016360d832ad228ac1468e61cb34868a281b3906862dd32aa26c00572a07457cf041a90000000049454e44ae426082"
 
 
-def test_records_are_the_same_bytes_on_one_thread_and_on_several(tmp_path: Path) -> None:
+def test_the_two_compressions_differ_where_zlib_builds_its_own_codes() -> None:
+    """Both pinned: "small" depends on zlib's version, "fast" on nothing but the image."""
+    image = np.zeros((20, 30), np.uint8)
+    image[5:15, 10:20] = 255
+    image[8, :] = np.arange(30)
+    small, fast = encode_png(image, "small"), encode_png(image, "fast")
+    assert small.hex() == PINNED_SMALL and fast.hex() == PINNED_FAST
+    assert encode_png(image) == fast  # the default
+    for png in (small, fast):
+        np.testing.assert_array_equal(pillow_pixels(png), image)
+
+
+PINNED_SMALL = "89504e470d0a1a0a0000000d494844520000001e000000140800000000bfc0d2180000004a494441547801d5c1b7018340000340114cce196cf61f5374328516f83b0481028702878297284ed24f96176555376dd70fe3342febb61fe7f5fdddf8a3c0a1c0a1c0a1c0a1c0a120040f1da25b5a220334be0000000049454e44ae426082"
+PINNED_FAST = "89504e470d0a1a0a0000000d494844520000001e000000140800000000bfc0d2180000005b494441547801631812e03f1c306003ffe180011bf80f070c488091899985958d9d83938b9b87978f5f4050485844544c5c42524a5a46960101fec3010336f01f0e18b081ff70c0800dfc8703066ce03f1c306003ffe180612800001da25b5af9a98f8c0000000049454e44ae426082"
+
+
+@pytest.mark.parametrize("compression", ["fast", "small"])
+def test_records_are_the_same_bytes_on_one_thread_and_on_several(
+    tmp_path: Path, compression: str
+) -> None:
     """Threads compress the images; a process confined to one processor uses none."""
     import hashlib
     import sys
 
     images = make_images(3000, 9, 11, seed=4)
+    images[::3, 2:] = 0  # runs, some across rows
     labels = np.arange(3000) % 300 - 20
-    digest = hashlib.sha256(b"".join(encode_png_batch(images, labels))).hexdigest()
+    digest = hashlib.sha256(b"".join(encode_png_batch(images, labels, compression))).hexdigest()
     np.save(tmp_path / "images.npy", images)
     script = (
         "import hashlib, os, sys, numpy as np\n"
@@ -276,7 +309,8 @@ def test_records_are_the_same_bytes_on_one_thread_and_on_several(tmp_path: Path)
         "from mnist2db.formats.png import encode_png_batch\n"
         "images = np.load(sys.argv[1])\n"
         "labels = np.arange(3000) % 300 - 20\n"
-        "print(hashlib.sha256(b''.join(encode_png_batch(images, labels))).hexdigest())\n"
+        f"values = encode_png_batch(images, labels, {compression!r})\n"
+        "print(hashlib.sha256(b''.join(values)).hexdigest())\n"
     )
     alone = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "images.npy")],
@@ -285,9 +319,19 @@ def test_records_are_the_same_bytes_on_one_thread_and_on_several(tmp_path: Path)
         check=True,
     ).stdout.strip()
     assert alone == digest
-    # Each record also equals the image encoded alone.
-    values = encode_png_batch(images[:200], labels[:200])
-    assert [decode_datum(v).data for v in values] == [encode_png(im) for im in images[:200]]
+    # Each record also equals the image encoded alone, and batches of any size agree.
+    values = encode_png_batch(images[:200], labels[:200], compression)
+    assert [decode_datum(v).data for v in values] == [
+        encode_png(im, compression) for im in images[:200]
+    ]
+    for size in (1, 64, 199):
+        parts = [
+            encode_png_batch(
+                images[i : min(200, i + size)], labels[i : min(200, i + size)], compression
+            )
+            for i in range(0, 200, size)
+        ]
+        assert sum(parts, []) == values
 
 
 @pytest.mark.parametrize(("rows", "cols"), [(0, 5), (4, 0)])

@@ -66,6 +66,7 @@ def edited(metadata: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         ("shuffle", 7, "field 'shuffle' is the number 7, expected an object or null"),
         ("source", "x", "field 'source' is the string \"x\", expected an object"),
         ("encoded", "jpeg", "unknown encoding the string \"jpeg\""),
+        ("png_compression", "huge", "unknown PNG compression the string \"huge\""),
         ("version", 2, "unknown format or version"),
     ],
 )  # fmt: skip

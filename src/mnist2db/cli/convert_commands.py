@@ -10,10 +10,11 @@ from typing import Any
 
 import click
 
-from mnist2db.cli.common import check_seed, echo, library_errors, progress_reporter
+from mnist2db.cli.common import echo, library_errors, progress_reporter
 from mnist2db.cli.options import (
     Path,
     backend_option,
+    check_record_options,
     label_column_option,
     overwrite_option,
     quiet_option,
@@ -59,8 +60,8 @@ def convert(
     under the key 00000000, 00000001, ... exactly as Caffe's convert_mnist_data writes it.
     Plain, gzip and xz IDX files are read; LABELS may be QMNIST's idx2-int rows
     (--label-column picks the label). --transpose, --shuffle/--seed, --offset/--count and
-    --encoded change which items are written, in which order, orientation and form; all in
-    OUT_DB/mnist2db.json (never a record). OUT_DB must not exist (see --overwrite); it
+    --encoded (with --png-compression) change which items are written, in which order,
+    orientation and form; all in OUT_DB/mnist2db.json (never a record). OUT_DB must not exist (see --overwrite); it
     appears only when complete.
 
     \b
@@ -68,7 +69,7 @@ def convert(
       mnist2db convert --backend=lmdb data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte examples/mnist/mnist_train_lmdb
       mnist2db convert --shuffle --seed 1 --offset 50000 --count 10000 data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte examples/mnist/mnist_val_lmdb
     """
-    check_seed(options)
+    check_record_options(options)
     with library_errors(), progress_reporter("Converting", quiet) as progress:
         result = run_convert(
             images,

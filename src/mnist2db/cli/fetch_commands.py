@@ -8,10 +8,11 @@ from typing import Any
 
 import click
 
-from mnist2db.cli.common import ProgressBars, check_seed, echo, human_bytes, library_errors
+from mnist2db.cli.common import ProgressBars, echo, human_bytes, library_errors
 from mnist2db.cli.options import (
     Path,
     backend_option,
+    check_record_options,
     data_dir_option,
     dataset_option,
     label_column_option,
@@ -197,7 +198,7 @@ def create(
       mnist2db fetch && mnist2db create --backend=lmdb --overwrite
       mnist2db create --dataset fashion-mnist --backend=leveldb --shuffle --seed 1
     """
-    check_seed(options)
+    check_record_options(options)
     note = orientation_note(dataset, as_stored)
     if note and not quiet:
         echo(note, err=True)

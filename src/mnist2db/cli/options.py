@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from mnist2db.cli.common import check_seed
 from mnist2db.fetch.catalog import DATASET_NAMES, DEFAULT_DATASET
 from mnist2db.storage.backends import BACKENDS, DEFAULT_BACKEND
 
@@ -130,7 +131,30 @@ encoded_option = click.option(
 )
 
 
+png_compression_option = click.option(
+    "--png-compression",
+    # mnist2db.formats.png.PNG_COMPRESSIONS (not imported: keeps --help fast)
+    type=click.Choice(["fast", "small"]),
+    default=None,
+    help="With --encoded png: fast (fixed-code deflate: quick to write and to read, the "
+    "same bytes on every machine) or small (zlib: ~12% smaller, slower both ways).  "
+    "[default: fast]",
+)
+
+
 def record_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """``convert``'s and ``create``'s options on how records are written: ``--shuffle``,
-    ``--seed`` and ``--encoded``."""
-    return shuffle_options(encoded_option(func))
+    ``--seed``, ``--encoded`` and ``--png-compression`` (check them with
+    :func:`check_record_options`)."""
+    return shuffle_options(encoded_option(png_compression_option(func)))
+
+
+def check_record_options(options: dict[str, Any]) -> None:
+    """The usage errors (exit 2) among :func:`record_options`: ``--seed`` without
+    ``--shuffle``, ``--png-compression`` without ``--encoded png``. An unset
+    ``--png-compression`` is dropped, leaving the library's default."""
+    check_seed(options)
+    if options["png_compression"] is None:
+        del options["png_compression"]
+    elif options["encoded"] != "png":
+        raise click.UsageError("--png-compression compresses PNG records: add --encoded png")

@@ -17,6 +17,7 @@ import os
 
 from mnist2db.errors import Mnist2dbError, OutputError, printable
 from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
+from mnist2db.formats.png import OLD_PNG_COMPRESSION, PNG_COMPRESSIONS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -33,6 +34,7 @@ class _RecipeFields(NamedTuple):
     count: int | None = None  # type: ignore[assignment]  # the field hides tuple.count
     seed: int | None = None
     encoded: str | None = None
+    png_compression: str | None = None
 
 
 #: The one file mnist2db adds to a database directory (see the module docstring).
@@ -50,7 +52,8 @@ class Recipe(_RecipeFields):
     """The options of a conversion (immutable); all off gives Caffe's records.
 
     Fields: ``transpose``, ``label_column``, ``offset``, ``count`` (None: to the end),
-    ``seed`` (None: source order), ``encoded`` (None: raw pixels, or ``"png"``).
+    ``seed`` (None: source order), ``encoded`` (None: raw pixels, or ``"png"``),
+    ``png_compression`` (of ``"png"`` records: ``"fast"`` or ``"small"``; None otherwise).
     """
 
     __slots__ = ()
@@ -86,6 +89,7 @@ def metadata_for(recipe: Recipe, images: IdxHeader, labels: IdxHeader) -> dict[s
         "label_column": recipe.label_column,
         "shuffle": None if recipe.seed is None else {"seed": recipe.seed, "method": SHUFFLE_METHOD},
         "encoded": recipe.encoded,
+        **({} if recipe.encoded is None else {"png_compression": recipe.png_compression}),
     }
 
 
@@ -298,6 +302,8 @@ def _check_fields(metadata: Any) -> None:
             raise _Invalid(f"unknown shuffle method {shuffle['method']!r}")
     if metadata.get("encoded") not in (None, "png"):
         raise _Invalid(f"unknown encoding {_shown(metadata['encoded'])}")
+    if metadata.get("png_compression") not in (None, *PNG_COMPRESSIONS):
+        raise _Invalid(f"unknown PNG compression {_shown(metadata['png_compression'])}")
 
 
 def pairs_of(metadata: dict[str, Any]) -> tuple[int, int, bool, str] | None:
@@ -342,13 +348,18 @@ def recipe_of(path: str, metadata: dict[str, Any]) -> Recipe:
     """The conversion options recorded in ``metadata`` (read from ``path`` and checked by
     :func:`load_metadata`)."""
     shuffle = metadata["shuffle"]
+    encoded = metadata.get("encoded")
+    compression = metadata.get("png_compression")
+    if encoded is not None and compression is None:  # written before the choice existed
+        compression = OLD_PNG_COMPRESSION
     return Recipe(
         transpose=metadata["transpose"],
         label_column=metadata["label_column"],
         offset=metadata["offset"],
         count=metadata["count"],
         seed=None if shuffle is None else shuffle["seed"],
-        encoded=metadata.get("encoded"),
+        encoded=encoded,
+        png_compression=None if encoded is None else compression,
     )
 
 
