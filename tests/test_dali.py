@@ -78,9 +78,11 @@ def test_dali_reads_every_record_of_a_small_database(
     check(db, images, labels, decode_png=encoded == "png")
 
 
-@pytest.mark.parametrize("encoded", [None, "png"])
+@pytest.mark.parametrize(
+    ("encoded", "compression"), [(None, "fast"), ("png", "fast"), ("png", "small")]
+)
 def test_dali_reads_fashion_mnist_test_set_as_the_source_holds_it(
-    tmp_path: Path, encoded: str | None
+    tmp_path: Path, encoded: str | None, compression: str
 ) -> None:
     import gzip
 
@@ -89,7 +91,7 @@ def test_dali_reads_fashion_mnist_test_set_as_the_source_holds_it(
     images = np.frombuffer(gzip.decompress(images_gz.read_bytes()), np.uint8, offset=16)
     labels = np.frombuffer(gzip.decompress(labels_gz.read_bytes()), np.uint8, offset=8)
     db = tmp_path / "db"
-    mnist2db.convert(images_gz, labels_gz, db, encoded=encoded)
+    mnist2db.convert(images_gz, labels_gz, db, encoded=encoded, png_compression=compression)
     check(db, images.reshape(-1, 28, 28), labels, decode_png=encoded == "png")
 
 

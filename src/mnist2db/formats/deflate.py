@@ -35,9 +35,9 @@ if TYPE_CHECKING:
 #: dictionary (0x7801 is a multiple of 31, as RFC 1950 asks).
 ZLIB_HEADER = b"\x78\x01"
 #: Scanline bytes coded at once. Each run costs about 100 bytes of work arrays, a run at
-#: most one byte: 128 KiB keeps them ~13 MB at worst and in cache on real images (~150
-#: MNIST images a chunk), which is also where numpy's per-call overhead stops mattering.
-CHUNK_BYTES = 1 << 15
+#: most one byte: 128 KiB keeps them ~13 MB at worst (~5 MB on MNIST's images, ~150 a
+#: chunk), and numpy's ~1 µs a call is then a small part of the work.
+CHUNK_BYTES = 1 << 17
 
 #: RFC 1951 3.2.5: the length codes 257-285, the first length of each and its extra bits.
 LENGTH_BASE = (3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 17, 19, 23, 27, 31, 35, 43, 51, 59,
@@ -53,6 +53,22 @@ _ROWS = 263
 _LONG = 260  # the first run length with more than one match (259 repeats after its literal)
 
 _cache: list[tuple[np.ndarray, ...]] = []
+
+
+def _keep_freed_memory() -> None:
+    """Let the allocator keep the chunks' work arrays for the next chunk.
+
+    glibc maps blocks above its mmap threshold (128 KiB at start) from the system and
+    unmaps them when freed, so every chunk's arrays would be fresh pages: ~6 page faults
+    per 28×28 image, as much time as the coding itself (measured). Freeing one mapped
+    block raises the threshold to its size, and the heap's trim threshold to twice that
+    (glibc's documented dynamic threshold, mallopt(3)); then blocks up to 8 MiB are reused
+    from the heap. Any program that frees a large numpy array does the same; on other
+    allocators this costs one allocation and changes nothing.
+    """
+    import numpy as np
+
+    np.empty(8 << 20, np.uint8)
 
 
 def _reverse(code: int, bits: int) -> int:
@@ -71,6 +87,8 @@ def _tables() -> tuple[np.ndarray, ...]:
     if _cache:
         return _cache[0]
     import numpy as np
+
+    _keep_freed_memory()
 
     lit_value = np.zeros(256, np.uint64)
     lit_bits = np.zeros(256, np.int64)
@@ -111,19 +129,20 @@ def _runs(flat: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     change = np.empty(len(flat), bool)
     np.not_equal(flat[1:], flat[:-1], out=change[1:])
     change[::size] = True
-    starts = np.flatnonzero(change)
+    starts = change.nonzero()[0]
     lengths = np.empty_like(starts)
     np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
     lengths[-1] = len(flat) - starts[-1]
-    return starts, lengths, flat[starts]
+    return starts, lengths, np.take(flat, starts)
 
 
 class _Codes:
     """The codes of a sequence of runs, in order, with the block headers and ends asked for.
 
     ``value``: each run's first codes (at most 30 bits: a header, a literal and a match);
-    ``span``: the bits of the whole run (its long matches and a block end included). The runs of 262 bytes or more (``long``, in order) go on with ``count``
-    more matches each: ``more_value``/``more_bits``, concatenated in order.
+    ``span``: the bits of the whole run (its long matches and a block end included). The
+    runs of 260 bytes or more (``long``, in order) go on with ``count`` more matches each:
+    ``more_value``/``more_bits``, concatenated in order.
     """
 
     def __init__(
@@ -135,7 +154,7 @@ class _Codes:
         index = np.minimum(lengths, _ROWS - 1)
         index <<= 8
         index |= values
-        self.value, self.span = first_value[index], first_bits[index]
+        self.value, self.span = np.take(first_value, index), np.take(first_bits, index)
         self.value[firsts] = self.value[firsts] << np.uint64(_HEADER_BITS) | np.uint64(_HEADER)
         self.span[firsts] += _HEADER_BITS
         self.long = np.flatnonzero(lengths >= _LONG)
@@ -157,24 +176,25 @@ class _Codes:
         length[small & (k == w)] = 3
         tail = ~small & (k == w)  # 258 … 258, r (3 … 257)
         length[tail] = r[tail]
-        self.more_value, self.more_bits = match_value[length], match_bits[length]
+        self.more_value, self.more_bits = np.take(match_value, length), np.take(match_bits, length)
         self.span[self.long] += np.add.reduceat(self.more_bits, self.begins)
 
     def pack(self, words: np.ndarray, offsets: np.ndarray) -> None:
-        """OR the codes into ``words`` (little-endian 64-bit), run ``i`` at bit ``offsets[i]``."""
+        """OR the codes into ``words`` (little-endian 64-bit), run ``i`` at bit ``offsets[i]``
+        (the codes and ``offsets`` are used up)."""
         import numpy as np
 
-        _pack(words, self.value, offsets)
         if len(self.long):
             more = np.cumsum(self.more_bits) - self.more_bits
             start = offsets[self.long] + self.own - more[self.begins]
             more += np.repeat(start, self.count)
             _pack(words, self.more_value, more)
+        _pack(words, self.value, offsets)
 
 
 def _pack(words: np.ndarray, value: np.ndarray, offsets: np.ndarray) -> None:
     """OR codes of at most 64 bits each, at increasing bit offsets that leave them apart,
-    into ``words``.
+    into ``words``; ``value`` and ``offsets`` are used up (overwritten).
 
     The codes that start in one word have disjoint bits, so their OR is their sum: one
     cumulative sum (modulo 2^64, exact for the differences) gives every word's at once.
@@ -185,16 +205,18 @@ def _pack(words: np.ndarray, value: np.ndarray, offsets: np.ndarray) -> None:
     if not len(value):
         return
     word = offsets >> 6
-    shift = offsets.view(np.uint64) & np.uint64(63)
-    low = np.cumsum(value << shift)
-    last = np.flatnonzero(word[1:] != word[:-1])  # the last code of each word but the final
+    last = (word[1:] != word[:-1]).nonzero()[0]  # the last code of each word but the final
     last = np.append(last, len(word) - 1)
-    sums = low[last]
-    sums[1:] -= low[last[:-1]]
-    target = word[last]
+    target = np.take(word, last)
+    top = np.take(value, last)
+    shift = np.bitwise_and(offsets.view(np.uint64), np.uint64(63), out=offsets.view(np.uint64))
+    np.left_shift(value, shift, out=value)
+    low = np.cumsum(value, out=value)
+    sums = np.take(low, last)
+    sums[1:] -= sums[:-1].copy()
     words[target] |= sums
     # A shift of 64 would wrap: shift by one, then by 63 - shift.
-    words[target + 1] |= (value[last] >> np.uint64(1)) >> (np.uint64(63) - shift[last])
+    words[target + 1] |= (top >> np.uint64(1)) >> (np.uint64(63) - np.take(shift, last))
 
 
 def _bytes_of(words: np.ndarray) -> np.ndarray:
@@ -282,9 +304,10 @@ def _chunk(rows: np.ndarray, head: int, tail: int) -> tuple[np.ndarray, np.ndarr
     # Move each stream to its byte: the gap after the last run of the one before.
     span = codes.span
     span[lasts[:-1]] += 8 * (begin[1:] - begin[:-1]) - totals[:-1]
-    offsets = np.cumsum(span)
-    offsets -= span
-    offsets += 8 * int(begin[0])
+    span[0] += 8 * int(begin[0])  # then the sums before each run are its offset
+    offsets = np.empty_like(span)
+    offsets[0] = 8 * int(begin[0])
+    np.cumsum(span[:-1], out=offsets[1:])
     words = np.zeros(int(slot_ends[-1]) // 8 + 2, np.uint64)
     codes.pack(words, offsets)
     buffer = _bytes_of(words)[: int(slot_ends[-1])]
