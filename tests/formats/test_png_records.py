@@ -16,7 +16,7 @@ from png_helpers import ENCODERS, hostile_records, image_of, png_of, record
 
 from mnist2db.errors import DatumError
 from mnist2db.formats.datum import decode_datum
-from mnist2db.formats.png import encode_png_batch
+from mnist2db.formats.png import PNG_COMPRESSIONS, encode_png_batch
 from mnist2db.formats.png_codec import decode_image
 from mnist2db.formats.png_records import PngRecords
 from mnist2db.formats.threaded import inflate_many
@@ -63,10 +63,11 @@ def test_records_of_every_encoder_read_as_the_general_path_reads_them(encoder: s
         same((images[i], labels[i]), general(value))
 
 
-def test_records_of_the_encoder_in_use_read_without_the_general_path() -> None:
+@pytest.mark.parametrize("compression", PNG_COMPRESSIONS)
+def test_records_of_mnist2db_encoders_read_without_the_general_path(compression: str) -> None:
     images = np.stack([image_of(seed) for seed in range(300)])
     labels = np.arange(300) % 10
-    values = encode_png_batch(images, labels)
+    values = encode_png_batch(images, labels, compression)
     layout = PngRecords.from_record(values[0])
     assert layout is not None
     found, got, misses = layout.read_many(values, inflate_many)
