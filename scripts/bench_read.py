@@ -8,9 +8,12 @@ best of ``--repeat`` runs each, in this process:
 * ``open_db`` ``db[i]`` in the same random order, sequential iteration, ``__getitems__``
   of 256 indices, ``read_range`` of 256;
 * torchvision's ``FashionMNIST[i]`` (``PILToTensor``) when torchvision is importable;
-* a torch ``DataLoader`` epoch (batch 256, shuffled; 0 and 2 workers) when torch is.
+* a torch ``DataLoader`` epoch (batch 256, shuffled; 0 and 2 workers) when torch is;
+* PNG records (Fashion-MNIST's test set, each PNG compression ``convert`` offers):
+  ``db[i]``, ``__getitems__`` of 500, iteration, protobuf + Pillow per image, and NVIDIA
+  DALI's CPU pipeline where an environment has it (.venv-dali, or $MNIST2DB_BENCH_DALI).
 
-    python scripts/bench_read.py [--repeat 3]   (also the last table of scripts/bench.py)
+    python scripts/bench_read.py [--repeat 3] [--png-only]   (also the last table of scripts/bench.py)
 """
 
 from __future__ import annotations
@@ -173,12 +176,27 @@ def _dali_rate(python: Path, db: Path, kind: str) -> float:
     return float(out.split()[-1])
 
 
+def _png_compressions() -> list[str | None]:
+    """The PNG compressions ``convert`` offers (``png_compression=``), default first; [None]
+    where it offers one only."""
+    from mnist2db.formats import png
+
+    offered = getattr(png, "PNG_COMPRESSIONS", None)
+    if not offered:
+        return [None]
+    default = getattr(png, "DEFAULT_PNG_COMPRESSION", offered[0])
+    return [default, *(c for c in offered if c != default)]
+
+
 def png_read_table(
     images: Path, labels: Path, work: Path, repeat: int = 5
 ) -> tuple[list[str], dict[str, float]]:
-    """Reading PNG records (issue 19): open_db against Pillow per image and, where installed,
-    NVIDIA DALI's CPU pipeline (in its own process), over the same LMDB, measured in turn
-    ``repeat`` times (best of each). Returns Markdown rows and the rates (records/s)."""
+    """Reading PNG records (issue 19): open_db (db[i], __getitems__ of 500, iteration)
+    against Pillow per image and, where installed, NVIDIA DALI's CPU pipeline (in its own
+    process), over the same LMDB, one per PNG compression ``convert`` offers, every reader
+    measured in turn ``repeat`` times (best of each). Returns Markdown rows and the rates
+    (records/s) of the default compression's database."""
+    import inspect
     import io
 
     import lmdb
@@ -187,39 +205,56 @@ def png_read_table(
     import mnist2db
     from mnist2db.formats.datum import decode_datum
 
-    db_path = work / "png_lmdb"
-    mnist2db.convert(images, labels, db_path, backend="lmdb", encoded="png")
     python = dali_python()
-    with mnist2db.open_db(db_path) as db:
+    compressions = _png_compressions()
+    if "png_compression" not in inspect.signature(mnist2db.convert).parameters:
+        compressions = compressions[:1]  # the encoder offers more than convert takes yet
+    databases = {}
+    for compression in compressions:
+        databases[compression] = work / f"png_{compression or 'default'}_lmdb"
+        options = {} if compression is None else {"png_compression": compression}
+        mnist2db.convert(images, labels, databases[compression], backend="lmdb",
+                         encoded="png", **options)  # fmt: skip
+    with mnist2db.open_db(databases[compressions[0]]) as db:
         n = len(db)
     order = np.random.default_rng(0).permutation(n).tolist()
 
-    def db_random() -> int:
-        with mnist2db.open_db(db_path) as db:
-            for i in order:
-                db[i]
-        return n
+    # Each reader opens the database first, untimed (as DALI's pipeline is built and run
+    # once before its epochs are timed): the rows time reading only.
+    def db_random(db: mnist2db.DatumDataset) -> None:
+        for i in order:
+            db[i]
 
-    def db_getitems() -> int:
-        with mnist2db.open_db(db_path) as db:
-            for start in range(0, n, 500):
-                db.__getitems__(order[start : start + 500])
-        return n
+    def db_getitems(db: mnist2db.DatumDataset) -> None:
+        for start in range(0, n, 500):
+            db.__getitems__(order[start : start + 500])
 
-    def db_iterate() -> int:
-        with mnist2db.open_db(db_path) as db:
-            return sum(1 for _ in db)
+    def db_iterate(db: mnist2db.DatumDataset) -> None:
+        for _ in db:
+            pass
 
-    def pillow_random() -> int:
+    def pillow_random(txn: lmdb.Transaction) -> None:
         # The reader before issue 19: protobuf, then Pillow on each image (as torchvision).
-        env = lmdb.open(str(db_path), readonly=True, lock=False, readahead=False)
-        with env.begin() as txn:
-            for i in order:
-                datum = decode_datum(txn.get(b"%08d" % i))
-                with Image.open(io.BytesIO(datum.data)) as image:
-                    np.asarray(image)[np.newaxis].copy()
-        env.close()
-        return n
+        for i in order:
+            datum = decode_datum(txn.get(b"%08d" % i))
+            with Image.open(io.BytesIO(datum.data)) as image:
+                np.asarray(image)[np.newaxis].copy()
+
+    def timed(key: str, db_path: Path) -> float:
+        """Seconds per record of one pass of reader ``key`` over ``db_path``."""
+        if key == "pillow":
+            env = lmdb.open(str(db_path), readonly=True, lock=False, readahead=False)
+            with env.begin() as txn:
+                start = time.perf_counter()
+                pillow_random(txn)
+                seconds = time.perf_counter() - start
+            env.close()
+            return seconds / n
+        read = {"db[i]": db_random, "getitems": db_getitems, "iterate": db_iterate}[key]
+        with mnist2db.open_db(db_path) as db:
+            start = time.perf_counter()
+            read(db)
+            return (time.perf_counter() - start) / n
 
     names = {
         "db[i]": "open_db db[i], random order",
@@ -228,42 +263,51 @@ def png_read_table(
         "pillow": "protobuf + Pillow per image, random order (before)",
         "dali": "NVIDIA DALI CPU pipeline (caffe reader + decoders.image GRAY, 2 threads, batch 500)",
     }
-    timings: dict[str, list[float]] = {k: [] for k in names}
+    timings: dict[tuple[str | None, str], list[float]] = {}
     for _ in range(repeat):  # in turn, so that each meets the machine's load alike
-        for key, fn in (("db[i]", db_random), ("getitems", db_getitems),
-                        ("iterate", db_iterate), ("pillow", pillow_random)):  # fmt: skip
-            timings[key].append(_best(fn, 1)[0] / n)
-        if python is not None:
-            timings["dali"].append(1 / _dali_rate(python, db_path, "png"))
-    rates = {k: 1 / min(v) for k, v in timings.items() if v}
-    base = rates["pillow"]
+        for compression, db_path in databases.items():
+            for key in ("db[i]", "getitems", "iterate", "pillow"):
+                timings.setdefault((compression, key), []).append(timed(key, db_path))
+            if python is not None:
+                seconds = 1 / _dali_rate(python, db_path, "png")
+                timings.setdefault((compression, "dali"), []).append(seconds)
+    rates = {k: 1 / min(v) for k, v in timings.items()}
     lines = [
-        f"PNG records (issue 19): {n} records, LMDB written by `convert --encoded png`, best of "
-        f"{repeat}, measured in turn; ratios against Pillow per image"
-        + (" and DALI" if "dali" in rates else " (DALI not installed: make test-dali)")
-        + ", in the same run.",
+        f"PNG records (issue 19): {n} records, LMDB written by `convert --encoded png`"
+        + (" (each `--png-compression`)" if compressions != [None] else "")
+        + f", best of {repeat}, every reader measured in turn; ratios against Pillow per "
+        "image"
+        + (" and DALI" if python is not None else " (DALI not installed: make test-dali)")
+        + " on the same database, in the same run.",
         "",
-        "| reader | records/s | × Pillow | × DALI |",
-        "|---|---|---|---|",
+        "| database | reader | records/s | × Pillow | × DALI |",
+        "|---|---|---|---|---|",
     ]
-    for key, name in names.items():
-        if key in rates:
-            dali = f"{rates[key] / rates['dali']:.2f}×" if "dali" in rates else "-"
+    for compression in compressions:
+        for key, name in names.items():
+            rate = rates.get((compression, key))
+            if rate is None:
+                continue
+            dali = rates.get((compression, "dali"))
             lines.append(
-                f"| {name} | {rates[key] / 1000:.0f} k | {rates[key] / base:.2f}× | {dali} |"
+                f"| {compression or 'png'} | {name} | {rate / 1000:.0f} k "
+                f"| {rate / rates[(compression, 'pillow')]:.2f}× "
+                f"| {f'{rate / dali:.2f}×' if dali else '-'} |"
             )
-    return lines, rates
+    return lines, {key: rate for (c, key), rate in rates.items() if c == compressions[0]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--png-only", action="store_true", help="the PNG table only")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mnist2db-bench-read-"))
     try:
         data, _ = gunzip_or_generate(work)
-        print("\n".join(read_table(*data["train"], work, args.repeat)))
-        print()
+        if not args.png_only:
+            print("\n".join(read_table(*data["train"], work, args.repeat)))
+            print()
         print("\n".join(png_read_table(*data["test"], work, args.repeat)[0]))
     finally:
         shutil.rmtree(work, ignore_errors=True)

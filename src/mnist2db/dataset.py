@@ -16,7 +16,10 @@ and held in memory (one short bytes object per record).
 
 Records in the layout of the first record (same shape, raw uint8 pixels, a label from 0
 to 127: every MNIST record) are read without protobuf, straight from the stored bytes;
-any other record goes through protobuf.
+so are PNG records as ``convert --encoded png`` writes them (:mod:`mnist2db.formats.png_records`:
+checked by slices and the IDAT CRC, one zlib call each, a batch's inflated on a few
+threads and unpacked by one numpy pass). Any other record goes through protobuf and the
+general decoder, which gives the same image and label and names whatever is wrong.
 
 Processes and threads: see :mod:`mnist2db.storage.readers`. A pickled dataset carries no handle
 and opens its own on first use (spawn, forkserver); a forked child reopens LMDB on first
