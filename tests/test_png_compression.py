@@ -154,3 +154,19 @@ def test_create_passes_the_choice_to_both_splits(
         images_path, labels_path, images, labels = sources[stem]
         assert values(db) == encode_png_batch(images, labels.astype(np.int64), "small")
         assert verify_db(db, images_path, labels_path).count == 20
+
+
+def test_encode_png_takes_the_same_choice() -> None:
+    from mnist2db.formats.png import encode_png
+
+    image = np.zeros((30, 40), np.uint8)
+    image[3:20, 5:9] = 200
+    fast, small = encode_png(image, "fast"), encode_png(image, "small")
+    assert fast != small and encode_png(image) == fast
+    for png, compression in ((fast, "fast"), (small, "small")):
+        values = encode_png_batch(image[None], np.array([4]), compression)
+        assert png in values[0]
+    with pytest.raises(ArgumentError, match=r"^unknown PNG compression 'gzip': expected one of"):
+        encode_png(image, "gzip")
+    with pytest.raises(ArgumentError, match=r"^unknown PNG compression 'gzip'"):
+        encode_png_batch(image[None], np.array([4]), "gzip")

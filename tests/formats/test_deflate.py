@@ -152,9 +152,9 @@ def check_streams(rows: np.ndarray, head: int = 0, tail: int = 0) -> list[bytes]
 @st.composite
 def images(draw: st.DrawFn) -> np.ndarray:
     """Images of runs: every row a few blocks of one value each, some of them long."""
-    rows = draw(st.integers(1, 120))
+    rows = draw(st.integers(1, 300))
     cols = draw(st.integers(1, 300))
-    count = draw(st.integers(1, 4))
+    count = draw(st.integers(1, 3))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     flat = np.empty(count * rows * cols, np.uint8)

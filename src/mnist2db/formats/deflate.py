@@ -7,18 +7,18 @@ remainder of 1 or 2 after the 258s makes the piece before it 255 or 256 and the 
 a run with fewer than 3 repeats after its literal is literals. The stream is wrapped as
 zlib wraps it: the header ``78 01``, then the Adler-32 of the scanlines, big-endian.
 
-Why: zlib builds a dynamic Huffman tree for every block, about 23 µs per 28×28 image even
-in C, and an inflater builds it again (~5.7 µs against ~2.7 µs for fixed codes, the same
-images). Fixed codes cost ~13% in size on Fashion-MNIST (docs/performance.md). And the
-bytes are a function of the image alone: the same whatever the zlib version, the machine,
-the batch or the threads.
+Why: zlib builds a dynamic Huffman tree for every block, most of its ~23 µs per 28×28
+image even in C, and an inflater builds it again (5.5 µs an image against 2.5 for fixed
+codes, the same pixels). Fixed codes cost ~13% in size on Fashion-MNIST
+(docs/performance.md). And the bytes are a function of the image alone: the same whatever
+the zlib version, the machine, the batch or the threads.
 
 Everything is vectorized over a chunk of images (no Python per token or byte): runs from
 the positions where a byte differs from the one before, each run's leading codes from one
 table lookup (:func:`_tables`), bit offsets by a cumulative sum, packing into 64-bit words
-by ``bitwise_or.reduceat``. Chunks hold at most :data:`CHUNK_BYTES` scanline bytes; a
+by another (:func:`_pack`). Chunks hold at most :data:`CHUNK_BYTES` scanline bytes; a
 larger image is coded in segments of that size, its pending run and partial byte carried
-from one to the next, so the work arrays stay a few tens of MB whatever the image.
+from one to the next, so the work arrays stay within ~13 MB whatever the image.
 """
 
 from __future__ import annotations
