@@ -90,6 +90,12 @@ def test_a_recipe_without_the_field_was_written_small(
     found = read_metadata(db)
     assert found is not None and found[0].png_compression == "small"
     assert verify_db(db, images_path, labels_path).count == 40
+    shown = run("info", db)
+    assert shown.exit_code == 0, shown.output
+    assert (
+        "encoded     PNG images in Datum.data (encoded: true), --png-compression small\n"
+        in shown.stdout
+    )
     # Raw databases record no compression.
     raw = tmp_path / "raw"
     mnist2db.convert(images_path, labels_path, raw, shuffle=True, seed=3)

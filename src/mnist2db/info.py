@@ -275,5 +275,11 @@ def describe_db(db: DbReader | str | os.PathLike[str]) -> list[tuple[str, str]]:
         )
     )
     if recipe.encoded is not None:
-        lines.append(("encoded", f"{recipe.encoded.upper()} images in Datum.data (encoded: true)"))
+        lines.append(
+            (
+                "encoded",
+                f"{recipe.encoded.upper()} images in Datum.data (encoded: true), "
+                f"--png-compression {recipe.png_compression}",
+            )
+        )
     return lines

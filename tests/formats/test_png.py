@@ -139,7 +139,10 @@ def test_encoded_database_round_trips_through_every_reader(
     np.testing.assert_array_equal(png_mean.mean, raw_mean.mean)
     info = db_info(png_db)
     assert info.encoding == "PNG-encoded image (Datum.encoded)" and info.problem is None
-    assert ("encoded", "PNG images in Datum.data (encoded: true)") in info.recipe
+    assert (
+        "encoded",
+        "PNG images in Datum.data (encoded: true), --png-compression fast",
+    ) in info.recipe
 
 
 def test_same_seed_with_shuffle_gives_the_same_encoded_bytes(
@@ -202,7 +205,10 @@ def test_cli_encoded_for_convert_and_create(tmp_path: Path, mnist_pair: Pair) ->
     assert all(decode_datum(v).encoded for _, v in records(out))
     info = run("info", str(out))
     assert "PNG-encoded image (Datum.encoded)" in info.stdout
-    assert "encoded     PNG images in Datum.data (encoded: true)\n" in info.stdout
+    assert (
+        "encoded     PNG images in Datum.data (encoded: true), --png-compression fast\n"
+        in info.stdout
+    )
     shown = run("show", str(out), "--count", "1", "--threshold", "128")
     assert shown.exit_code == 0, shown.output
     assert shown.stdout.splitlines()[1:4] == [

@@ -28,7 +28,6 @@ from mnist2db.formats.deflate import max_stream_size, zlib_stream, zlib_streams
 from mnist2db.formats.protowire import encode_varint
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
     from typing import Any
 
     import numpy as np
@@ -338,14 +337,6 @@ def decode_image(data: bytes, where: str) -> np.ndarray:
     from mnist2db.formats.png_codec import decode_image as decode
 
     return decode(data, where)
-
-
-def decode_images(datas: Sequence[bytes], wheres: Sequence[str]) -> list[np.ndarray]:
-    """:func:`decode_image` of each, in order, on a few threads when there are many."""
-    from mnist2db.formats.png_codec import decode_image as decode
-    from mnist2db.formats.threaded import decode_many
-
-    return decode_many(decode, datas, wheres)
 
 
 def decoded_datum(datum: Any, where: str) -> Any:
