@@ -261,8 +261,9 @@ def run(argv: list[str], argv0: str = PROG) -> int:
 
 def _compute_image_mean(parsed: ParsedArgs, logger: Logger) -> None:
     from mnist2db.errors import BackendError
-    from mnist2db.mean import check_mean_target, compute_mean, write_mean
+    from mnist2db.mean import check_mean_target
     from mnist2db.storage.backends import check_backend, detect_backend
+    from mnist2db.storage.readers import shared_reader
 
     backend = str(parsed["backend"])
     db_path = parsed.positional[0]
@@ -272,7 +273,16 @@ def _compute_image_mean(parsed: ParsedArgs, logger: Logger) -> None:
         raise BackendError(f"{db_path}: is a {found} database (use --backend={found})")
     if len(parsed.positional) == 2:
         check_mean_target(parsed.positional[1], overwrite=True, inputs=[db_path])
-    logger.log("I", OPENED_AT[backend], f"Opened {backend} {db_path}")
+    # Opened before Caffe's "Opened" line, as Caffe opens it (a database that does not open
+    # is refused before), and held: compute_mean reads through the same handle.
+    with shared_reader(db_path, backend):
+        logger.log("I", OPENED_AT[backend], f"Opened {backend} {db_path}")
+        _mean_of_opened(parsed, logger, db_path, backend)
+
+
+def _mean_of_opened(parsed: ParsedArgs, logger: Logger, db_path: str, backend: str) -> None:
+    from mnist2db.mean import compute_mean, write_mean
+
     logger.log("I", "compute_image_mean.cpp:70", "Starting iteration")
 
     def progress(done: int, total: int) -> None:

@@ -27,6 +27,7 @@ import plyvel
 from mnist2db.errors import BackendError
 from mnist2db.formats.datum import key_text
 from mnist2db.storage.backends import backend_message, file_kind, is_database_file
+from mnist2db.storage.headers import check_leveldb_current, check_lmdb_file
 
 #: py-lmdb's options for reading a finished database. lock=False: a finished database never
 #: changes, so readers need no reader table; nothing is written to lock.mdb (read-only media
@@ -203,6 +204,7 @@ class LmdbHandle(ReadHandle):
         env = self._env_ref() if self._env_ref is not None else None
         if env is None:
             self.check_files()
+            check_lmdb_file(self.path, self.dir_fd)
             env = self._open_env()
         self._env, self._env_ref = env, weakref.ref(env)
         self.check_path_after_open()
@@ -315,6 +317,7 @@ class LeveldbHandle(ReadHandle):
         if self.forked_from is not None:
             raise self._forked()
         self.check_files()
+        check_leveldb_current(self.path, self.dir_fd)
         if self.location != self.path and _lock_holder(self.dir_fd) == os.getpid():
             # Opened through /proc, LevelDB's own check for a lock this process holds (by
             # file name) cannot see one taken through the path: said here, in its words.

@@ -1,0 +1,192 @@
+"""The first bytes of a database's files, checked before the backend opens them.
+
+LMDB maps ``data.mdb`` and trusts it: an empty file makes a read-only open fail with "Bad
+file descriptor" (LMDB takes it for a new database and cannot write one), a file cut short
+after its meta pages ends the process with SIGBUS on the first read past its end, and
+garbage gives "MDB_INVALID". LevelDB creates ``LOCK`` and ``LOG`` in the directory before it
+reads ``CURRENT``, so a directory that is no LevelDB database is changed by the attempt.
+Both are checked here first, through the database directory's descriptor, reading a few
+hundred bytes and writing nothing; the messages name the file and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import struct
+
+from mnist2db.errors import BackendError
+
+# LMDB's meta pages (liblmdb mdb.c: MDB_page, MDB_meta, mdb_env_read_header). Pages 0 and 1
+# each hold a meta page: a page header (mp_pgno: a size_t; mp_pad, mp_flags, and two
+# 16-bit bounds), then MDB_meta: mm_magic, mm_version (32 bits each), mm_address,
+# mm_mapsize, mm_dbs[2] (48 bytes each, the first one's md_pad is the page size),
+# mm_last_pg, mm_txnid: C's layout, in the writing machine's byte order and word size, as
+# LMDB reads it (native here too).
+_WORD = struct.calcsize("N")  # size_t, pgno_t and txnid_t
+_PAGE_HEADER = _WORD + 8  # PAGEHDRSZ
+_META_AT = _PAGE_HEADER
+_META = struct.Struct(f"@II{_WORD}x{_WORD}xI{44 + 5 * (_WORD - 8)}x{48 + 5 * (_WORD - 8)}xNN")
+#: Bytes of one meta page LMDB reads (sizeof(MDB_metabuf)): the header and MDB_meta.
+LMDB_META_BYTES = _PAGE_HEADER + _META.size
+_FLAGS = struct.Struct("=H")
+_FLAGS_AT = _WORD + 2
+_P_META = 0x08
+#: MDB_MAGIC, and MDB_DATA_VERSION of LMDB 0.9 (what py-lmdb bundles).
+LMDB_MAGIC = 0xBEEFC0DE
+LMDB_DATA_VERSION = 1
+_SWAPPED_MAGIC = 0xDEC0EFBE
+
+#: What a LevelDB ``CURRENT`` holds: the name of the manifest in use, and a newline.
+_CURRENT = re.compile(rb"(MANIFEST-[0-9]+)\n")
+_CURRENT_LIMIT = 4096
+
+
+def _open(dir_fd: int, name: str) -> int | None:
+    """``name`` in ``dir_fd`` opened to read, or None where the backend's own open should
+    say what is wrong (missing files are told by the callers)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None  # said by ReadHandle.check_files
+    return fd
+
+
+def _read_at(fd: int, size: int, offset: int) -> bytes:
+    chunks = []
+    while size > 0:
+        chunk = os.pread(fd, size, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def check_lmdb_file(path: str, dir_fd: int) -> None:
+    """Raise unless ``data.mdb`` in the directory ``dir_fd`` (the database ``path``) starts
+    with LMDB's two meta pages and is as long as the newer of them says.
+
+    Raises:
+        BackendError: the file is missing, empty, shorter than its meta pages or than the
+            pages they record, holds no LMDB magic, or is of another LMDB data version.
+    """
+    name = os.path.join(path, "data.mdb")
+    try:
+        fd = _open(dir_fd, "data.mdb")
+    except FileNotFoundError:
+        raise BackendError(f"{name}: no such file: not an LMDB database") from None
+    if fd is None:
+        return
+    try:
+        size = os.fstat(fd).st_size
+        first = _read_at(fd, LMDB_META_BYTES, 0)
+        if size == 0:
+            raise BackendError(f"{name}: empty (0 bytes): not an LMDB database")
+        if len(first) < LMDB_META_BYTES:
+            raise BackendError(
+                f"{name}: {size} bytes, shorter than LMDB's two meta pages: "
+                "not an LMDB database (or one cut short)"
+            )
+        magic, version, page, last_page, txnid = _meta(name, first, 0)
+        if page & (page - 1) or not 512 <= page <= 65536:
+            raise BackendError(
+                f"{name}: page size {page} in its first meta page is not a power of two "
+                "from 512 to 65536: a damaged LMDB database"
+            )
+        if size < 2 * page:
+            raise BackendError(
+                f"{name}: {size} bytes, shorter than LMDB's two meta pages "
+                f"({2 * page} bytes): a truncated LMDB database"
+            )
+        second = _read_at(fd, LMDB_META_BYTES, page)
+        _, _, _, last_page_1, txnid_1 = _meta(name, second, page)
+        if txnid_1 > txnid:
+            last_page = last_page_1
+        needed = (last_page + 1) * page
+        if size < needed:
+            raise BackendError(
+                f"{name}: {size} bytes, shorter than the {last_page + 1} pages of {page} "
+                f"bytes its meta page records ({needed} bytes): a truncated LMDB database"
+            )
+    except OSError as exc:
+        raise BackendError(f"{name}: cannot read it: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def _meta(name: str, page: bytes, offset: int) -> tuple[int, int, int, int, int]:
+    """The magic, version, page size, last page and transaction id of the meta page at
+    ``offset`` (its first :data:`LMDB_META_BYTES` bytes), checked as LMDB checks them."""
+    (flags,) = _FLAGS.unpack_from(page, _FLAGS_AT)
+    magic, version, page_size, last_page, txnid = _META.unpack_from(page, _META_AT)
+    where = "" if offset == 0 else f" at byte {offset} (its second meta page)"
+    if magic == _SWAPPED_MAGIC:
+        raise BackendError(
+            f"{name}: an LMDB data file of the other byte order: LMDB files are not "
+            "portable between byte orders"
+        )
+    if magic != LMDB_MAGIC or not flags & _P_META:
+        if offset == 0:
+            raise BackendError(f"{name}: not an LMDB data file (no LMDB magic)")
+        raise BackendError(f"{name}: no LMDB meta page{where}: a damaged LMDB database")
+    if version != LMDB_DATA_VERSION:
+        raise BackendError(
+            f"{name}: LMDB data version {version}{where}, expected {LMDB_DATA_VERSION}"
+        )
+    return magic, version, page_size, last_page, txnid
+
+
+def check_leveldb_current(path: str, dir_fd: int) -> None:
+    """Raise unless ``CURRENT`` in the directory ``dir_fd`` (the database ``path``) names a
+    manifest that is there and not empty: LevelDB would write its ``LOCK`` and ``LOG`` in
+    the directory before finding out.
+
+    Raises:
+        BackendError: ``CURRENT`` is missing, empty or names no manifest, or the manifest is
+            missing or empty.
+    """
+    name = os.path.join(path, "CURRENT")
+    try:
+        fd = _open(dir_fd, "CURRENT")
+    except FileNotFoundError:
+        raise BackendError(f"{name}: no such file: not a LevelDB database") from None
+    if fd is None:
+        return
+    try:
+        text = _read_at(fd, _CURRENT_LIMIT, 0)
+    except OSError as exc:
+        raise BackendError(f"{name}: cannot read it: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if not text:
+        raise BackendError(f"{name}: empty (0 bytes): not a LevelDB database")
+    found = _CURRENT.fullmatch(text)
+    if found is None:
+        shown = text[:40] + (b"..." if len(text) > 40 else b"")
+        raise BackendError(
+            f"{name}: does not name a LevelDB manifest (it holds {shown!r}, expected "
+            "MANIFEST-<number> and a newline): not a LevelDB database"
+        )
+    manifest = found.group(1).decode("ascii")
+    try:
+        size = os.stat(manifest, dir_fd=dir_fd).st_size
+    except FileNotFoundError:
+        raise BackendError(
+            f"{os.path.join(path, manifest)}: no such file (CURRENT names it): a LevelDB "
+            "database without its manifest"
+        ) from None
+    except OSError:
+        return  # LevelDB's own open says what is wrong
+    if size == 0:
+        raise BackendError(
+            f"{os.path.join(path, manifest)}: empty (0 bytes): a damaged LevelDB database"
+        )
