@@ -31,6 +31,7 @@ from mnist2db.storage.backends import (
     DEFAULT_BACKEND,
     DEFAULT_BATCH_SIZE,
     check_backend,
+    check_batch_bytes,
     check_batch_size,
     open_writer,
     size_hint,
@@ -176,6 +177,7 @@ def convert(
         check_record_count(count, images, "items")
         rows, cols = image_reader.header.dims[1], image_reader.header.dims[2]
         value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 3
+        check_batch_bytes(batch_size, count, value_size)
         inputs = (images, labels)
         with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
             # Raw bytes in, bytes out: no numpy and no per-record message objects.
@@ -229,6 +231,7 @@ def _convert_recipe(
     if recipe.encoded:  # a side of 0: no PNG can hold it, refused before any work
         check_png_shape(rows, cols, image_reader.path)
     value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 11
+    check_batch_bytes(batch_size, total, value_size)
     inputs = (image_reader.path, label_reader.path)
     with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
         batches = iter_records(image_reader, label_reader, recipe, batch_size, spill_dir=staging)

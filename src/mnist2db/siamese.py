@@ -41,6 +41,7 @@ from mnist2db.storage.backends import (
     DEFAULT_BATCH_SIZE,
     SIAMESE_BACKEND,
     check_backend,
+    check_batch_bytes,
     check_batch_size,
 )
 from mnist2db.storage.metadata import pairs_metadata, write_metadata
@@ -229,6 +230,7 @@ def convert_siamese(
             )
         drawer = _PairDrawer(label_array, seed, total, balanced)
         value_size = len(datum_prefix(2, rows, cols, 2 * rows * cols)) + 2 * rows * cols + 2
+        check_batch_bytes(batch_size, total, value_size)
         if on_start is not None:
             on_start(count, rows, cols)
         positives = [0]

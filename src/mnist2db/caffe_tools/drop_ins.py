@@ -69,7 +69,7 @@ FLAGS: dict[str, Flag] = {
         "batch_size",
         "int32",
         DEFAULT_BATCH_SIZE,
-        "Records per transaction (mnist2db extension)",
+        "Records per transaction, at most 64 MiB of records (mnist2db extension)",
         _at_least_one,
     ),
     "overwrite": Flag(
@@ -183,7 +183,7 @@ def _regular(path: str) -> bool:
 
 def _convert_mnist_data(parsed: ParsedArgs, logger: Logger) -> None:
     from mnist2db.conversion import convert
-    from mnist2db.errors import Mnist2dbError
+    from mnist2db.errors import ArgumentError, Mnist2dbError
     from mnist2db.formats.idx import check_pair
     from mnist2db.formats.idx_reader import read_header
 
@@ -235,6 +235,8 @@ def _convert_mnist_data(parsed: ParsedArgs, logger: Logger) -> None:
             message = str(exc)
             for relayed, path in relays.items():
                 message = message.replace(relayed, path)
+            if isinstance(exc, ArgumentError):  # the flag as this tool spells it
+                message = message.replace("--batch-size", "--batch_size")
             exc.args = (message,)
             raise
     if not early:
