@@ -176,8 +176,7 @@ def convert(
         count = image_reader.header.count
         check_record_count(count, images, "items")
         rows, cols = image_reader.header.dims[1], image_reader.header.dims[2]
-        value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 3
-        check_batch_bytes(batch_size, count, value_size)
+        value_size = check_raw_batch(batch_size, count, rows, cols)
         inputs = (images, labels)
         with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
             # Raw bytes in, bytes out: no numpy and no per-record message objects.
@@ -203,6 +202,19 @@ def convert(
         cols=cols,
         seconds=time.perf_counter() - start,
     )
+
+
+def check_raw_batch(batch_size: int, count: int, rows: int, cols: int) -> int:
+    """Raise unless batches of ``batch_size`` of a plain conversion's ``count`` records of
+    ``rows`` x ``cols`` fit in memory (:func:`mnist2db.storage.backends.check_batch_bytes`);
+    the size of a record's value.
+
+    Raises:
+        ArgumentError: they do not.
+    """
+    value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 3
+    check_batch_bytes(batch_size, count, value_size)
+    return value_size
 
 
 def _convert_recipe(

@@ -171,3 +171,30 @@ def test_one_resize_flag_alone_is_a_warning(images: Path, tmp_path: Path) -> Non
     done = run(["--resize_width=3", "imgs/", "list.txt", "db"], tmp_path)
     assert done.returncode == 0
     assert "only one of --resize_width and --resize_height given: no resize" in done.stderr
+
+
+@pytest.mark.parametrize("shuffle", [[], ["--shuffle", "--seed=1"]], ids=["listed", "shuffled"])
+def test_a_refused_target_is_refused_before_opened(
+    images: Path, tmp_path: Path, shuffle: list[str]
+) -> None:
+    """Caffe's convert_imageset logs "Shuffling data" and "A total of N images.", then fails
+    opening the database (mkdir), before its "Opened" line: so does the drop-in."""
+    (tmp_path / "list.txt").write_text("0.png 1\n1.png 2\n")
+    (tmp_path / "db").mkdir()
+    done = run([*shuffle, "imgs/", "list.txt", "nodir/../db"], tmp_path)
+    assert done.returncode == 1
+    messages = [line.split("] ", 1)[1] for line in done.stderr.splitlines()]
+    assert messages == [
+        *(["Shuffling data", "Shuffle seed 1 (--seed=1 repeats this order)"] if shuffle else []),
+        "A total of 2 images.",
+        "nodir/../db: no directory nodir/.. to write it in (nodir does not exist, and '..' "
+        "after it would leave it again: create it first, or name the path without '..')",
+    ]
+    done = run([*shuffle, "imgs/", "list.txt", "db"], tmp_path)
+    messages = [line.split("] ", 1)[1] for line in done.stderr.splitlines()]
+    assert messages[-2:] == [
+        "A total of 2 images.",
+        "db: already exists (use --overwrite to replace it)",
+    ]
+    assert os.listdir(tmp_path / "db") == []
+    assert sorted(os.listdir(tmp_path)) == ["db", "imgs", "list.txt"]

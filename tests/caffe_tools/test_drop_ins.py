@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -438,3 +439,60 @@ def test_a_flag_value_that_is_not_utf8_is_shown_as_its_bytes(tmp_path: Path) -> 
         .splitlines()[-1]
         .endswith("] unknown backend '\\xff': expected one of lmdb, leveldb")
     )
+
+
+@pytest.mark.parametrize(
+    ("target", "flags", "said"),
+    [
+        (
+            "nodir/../db",
+            [],
+            "nodir/../db: no directory nodir/.. to write it in (nodir does not exist, and '..' "
+            "after it would leave it again: create it first, or name the path without '..')",
+        ),
+        ("images/db", [], "images/db: parent images is not a directory"),
+        (
+            "foreign",
+            ["--overwrite"],
+            "foreign: holds 'notes.txt' (a file), which is not part of an LMDB database; "
+            "refusing to replace it (--overwrite replaces only an LMDB database)",
+        ),
+        (
+            "db",
+            ["--batch_size=1200"],
+            "--batch_size 1200: a batch of 1200 records × 60048 bytes = 72057600 bytes "
+            "(68.7 MiB) held in memory, more than the 64 MiB a batch may hold; use "
+            "--batch_size 1117 or less (Caffe commits every 1000; the records are the same at "
+            "any batch size)",
+        ),
+    ],
+    ids=["missing-parent", "parent-is-a-file", "foreign-directory", "batch-too-large"],
+)
+def test_a_refused_target_logs_no_caffe_line_first(
+    tmp_path: Path, target: str, flags: list[str], said: str
+) -> None:
+    """Caffe's convert_mnist_data checks the headers, opens the database (mkdir), then logs
+    "Opened", "A total" and "Rows": a target that cannot be opened is refused before any of
+    them, in one line (real Caffe: `F... Check failed: mkdir(...) == 0`, first line)."""
+    from helpers import write_idx
+
+    # 1200 black images of 245 x 245 (a sparse file): 1000 a batch fit 64 MiB, 1200 do not.
+    with open(tmp_path / "images", "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, 1200, 245, 245))
+        f.truncate(16 + 1200 * 245 * 245)
+    write_idx(tmp_path / "labels", np.zeros(1200, np.uint8))
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine\n")
+    before = sorted(os.listdir(tmp_path))
+    done = subprocess.run(
+        [*ENTRY, *flags, "images", "labels", target],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("E"), done.stderr
+    assert done.stderr.split("] ", 1)[1] == said + "\n"
+    assert sorted(os.listdir(tmp_path)) == before
+    assert os.listdir(tmp_path / "foreign") == ["notes.txt"]

@@ -126,6 +126,9 @@ def test_the_drop_in_names_its_flag(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 1
-    last = done.stderr.splitlines()[-1]
-    assert last.split("] ", 1)[1] == MNIST_REFUSAL.replace("--batch-size", "--batch_size")
+    assert done.stderr.count("\n") == 1  # refused before Caffe's lines
+    assert (
+        done.stderr.split("] ", 1)[1]
+        == MNIST_REFUSAL.replace("--batch-size", "--batch_size") + "\n"
+    )
     assert not (tmp_path / "db").exists()

@@ -69,9 +69,11 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
     from mnist2db.errors import ArgumentError
     from mnist2db.formats.image_list import ListEntry, read_image_list
     from mnist2db.images.imageset import Skipped, write_imageset
+    from mnist2db.storage.targets import check_destination
 
     root, listing, db_path = parsed.positional
     backend = str(parsed["backend"])
+    overwrite = bool(parsed["overwrite"])
     encode_type = str(parsed["encode_type"])
     width = max(0, int(parsed["resize_width"]))  # type: ignore[call-overload]
     height = max(0, int(parsed["resize_height"]))  # type: ignore[call-overload]
@@ -109,6 +111,8 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
             logger.log(
                 "I", "convert_imageset.cpp:92", "encode_type specified, assuming encoded=true."
             )
+        # Caffe fails opening (mkdir) before its "Opened" line: the target is checked here.
+        check_destination(db_path, backend, overwrite, [listing])
         logger.log("I", OPENED_AT.get(backend, "db.cpp:0"), f"Opened {backend} {db_path}")
 
     def skipped(gone: Skipped) -> None:
@@ -128,7 +132,7 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
         encoded=bool(parsed["encoded"]),
         encode_type=encode_type or None,
         check_size=bool(parsed["check_size"]),
-        overwrite=bool(parsed["overwrite"]),
+        overwrite=overwrite,
         where=listing,
         inputs=[listing],
         progress=progress,

@@ -182,14 +182,17 @@ def _regular(path: str) -> bool:
 
 
 def _convert_mnist_data(parsed: ParsedArgs, logger: Logger) -> None:
-    from mnist2db.conversion import convert
+    from mnist2db.conversion import check_raw_batch, convert
     from mnist2db.errors import ArgumentError, Mnist2dbError
+    from mnist2db.formats.datum import check_record_count
     from mnist2db.formats.idx import check_pair
     from mnist2db.formats.idx_reader import read_header
+    from mnist2db.storage.targets import check_destination
 
     backend = str(parsed["backend"])
     image_file, label_file, db_path = parsed.positional
     overwrite = bool(parsed["overwrite"])
+    batch_size = int(parsed["batch_size"])  # type: ignore[call-overload]
 
     def log_start(count: int, rows: int, cols: int) -> None:
         logger.log("I", OPENED_AT[backend], f"Opened {backend} {db_path}")
@@ -219,16 +222,23 @@ def _convert_mnist_data(parsed: ParsedArgs, logger: Logger) -> None:
             headers.append(header)
             sources.append(relayed)
             relays[relayed] = path
-        if early:
-            check_pair(headers[0], headers[1])
-            log_start(headers[0].count, headers[0].dims[1], headers[0].dims[2])
         try:
+            if early:
+                # What Caffe checks before it opens the database (the headers), then what
+                # opening it would find (the target) and what convert refuses up front:
+                # Caffe's lines follow only then, as its mkdir precedes them.
+                check_pair(headers[0], headers[1])
+                count, rows, cols = headers[0].count, headers[0].dims[1], headers[0].dims[2]
+                check_record_count(count, image_file, "items")
+                check_raw_batch(batch_size, count, rows, cols)
+                check_destination(db_path, backend, overwrite, (image_file, label_file))
+                log_start(count, rows, cols)
             result = convert(
                 sources[0],
                 sources[1],
                 db_path,
                 backend=backend,
-                batch_size=int(parsed["batch_size"]),  # type: ignore[call-overload]
+                batch_size=batch_size,
                 overwrite=overwrite,
             )
         except Mnist2dbError as exc:
