@@ -30,8 +30,8 @@ from mnist2db.records import iter_records
 from mnist2db.storage.backends import (
     DEFAULT_BACKEND,
     DEFAULT_BATCH_SIZE,
+    batch_records,
     check_backend,
-    check_batch_bytes,
     check_batch_size,
     open_writer,
     size_hint,
@@ -176,13 +176,14 @@ def convert(
         count = image_reader.header.count
         check_record_count(count, images, "items")
         rows, cols = image_reader.header.dims[1], image_reader.header.dims[2]
-        value_size = check_raw_batch(batch_size, count, rows, cols)
+        value_size = raw_value_size(rows, cols)
+        batch = batch_records(batch_size, value_size)
         inputs = (images, labels)
         with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
             # Raw bytes in, bytes out: no numpy and no per-record message objects.
             batches = zip(
-                image_reader.iter_raw_batches(batch_size),
-                label_reader.iter_raw_batches(batch_size),
+                image_reader.iter_raw_batches(batch),
+                label_reader.iter_raw_batches(batch),
                 strict=True,
             )
             write_database(
@@ -204,17 +205,10 @@ def convert(
     )
 
 
-def check_raw_batch(batch_size: int, count: int, rows: int, cols: int) -> int:
-    """Raise unless batches of ``batch_size`` of a plain conversion's ``count`` records of
-    ``rows`` x ``cols`` fit in memory (:func:`mnist2db.storage.backends.check_batch_bytes`);
-    the size of a record's value.
-
-    Raises:
-        ArgumentError: they do not.
-    """
-    value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 3
-    check_batch_bytes(batch_size, count, value_size)
-    return value_size
+def raw_value_size(rows: int, cols: int) -> int:
+    """The bytes of a plain conversion's record of ``rows`` x ``cols`` pixels (a label below
+    128: Caffe's 795 bytes for 28 x 28)."""
+    return len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 3
 
 
 def _convert_recipe(
@@ -243,10 +237,10 @@ def _convert_recipe(
     if recipe.encoded:  # a side of 0: no PNG can hold it, refused before any work
         check_png_shape(rows, cols, image_reader.path)
     value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 11
-    check_batch_bytes(batch_size, total, value_size)
+    batch = batch_records(batch_size, value_size)
     inputs = (image_reader.path, label_reader.path)
     with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
-        batches = iter_records(image_reader, label_reader, recipe, batch_size, spill_dir=staging)
+        batches = iter_records(image_reader, label_reader, recipe, batch, spill_dir=staging)
         write_database(
             backend,
             staging,

@@ -40,8 +40,8 @@ from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import (
     DEFAULT_BATCH_SIZE,
     SIAMESE_BACKEND,
+    batch_records,
     check_backend,
-    check_batch_bytes,
     check_batch_size,
 )
 from mnist2db.storage.metadata import pairs_metadata, write_metadata
@@ -230,13 +230,11 @@ def convert_siamese(
             )
         drawer = _PairDrawer(label_array, seed, total, balanced)
         value_size = len(datum_prefix(2, rows, cols, 2 * rows * cols)) + 2 * rows * cols + 2
-        check_batch_bytes(batch_size, total, value_size)
+        batch = batch_records(batch_size, value_size)
         if on_start is not None:
             on_start(count, rows, cols)
         positives = [0]
-        batches = _pair_batches(
-            pixels, label_array, drawer, rows, cols, total, batch_size, positives
-        )
+        batches = _pair_batches(pixels, label_array, drawer, rows, cols, total, batch, positives)
         write_database(backend, staging, value_size, batches, total, progress)
         del pixels
         metadata = pairs_metadata(

@@ -69,7 +69,7 @@ FLAGS: dict[str, Flag] = {
         "batch_size",
         "int32",
         DEFAULT_BATCH_SIZE,
-        "Records per transaction, at most 64 MiB of records (mnist2db extension)",
+        "Records per transaction, fewer above 64 MiB (mnist2db extension)",
         _at_least_one,
     ),
     "overwrite": Flag(
@@ -182,8 +182,8 @@ def _regular(path: str) -> bool:
 
 
 def _convert_mnist_data(parsed: ParsedArgs, logger: Logger) -> None:
-    from mnist2db.conversion import check_raw_batch, convert
-    from mnist2db.errors import ArgumentError, Mnist2dbError
+    from mnist2db.conversion import convert
+    from mnist2db.errors import Mnist2dbError
     from mnist2db.formats.datum import check_record_count
     from mnist2db.formats.idx import check_pair
     from mnist2db.formats.idx_reader import read_header
@@ -230,7 +230,6 @@ def _convert_mnist_data(parsed: ParsedArgs, logger: Logger) -> None:
                 check_pair(headers[0], headers[1])
                 count, rows, cols = headers[0].count, headers[0].dims[1], headers[0].dims[2]
                 check_record_count(count, image_file, "items")
-                check_raw_batch(batch_size, count, rows, cols)
                 check_destination(db_path, backend, overwrite, (image_file, label_file))
                 log_start(count, rows, cols)
             result = convert(
@@ -245,8 +244,6 @@ def _convert_mnist_data(parsed: ParsedArgs, logger: Logger) -> None:
             message = str(exc)
             for relayed, path in relays.items():
                 message = message.replace(relayed, path)
-            if isinstance(exc, ArgumentError):  # the flag as this tool spells it
-                message = message.replace("--batch-size", "--batch_size")
             exc.args = (message,)
             raise
     if not early:

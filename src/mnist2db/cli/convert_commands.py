@@ -36,7 +36,7 @@ from mnist2db.storage.backends import DEFAULT_BATCH_SIZE
     type=click.IntRange(min=1),
     default=DEFAULT_BATCH_SIZE,
     show_default=True,
-    help="Records per transaction (Caffe: 1000); at most 64 MiB of records: more is refused.",
+    help="Records per transaction (Caffe: 1000); fewer where they would hold more than 64 MiB.",
 )
 @overwrite_option("OUT_DB if it is an existing database")
 @transpose_option

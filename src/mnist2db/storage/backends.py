@@ -285,33 +285,18 @@ def check_batch_size(batch_size: int) -> None:
 #: and 57 MiB (LevelDB), 83,468 (64 MiB of records) at 426 and 533 MiB, 100,000 at 507 and
 #: 631 MiB, 1,000,000 (the whole set) at 2.4 and 3.5 GiB. 64 MiB of records, as the batches
 #: of mnist.mean and convert_imageset (their BATCH_BYTES), keeps a conversion under about
-#: 600 MiB; a batch size that would take more is refused before any work
-#: (:func:`check_batch_bytes`). Caffe commits every 1000
-#: records: up to 67 KB a record (a 259 x 259 image) fits that; one record a batch always
-#: fits, whatever its size.
+#: 600 MiB: a batch stops at ``batch_size`` records or at this many bytes
+#: (:func:`batch_records`). Caffe commits every 1000 records: records up to 67 KB (a
+#: 259 x 259 image) keep that; larger ones are committed fewer at a time (the records, and
+#: so the database's contents, are the same at any batch size).
 BATCH_BYTES_LIMIT = 64 << 20
 
 
-def check_batch_bytes(batch_size: int, records: int, value_size: int) -> None:
-    """Raise unless a batch of ``batch_size`` records (of ``records`` in all) of
-    ``value_size``-byte values under Caffe's 8-byte keys fits :data:`BATCH_BYTES_LIMIT`; a
-    batch of one record always does (the least a transaction holds).
-
-    Raises:
-        ArgumentError: it does not, naming the figures and the largest batch size that fits.
-    """
-    held = min(batch_size, records)
-    record_bytes = value_size + 8
-    if held <= 1 or held * record_bytes <= BATCH_BYTES_LIMIT:
-        return
-    size = held * record_bytes
-    raise ArgumentError(
-        f"--batch-size {batch_size}: a batch of {held} records × {record_bytes} bytes = "
-        f"{size} bytes ({size / (1 << 20):.1f} MiB) held in memory, more than the "
-        f"{BATCH_BYTES_LIMIT >> 20} MiB a batch may hold; use --batch-size "
-        f"{max(BATCH_BYTES_LIMIT // record_bytes, 1)} or less (Caffe commits every "
-        f"{DEFAULT_BATCH_SIZE}; the records are the same at any batch size)"
-    )
+def batch_records(batch_size: int, value_size: int) -> int:
+    """The records one batch (one transaction) holds: ``batch_size``, or fewer when that
+    many ``value_size``-byte values under Caffe's 8-byte keys would take more than
+    :data:`BATCH_BYTES_LIMIT`; at least one, whatever its size."""
+    return max(1, min(batch_size, BATCH_BYTES_LIMIT // (value_size + 8)))
 
 
 def size_hint(records: int, value_size: int, *, streaming: bool = False) -> int:
