@@ -22,6 +22,15 @@ ENCODERS = {
 }
 
 
+def same(found: tuple[np.ndarray, int], expected: tuple[np.ndarray, int] | str) -> None:
+    """``found`` is the record ``expected`` describes (not an error text): the same dtype,
+    shape and pixels, and the same label, an int."""
+    assert not isinstance(expected, str), expected
+    assert found[0].dtype == expected[0].dtype and found[0].shape == expected[0].shape
+    np.testing.assert_array_equal(found[0], expected[0])
+    assert found[1] == expected[1] and type(found[1]) is int
+
+
 def chunk(kind: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 

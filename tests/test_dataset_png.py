@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from db_helpers import write_raw_db
-from png_helpers import hostile_records, image_of, png_of, record
+from png_helpers import hostile_records, image_of, png_of, record, same
 
 import mnist2db
 from mnist2db import convert, open_db
@@ -29,13 +29,6 @@ def general(db: mnist2db.DatumDataset, i: int) -> tuple[np.ndarray, int] | str:
         return db.get(record_key(i))
     except DatumError as exc:
         return str(exc)
-
-
-def same(found: tuple[np.ndarray, int], expected: tuple[np.ndarray, int] | str) -> None:
-    assert not isinstance(expected, str), expected
-    assert found[0].dtype == expected[0].dtype and found[0].shape == expected[0].shape
-    np.testing.assert_array_equal(found[0], expected[0])
-    assert found[1] == expected[1] and type(found[1]) is int
 
 
 def outcome(read, *args):  # type: ignore[no-untyped-def]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from png_helpers import ENCODERS, hostile_records, image_of, png_of, record
+from png_helpers import ENCODERS, hostile_records, image_of, png_of, record, same
 
 from mnist2db.errors import DatumError
 from mnist2db.formats.datum import decode_datum
@@ -29,13 +29,6 @@ def general(value: bytes) -> tuple[np.ndarray, int] | str:
         return decode_image(datum.data, "db: key 00000001"), int(datum.label)
     except DatumError as exc:
         return str(exc)
-
-
-def same(found: tuple[np.ndarray, int], expected: tuple[np.ndarray, int] | str) -> None:
-    assert not isinstance(expected, str), expected
-    assert found[0].dtype == expected[0].dtype and found[0].shape == expected[0].shape
-    np.testing.assert_array_equal(found[0], expected[0])
-    assert found[1] == expected[1] and type(found[1]) is int
 
 
 def layout_of(rows: int = 28, cols: int = 28, encoder: str = "rle") -> PngRecords:
