@@ -47,11 +47,10 @@ from mnist2db.errors import (
 )
 from mnist2db.formats.datum import (
     KEY_LIMIT,
-    datum_prefix,
     datum_to_array,
     decode_datum,
-    encode_datum,
     key_text,
+    raw_layout,
     record_key,
 )
 from mnist2db.formats.png_codec import decode_image
@@ -61,9 +60,9 @@ from mnist2db.storage.backends import backend_message, detect_backend
 from mnist2db.storage.readers import DbReader, iterate
 from mnist2db.storage.readhandles import READ_HANDLES, ReadHandle
 
-#: numpy's, set on first use (numpy is imported lazily).
-_ndarray: Any = None
-_uint8: Any = None
+#: Bound once: db[i]'s hot path looks them up per record.
+_ndarray = np.ndarray
+_uint8 = np.dtype(np.uint8)
 
 #: Guards a dataset's reader while threads open and close it (rarely: not per read).
 _READER_LOCK = threading.RLock()
@@ -76,31 +75,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | None:
-    """``(length, prefix, shape, pixels offset)`` of a record in Caffe's fixed layout
-    (``channels, height, width, data, label`` with a one-byte label), else None."""
-    try:
-        datum = decode_datum(value)
-    except DatumError:
-        return None
-    shape = (int(datum.channels), int(datum.height), int(datum.width))
-    size = shape[0] * shape[1] * shape[2]
-    if min(shape) <= 0 or len(datum.data) != size or datum.encoded or len(datum.float_data):
-        return None
-    label = int(datum.label)
-    if not 0 <= label < 0x80 or value != encode_datum(datum.data, *shape, label):
-        return None
-    prefix = datum_prefix(*shape, size)
-    return len(value), prefix, shape, len(prefix)
-
-
-#: mnist2db.formats.png_codec's decode_image (an encoded Datum's image as Caffe's data layer
-#: decodes it) and decode_png_record, bound on first use: an import per record would
-#: cost a microsecond.
-_decode_image: Any = None
-_decode_png_record: Any = None
 
 
 class DatumDataset:
@@ -153,15 +127,12 @@ class DatumDataset:
         first = reader.first_key()
         if first is not None:
             value = reader.get(first)
-            self._layout = _layout(value) if value is not None else None
+            self._layout = raw_layout(value) if value is not None else None
             if value is not None and self._layout is None:
                 self._png = PngRecords.from_record(value)
         self._init_fast()
 
     def _init_fast(self) -> None:
-        global _ndarray, _uint8, _decode_image, _decode_png_record
-        _ndarray, _uint8 = np.ndarray, np.dtype(np.uint8)
-        _decode_image, _decode_png_record = decode_image, decode_png_record
         # db[i]'s fast path: LMDB, Caffe's keys, a first record in Caffe's fixed layout.
         handle_class = READ_HANDLES[self.backend]
         lmdb_keys = self._sequential and handle_class.backend == "lmdb"
@@ -277,13 +248,13 @@ class DatumDataset:
         ):
             return _ndarray(layout[2], _uint8, bytearray(value), layout[3]), value[-1]
         if layout is None:  # perhaps a PNG record as mnist2db writes them: no protobuf
-            record = _decode_png_record(value)
+            record = decode_png_record(value)
             if record is not None:
-                return record  # type: ignore[no-any-return]
+                return record
         where = f"{self.path}: key {key_text(key)}"
         try:
             datum = decode_datum(value)
-            image = _decode_image(datum.data, where) if datum.encoded else datum_to_array(datum)
+            image = decode_image(datum.data, where) if datum.encoded else datum_to_array(datum)
         except DatumError as exc:
             if str(exc).startswith(where):
                 raise

@@ -149,6 +149,26 @@ def check_record_count(count: int, where: str, unit: str = "records") -> None:
 _TRIPLES = [b"%03d" % i for i in range(1000)]
 
 
+def raw_layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | None:
+    """``(length, prefix, shape, pixels offset)`` of a record in Caffe's fixed layout
+    (``channels, height, width, data, label`` with a one-byte label), else None: every
+    record of that length that begins with ``prefix`` and ends ``28 <label below 128>``
+    holds its pixels at ``offset`` (what :mod:`mnist2db.dataset` reads without protobuf)."""
+    try:
+        datum = decode_datum(value)
+    except DatumError:
+        return None
+    shape = (int(datum.channels), int(datum.height), int(datum.width))
+    size = shape[0] * shape[1] * shape[2]
+    if min(shape) <= 0 or len(datum.data) != size or datum.encoded or len(datum.float_data):
+        return None
+    label = int(datum.label)
+    if not 0 <= label < 0x80 or value != encode_datum(datum.data, *shape, label):
+        return None
+    prefix = datum_prefix(*shape, size)
+    return len(value), prefix, shape, len(prefix)
+
+
 def record_key(index: int) -> bytes:
     """Caffe's key for record ``index``: ``b"%08d" % index``."""
     return b"%08d" % index
