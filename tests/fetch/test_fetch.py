@@ -187,11 +187,6 @@ def start_server(tls: ssl.SSLContext | None = None) -> Iterator[Server]:
 
 
 @pytest.fixture
-def server() -> Iterator[Server]:
-    yield from start_server()
-
-
-@pytest.fixture
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
     """An HTTPS server with a self-signed certificate for 127.0.0.1; yields it and the cert."""
     if shutil.which("openssl") is None:
@@ -209,15 +204,6 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve
     context.load_cert_chain(cert, key)
     for state in start_server(context):
         yield state, cert
-
-
-@pytest.fixture(autouse=True)
-def no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The loopback server must be reached directly, whatever the machine's proxies."""
-    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.upper(), raising=False)
-    monkeypatch.delenv("MNIST2DB_MIRROR", raising=False)
 
 
 # -- a small dataset and its table entry ----------------------------------------------------

@@ -13,14 +13,13 @@ import io
 import lzma
 import os
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from helpers import idx_bytes, make_images, make_labels
-from test_fetch import Route, Server, gz, listing, start_server
+from test_fetch import Route, Server, gz, listing
 
 from mnist2db.cli.app import cli
 from mnist2db.errors import DownloadError
@@ -30,19 +29,6 @@ from mnist2db.fetch.fetcher import fetch
 from mnist2db.fetch.manifest import MANIFEST_NAME
 
 SPLITS = ("letters", "digits", "balanced")
-
-
-@pytest.fixture
-def server() -> Iterator[Server]:
-    yield from start_server()
-
-
-@pytest.fixture(autouse=True)
-def no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The loopback server must be reached directly, whatever the machine's proxies."""
-    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "MNIST2DB_MIRROR"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.upper(), raising=False)
 
 
 def md5(data: bytes) -> str:

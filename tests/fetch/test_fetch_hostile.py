@@ -119,13 +119,6 @@ def raw_server() -> Iterator[RawServer]:
         thread.join(5)
 
 
-@pytest.fixture(autouse=True)
-def no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "MNIST2DB_MIRROR"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.upper(), raising=False)
-
-
 @pytest.fixture
 def tiny() -> tuple[dict[str, bytes], dict[str, bytes]]:
     raw = small_files()

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import idx_bytes
 from os_helpers import dead_pid
-from test_fetch import Server, gz, make_spec, quick, sha256, small_files, start_server
+from test_fetch import Server, gz, make_spec, quick, sha256, small_files
 from test_fetch_family import ARCHIVE, split_files, use_server
 
 from mnist2db.cli.app import cli
@@ -30,19 +29,6 @@ from mnist2db.errors import ChecksumError, DownloadError
 from mnist2db.fetch.catalog import DATASETS, FILE_NAMES, Dataset, Resource
 from mnist2db.fetch.fetcher import fetch
 from mnist2db.fetch.manifest import MANIFEST_NAME
-
-
-@pytest.fixture
-def server() -> Iterator[Server]:
-    yield from start_server()
-
-
-@pytest.fixture(autouse=True)
-def no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "MNIST2DB_MIRROR"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.upper(), raising=False)
-
 
 # -- the archive: hashed and used through one handle (item 1) --------------------------------
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from os_helpers import mounted_tmpfs
-from test_fetch import Server, gz, listing, server, small_files, start_server  # noqa: F401
+from test_fetch import Server, gz, small_files, start_server
 
 from mnist2db.fetch.catalog import FILE_NAMES
 
@@ -71,7 +71,7 @@ def cache(tmp_path: Path) -> tuple[Path, dict[str, bytes], dict[str, bytes]]:
 @pytest.mark.parametrize("as_url", [False, True], ids=["directory", "file-url"])
 def test_file_size_limit_is_a_write_failure_not_the_mirrors(
     cache: tuple[Path, dict[str, bytes], dict[str, bytes]],
-    server: Server,  # noqa: F811 - the fixture
+    server: Server,
     tmp_path: Path,
     as_url: bool,
 ) -> None:
