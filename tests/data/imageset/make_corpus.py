@@ -227,7 +227,9 @@ def write_lists(made: dict[str, tuple[int, int]]) -> None:
         out.write("".join(f"{name} {i}\n" for i, name in enumerate(same)))
 
 
-def _read_db(path: str, backend: str) -> dict[str, str]:
+def read_db(path: str, backend: str) -> dict[str, str]:
+    """Every key of a database and the SHA-256 of its value: what digests.json records (the
+    test reads our output the same way)."""
     records: dict[str, str] = {}
     if backend == "lmdb":
         import lmdb
@@ -270,7 +272,7 @@ def make_digests(tool: str) -> None:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
-                run[backend] = _read_db(db, backend)
+                run[backend] = read_db(db, backend)
             out["runs"][name] = run  # type: ignore[index]
             print(name, len(run["lmdb"]), "records", file=sys.stderr)  # type: ignore[arg-type]
     with open(os.path.join(HERE, "digests.json"), "w") as stream:
