@@ -1,10 +1,11 @@
-"""Test helpers for the operating system: a real tmpfs mounted for a full-disk test, and the
-pid of a process that has ended."""
+"""Test helpers for the operating system: a real tmpfs mounted for a full-disk test, the
+pid of a process that has ended, and work run in a forked child."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,25 @@ def dead_pid() -> int:
         check=True,
     )
     return int(proc.stdout)
+
+
+def in_forked_child(work: Callable[[], str]) -> str:
+    """Run ``work()`` in a child made by os.fork; return what it reported (its text, or its
+    exception's type and message). The child never returns into pytest."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            os.close(read_end)
+            try:
+                text = work()
+            except BaseException as exc:
+                text = f"{type(exc).__name__}: {exc}"
+            os.write(write_end, text.encode(errors="replace"))
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        text = pipe.read().decode()
+    assert os.waitpid(pid, 0)[1] == 0
+    return text

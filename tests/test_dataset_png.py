@@ -5,12 +5,12 @@ records mnist2db writes never reach the general path."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 from db_helpers import write_raw_db
+from os_helpers import in_forked_child
 from png_helpers import hostile_records, image_of, png_of, record, same
 
 import mnist2db
@@ -188,22 +188,13 @@ def test_forked_child_reads_png_records_through_its_own_environment(
     convert(ipath, lpath, out, encoded="png")
     db = open_db(out)
     assert db[1][1] == labels[1] and len(db.__getitems__(list(range(300)))) == 300
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through the pipe
-        code = 1
-        try:
-            ok = all(np.array_equal(db[i][0][0], images[i]) for i in range(0, 300, 7))
-            batch = db.__getitems__(list(range(299, -1, -1)))
-            ok = ok and [label for _, label in batch] == labels[::-1].tolist()
-            code = 0 if ok and [label for _, label in db] == labels.tolist() else 1
-        finally:
-            os.write(write, bytes([code]))
-            os._exit(0)
-    os.close(write)
-    status = os.read(read, 1)
-    os.close(read)
-    os.waitpid(pid, 0)
-    assert status == b"\0"
+
+    def child() -> str:
+        ok = all(np.array_equal(db[i][0][0], images[i]) for i in range(0, 300, 7))
+        batch = db.__getitems__(list(range(299, -1, -1)))
+        ok = ok and [label for _, label in batch] == labels[::-1].tolist()
+        return str(ok and [label for _, label in db] == labels.tolist())
+
+    assert in_forked_child(child) == "True"
     assert db[299][1] == labels[299]
     db.close()

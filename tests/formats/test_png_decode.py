@@ -4,7 +4,6 @@ DatumError naming the record for anything hostile."""
 from __future__ import annotations
 
 import io
-import os
 import struct
 import threading
 import zlib
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from os_helpers import in_forked_child
 from PIL import Image
 
 from mnist2db.errors import DatumError
@@ -322,28 +322,18 @@ def test_decode_many_in_a_forked_child_uses_its_own_threads() -> None:
     pngs = [encode_png(np.full((3, 3), i % 256, np.uint8)) for i in range(300)]
     wheres = ["x"] * len(pngs)
     assert len(decode_many(decode_image, pngs, wheres)) == 300  # the parent's pool exists
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through the pipe
-        code = 1
-        try:
-            done = threading.Event()
-            result: list[int] = []
 
-            def work() -> None:
-                result.append(len(decode_many(decode_image, pngs, wheres)))
-                done.set()
+    def child() -> str:  # on a thread of the child: a pool of the parent's would hang it
+        result: list[int] = []
+        thread = threading.Thread(
+            target=lambda: result.append(len(decode_many(decode_image, pngs, wheres))),
+            daemon=True,
+        )
+        thread.start()
+        thread.join(20)
+        return str(result)
 
-            threading.Thread(target=work, daemon=True).start()
-            code = 0 if done.wait(20) and result == [300] else 1
-        finally:
-            os.write(write, bytes([code]))
-            os._exit(0)
-    os.close(write)
-    status = os.read(read, 1)
-    os.close(read)
-    os.waitpid(pid, 0)
-    assert status == b"\0"
+    assert in_forked_child(child) == str([300])
 
 
 # -- mnist2db's own records, read without protobuf -----------------------------------------

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from os_helpers import in_forked_child
 from png_helpers import ENCODERS, hostile_records, image_of, png_of, record, same
 
 from mnist2db.errors import DatumError
@@ -204,25 +205,14 @@ def test_inflate_many_keeps_the_order_and_blanks_what_fails_or_has_another_size(
 def test_inflate_many_in_a_forked_child_uses_its_own_threads() -> None:
     streams = [zlib.compress(bytes([i % 256]) * 50) for i in range(400)]
     assert len(inflate_many(streams, 50)) == 400  # the parent's pool exists
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through the pipe
-        code = 1
-        try:
-            done = threading.Event()
-            result: list[int] = []
 
-            def work() -> None:
-                result.append(sum(map(len, inflate_many(streams, 50))))
-                done.set()
+    def child() -> str:  # on a thread of the child: a pool of the parent's would hang it
+        result: list[int] = []
+        thread = threading.Thread(
+            target=lambda: result.append(sum(map(len, inflate_many(streams, 50)))), daemon=True
+        )
+        thread.start()
+        thread.join(20)
+        return str(result)
 
-            threading.Thread(target=work, daemon=True).start()
-            code = 0 if done.wait(20) and result == [400 * 50] else 1
-        finally:
-            os.write(write, bytes([code]))
-            os._exit(0)
-    os.close(write)
-    status = os.read(read, 1)
-    os.close(read)
-    os.waitpid(pid, 0)
-    assert status == b"\0"
+    assert in_forked_child(child) == str([400 * 50])

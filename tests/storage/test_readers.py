@@ -10,6 +10,7 @@ import numpy as np
 import plyvel
 import pytest
 from db_helpers import write_raw_db
+from os_helpers import in_forked_child
 from PIL import Image
 
 import mnist2db
@@ -131,27 +132,6 @@ def test_every_reader_opens_a_non_utf8_path(mnist_pair, tmp_path: Path, backend:
     assert np.array_equal(open_db(odd)[3][0][0], images[3])
 
 
-def _in_forked_child(work) -> str:  # type: ignore[no-untyped-def]
-    """Run ``work()`` in a child made by os.fork; return what it reported."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report, never return into pytest
-        try:
-            os.close(read_end)
-            try:
-                text = work()
-            except BaseException as exc:
-                text = f"{type(exc).__name__}: {exc}"
-            os.write(write_end, text.encode(errors="replace"))
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        text = pipe.read().decode()
-    assert os.waitpid(pid, 0)[1] == 0
-    return text
-
-
 def test_forked_child_reopening_leveldb_gets_the_same_advice(mnist_pair, tmp_path: Path) -> None:
     ipath, lpath, _, labels = mnist_pair(5, 2, 2)
     path = tmp_path / "db_leveldb"
@@ -169,7 +149,7 @@ def test_forked_child_reopening_leveldb_gets_the_same_advice(mnist_pair, tmp_pat
             db.close()
         return "\n".join(messages)
 
-    messages = _in_forked_child(child).split("\n")
+    messages = in_forked_child(child).split("\n")
     assert len(messages) == 2 and messages[0] == messages[1]
     assert messages[0].startswith(
         f"{path}: this LevelDB database was opened by process {os.getpid()}"
@@ -184,7 +164,7 @@ def test_forked_child_reads_lmdb_through_its_own_environment(mnist_pair, tmp_pat
     convert(ipath, lpath, path, backend="lmdb")
     db = open_db(path)
     assert db[1][1] == int(labels[1])
-    got = _in_forked_child(lambda: " ".join(str(db[i][1]) for i in range(5)))
+    got = in_forked_child(lambda: " ".join(str(db[i][1]) for i in range(5)))
     assert got == " ".join(str(int(x)) for x in labels)
     assert db[4][1] == int(labels[4])
     db.close()
