@@ -25,6 +25,7 @@ as text). Class names, when known (``--classes``, or the ``DB.classes.txt`` that
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -119,6 +120,8 @@ class _Tree:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, path) from None
         finally:
             os.close(fd)
         self.files += 1
@@ -294,8 +297,14 @@ def _write_tree(
             count += 1
             if count % _PROGRESS_EVERY == 0:
                 progress(count, total)
-    finally:
         listing.close()
+    except OSError as exc:
+        # A buffered write names no file: the list's (the image files name theirs).
+        raise OSError(exc.errno, exc.strerror, exc.filename or listing.name) from None
+    finally:
+        if not listing.closed:
+            with contextlib.suppress(OSError):
+                listing.close()
         if renamed is not None:
             renamed.close()
     tree.files += 1

@@ -36,7 +36,7 @@ _PNM = {"1": "pbm", "4": "pbm", "2": "pgm", "5": "pgm", "3": "ppm", "6": "ppm"}
 UNKNOWN_EXTENSION = "bin"
 #: Records decoded and encoded together, and the bytes a batch may hold (memory's bound).
 BATCH_RECORDS = 1000
-BATCH_BYTES = 32 << 20
+BATCH_BYTES = 8 << 20
 #: The longest restored path (bytes) and path component; longer ones are mapped.
 PATH_LIMIT = 1024
 NAME_LIMIT = 200
@@ -126,22 +126,16 @@ def _decode(db_path: str, key: bytes, value: bytes) -> Any:
     return datum
 
 
-def _batch_samples(db_path: str, batch: list[tuple[bytes, Any]]) -> list[Sample]:
-    """The samples of a batch of parsed records, in order: raw grey records of one shape
-    are encoded together."""
+def _raw_samples(db_path: str, batch: list[tuple[bytes, Any]]) -> list[Sample]:
+    """The samples of raw records, in order: grey records of one shape encoded together."""
     made: list[Sample | None] = [None] * len(batch)
     grey: dict[tuple[int, int], list[int]] = {}
     for i, (key, datum) in enumerate(batch):
-        label = int(datum.label)
-        if datum.encoded:
-            data = bytes(datum.data)
-            made[i] = Sample(key, label, data, extension(data), True)
-            continue
         image = _raw_image(datum, f"{db_path}: key {key_text(key)}")
         if image.ndim == 2:
             grey.setdefault(image.shape, []).append(i)
         else:
-            made[i] = Sample(key, label, encode_colour_png(image), "png", False)
+            made[i] = Sample(key, int(datum.label), encode_colour_png(image), "png", False)
     for (rows, cols), where in grey.items():
         images = np.empty((len(where), rows, cols), dtype=np.uint8)
         for j, i in enumerate(where):
@@ -153,8 +147,10 @@ def _batch_samples(db_path: str, batch: list[tuple[bytes, Any]]) -> list[Sample]
 
 
 def iter_samples(db_path: str, records: Iterable[tuple[bytes, bytes]]) -> Iterator[Sample]:
-    """The samples of ``records`` (``(key, value)`` in key order), in the same order,
-    batched by :data:`BATCH_RECORDS` and :data:`BATCH_BYTES`.
+    """The samples of ``records`` (``(key, value)`` in key order), in the same order.
+
+    An encoded record is passed on at once (its bytes are the file's); raw records are
+    gathered, up to :data:`BATCH_RECORDS` and :data:`BATCH_BYTES`, to be encoded together.
 
     Raises:
         DatumError: a value is not a Datum, or a raw one is not an image a file can hold.
@@ -162,12 +158,23 @@ def iter_samples(db_path: str, records: Iterable[tuple[bytes, bytes]]) -> Iterat
     batch: list[tuple[bytes, Any]] = []
     size = 0
     for key, value in records:
-        batch.append((bytes(key), _decode(db_path, bytes(key), bytes(value))))
-        size += len(value)
+        key = bytes(key)
+        datum = _decode(db_path, key, value)
+        del value
+        if datum.encoded:
+            if batch:
+                yield from _raw_samples(db_path, batch)
+                batch, size = [], 0
+            label, data = int(datum.label), datum.data
+            del datum  # the record's one copy is the sample's
+            yield Sample(key, label, data, extension(data), True)
+            continue
+        batch.append((key, datum))
+        size += len(datum.data)
         if len(batch) >= BATCH_RECORDS or size >= BATCH_BYTES:
-            yield from _batch_samples(db_path, batch)
+            yield from _raw_samples(db_path, batch)
             batch, size = [], 0
-    yield from _batch_samples(db_path, batch)
+    yield from _raw_samples(db_path, batch)
 
 
 # -- names ---------------------------------------------------------------------------------
