@@ -257,7 +257,7 @@ def export(
     Examples:
       mnist2db export examples/mnist/mnist_train_lmdb out/
       mnist2db export --prefix val examples/mnist/mnist_val_lmdb out/
-      mnist2db export --to files ilsvrc12_val_lmdb val_images/
+      mnist2db export --to files examples/mnist/mnist_val_lmdb val_images/
     """
     if to != "idx" and prefix is not None:
         raise click.UsageError("--prefix names IDX files: it is for --to idx")
