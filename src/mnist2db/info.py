@@ -276,3 +276,15 @@ def describe_db(db: DbReader | str | os.PathLike[str]) -> list[tuple[str, str]]:
             )
         )
     return lines
+
+
+def describe(path: str | os.PathLike[str], progress: Progress | None = None) -> IdxInfo | DbInfo:
+    """What ``mnist2db info PATH`` reports: a database directory's :class:`DbInfo`, else an
+    IDX file's :class:`IdxInfo`. Neither raises for what is wrong inside: ``problem`` says
+    it (None: valid), and ``rows()`` gives ``info``'s lines.
+
+    Raises:
+        IdxFormatError: an IDX file cannot be read, or its header cannot be parsed at all.
+        BackendError: a directory that is not a database, or that cannot be opened.
+    """
+    return db_info(path, progress) if os.path.isdir(path) else idx_info(path)

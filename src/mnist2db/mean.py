@@ -202,6 +202,31 @@ def compute_mean(
     return MeanResult(path, backend, count, mean, means, stds)
 
 
+def mean_image(
+    db: PathArg,
+    out: PathArg | None = None,
+    *,
+    backend: str | None = None,
+    overwrite: bool = False,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: Progress | None = None,
+) -> MeanResult:
+    """``mnist2db mean DB [OUT]``: :func:`compute_mean` of ``db``, written to ``out`` by
+    :func:`write_mean` (Caffe's BlobProto, or ``.npy``) when given; ``out`` is checked
+    before the database is read, so a bad target fails at once.
+
+    Raises:
+        OutputExistsError: ``out`` may not be written (see :func:`check_mean_target`).
+        Mnist2dbError: see :func:`compute_mean` and :func:`write_mean`.
+    """
+    if out is not None:
+        check_mean_target(out, overwrite, [db])
+    result = compute_mean(db, backend, batch_size=batch_size, progress=progress)
+    if out is not None:
+        write_mean(result, out, overwrite=overwrite)
+    return result
+
+
 def blobproto_bytes(mean: np.ndarray) -> bytes:
     """Serialize a ``(channels, height, width)`` float32 mean as Caffe's ``BlobProto``.
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from mnist2db.cli.common import echo, library_errors, progress_reporter
@@ -13,7 +15,7 @@ from mnist2db.cli.options import (
     quiet_option,
     seed_option,
 )
-from mnist2db.mean import check_mean_target, compute_mean, write_mean
+from mnist2db.mean import mean_image
 from mnist2db.siamese import convert_siamese
 from mnist2db.storage.backends import SIAMESE_BACKEND
 
@@ -36,10 +38,7 @@ def mean(db: str, out: str | None, overwrite: bool, quiet: bool) -> None:
       mnist2db mean examples/mnist/mnist_train_lmdb
     """
     with library_errors():
-        if out is not None:
-            check_mean_target(out, overwrite, [db])
-        result = compute_mean(db)
-        written = None if out is None else write_mean(result, out, overwrite=overwrite)
+        result = mean_image(db, out, overwrite=overwrite)
     if quiet:
         return
     channels = " × ".join(map(str, result.mean.shape))
@@ -51,7 +50,7 @@ def mean(db: str, out: str | None, overwrite: bool, quiet: bool) -> None:
     comma = "," if len(result.channel_means) == 1 else ""
     echo(f"Normalize(mean=({means}{comma}), std=({stds}{comma}))")
     if out is not None:
-        echo(f"Wrote {out} ({written} bytes).", err=True)
+        echo(f"Wrote {out} ({os.path.getsize(out)} bytes).", err=True)
 
 
 @click.command()

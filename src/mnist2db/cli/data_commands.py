@@ -20,7 +20,7 @@ from mnist2db.cli.options import (
 from mnist2db.errors import RenderError
 from mnist2db.export import export_db
 from mnist2db.formats.datum import key_text
-from mnist2db.info import db_info, idx_info
+from mnist2db.info import describe
 from mnist2db.render import (
     check_canvas,
     check_text_size,
@@ -172,7 +172,7 @@ def info(path: str) -> None:
       mnist2db info data/mnist/t10k-labels-idx1-ubyte
     """
     with library_errors():
-        described = db_info(path) if os.path.isdir(path) else idx_info(path)
+        described = describe(path)
         for name, value in described.rows():
             echo(f"{name:<12}{value}")
         problem = described.problem
