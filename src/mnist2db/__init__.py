@@ -57,7 +57,9 @@ _LAZY: dict[str, str | tuple[str, str]] = {
     "VerifyResult": "verify",
     "verify_db": "verify",  # verify
     "ExportResult": "export",
-    "export_db": "export",  # export
+    "export_db": "export",  # export (--to idx)
+    "FilesResult": "exporting.folder",
+    "export_files": "exporting.folder",  # export --to files
     "MeanResult": "mean",
     "compute_mean": "mean",
     "mean_image": "mean",  # mean
@@ -93,6 +95,7 @@ if TYPE_CHECKING:
         VerifyError,
     )
     from mnist2db.export import ExportResult, export_db
+    from mnist2db.exporting.folder import FilesResult, export_files
     from mnist2db.fetch.fetcher import fetch as fetch_dataset
     from mnist2db.fetch.results import FetchedFile
     from mnist2db.formats.datum import array_to_datum, datum_to_array, decode_datum, encode_datum

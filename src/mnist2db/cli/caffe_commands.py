@@ -11,6 +11,10 @@ from mnist2db.cli.common import echo, library_errors, progress_reporter
 from mnist2db.cli.options import (
     Path,
     backend_choice,
+    db_argument,
+    images_argument,
+    labels_argument,
+    out_db_argument,
     overwrite_option,
     quiet_option,
     seed_option,
@@ -21,7 +25,7 @@ from mnist2db.storage.backends import SIAMESE_BACKEND
 
 
 @click.command()
-@click.argument("db", type=Path(path_type=str))
+@db_argument
 @click.argument("out", type=Path(dir_okay=False, path_type=str), required=False)
 @overwrite_option("OUT if it exists")
 @quiet_option
@@ -54,9 +58,9 @@ def mean(db: str, out: str | None, overwrite: bool, quiet: bool) -> None:
 
 
 @click.command()
-@click.argument("images", type=Path(path_type=str))
-@click.argument("labels", type=Path(path_type=str))
-@click.argument("out_db", type=Path(path_type=str))
+@images_argument
+@labels_argument
+@out_db_argument
 @backend_choice(SIAMESE_BACKEND, "Database to write (Caffe's siamese example reads LevelDB).")
 @seed_option("Seed of the random pairs: the same seed gives the same database.  [default: fresh]")
 @click.option(
@@ -95,7 +99,7 @@ def siamese(
             images,
             labels,
             out_db,
-            backend=backend.lower(),
+            backend=backend,
             seed=seed,
             pairs=pairs,
             balanced=balanced,

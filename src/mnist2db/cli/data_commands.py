@@ -11,7 +11,10 @@ import click
 from mnist2db.cli.common import echo, library_errors, progress_reporter
 from mnist2db.cli.options import (
     Path,
+    db_argument,
+    images_argument,
     label_column_option,
+    labels_argument,
     overwrite_option,
     quiet_option,
     range_options,
@@ -182,9 +185,9 @@ def info(path: str) -> None:
 
 
 @click.command()
-@click.argument("db", type=Path(path_type=str))
-@click.argument("images", type=Path(path_type=str))
-@click.argument("labels", type=Path(path_type=str))
+@db_argument
+@images_argument
+@labels_argument
 @quiet_option
 def verify(db: str, images: str, labels: str, quiet: bool) -> None:
     """Check that database DB holds exactly the records converted from IMAGES and LABELS.
@@ -205,7 +208,7 @@ def verify(db: str, images: str, labels: str, quiet: bool) -> None:
 
 
 @click.command()
-@click.argument("db", type=Path(path_type=str))
+@db_argument
 @click.argument("out_dir", metavar="OUT", type=Path(path_type=str))
 @click.option(
     "--to",
