@@ -37,6 +37,7 @@ def test_all_is_pinned() -> None:
         "OwnImagesResult",
         "RecordIndexError",
         "RenderError",
+        "ShardsResult",
         "SiameseResult",
         "VerifyError",
         "VerifyResult",
@@ -54,6 +55,7 @@ def test_all_is_pinned() -> None:
         "encode_datum",
         "export_db",
         "export_files",
+        "export_webdataset",
         "fetch_dataset",
         "iter_db",
         "mean_image",
@@ -146,7 +148,7 @@ TWINS: dict[str, str | tuple[str, ...]] = {
     "imageset": "convert_images",
     "info": "describe",
     "verify": "verify_db",
-    "export": ("export_db", "export_files"),  # --to idx, --to files
+    "export": ("export_db", "export_files", "export_webdataset"),  # by --to
     "mean": "mean_image",
     "siamese": "convert_siamese",
 }

@@ -60,6 +60,8 @@ _LAZY: dict[str, str | tuple[str, str]] = {
     "export_db": "export",  # export (--to idx)
     "FilesResult": "exporting.folder",
     "export_files": "exporting.folder",  # export --to files
+    "ShardsResult": "exporting.shards",
+    "export_webdataset": "exporting.shards",  # export --to webdataset
     "MeanResult": "mean",
     "compute_mean": "mean",
     "mean_image": "mean",  # mean
@@ -96,6 +98,7 @@ if TYPE_CHECKING:
     )
     from mnist2db.export import ExportResult, export_db
     from mnist2db.exporting.folder import FilesResult, export_files
+    from mnist2db.exporting.shards import ShardsResult, export_webdataset
     from mnist2db.fetch.fetcher import fetch as fetch_dataset
     from mnist2db.fetch.results import FetchedFile
     from mnist2db.formats.datum import array_to_datum, datum_to_array, decode_datum, encode_datum
