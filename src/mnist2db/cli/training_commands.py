@@ -1,5 +1,6 @@
-"""Caffe's other data tools as commands: ``mean`` (compute_image_mean) and ``siamese``
-(convert_mnist_siamese_data)."""
+"""What a Caffe training run reads beside the records, as commands: ``mean`` (the mean
+image, as compute_image_mean) and ``siamese`` (pair databases, as
+convert_mnist_siamese_data). Caffe's own command lines are the drop-ins' (caffe_tools/)."""
 
 from __future__ import annotations
 
