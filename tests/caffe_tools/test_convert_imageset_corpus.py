@@ -39,13 +39,15 @@ read_db = _corpus_script().read_db
 RUNS = [(name, backend) for name in sorted(DIGESTS["runs"]) for backend in ("lmdb", "leveldb")]
 
 
+@pytest.mark.parametrize("jobs", ["--jobs=1", "-j=2"])
 @pytest.mark.parametrize(("name", "backend"), RUNS, ids=[f"{n}-{b}" for n, b in RUNS])
-def test_matches_caffe(tmp_path, capsys, name: str, backend: str) -> None:
+def test_matches_caffe(tmp_path, capsys, name: str, backend: str, jobs: str) -> None:
+    """Every run, decoded by one worker process and by two: Caffe's records either way."""
     run = DIGESTS["runs"][name]
     out = str(tmp_path / "db")
     root = os.path.join(CORPUS, "images") + "/"
     code = convert_imageset(
-        [*run["flags"], f"--backend={backend}", root, os.path.join(CORPUS, run["list"]), out]
+        [*run["flags"], jobs, f"--backend={backend}", root, os.path.join(CORPUS, run["list"]), out]
     )
     assert code == 0, capsys.readouterr().err
     expected = run[backend]

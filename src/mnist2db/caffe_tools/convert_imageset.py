@@ -5,7 +5,8 @@ Caffe's command line (gflags: ``--gray --shuffle --backend --resize_width --resi
 the records are Caffe's (:mod:`mnist2db.images.imageset`). Where Caffe aborts half-way or writes
 nothing without a word, this refuses in one line and leaves nothing behind. Extensions:
 ``--overwrite`` (replace an existing database of the backend), ``--seed`` (a repeatable
-``--shuffle``; Caffe's draws from ``/dev/urandom``).
+``--shuffle``; Caffe's draws from ``/dev/urandom``), ``--jobs N`` or ``-j N`` (worker
+processes decoding; default one per processor).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ Usage:
     convert_imageset [FLAGS] ROOTFOLDER/ LISTFILE DB_NAME
 The ImageNet dataset for the training demo is at
     http://www.image-net.org/download-images
-(mnist2db: --overwrite and --seed are extensions.)
+(mnist2db: --overwrite, --seed and --jobs/-j are extensions.)
 """
 
 #: The flags of tools/convert_imageset.cpp, then mnist2db's.
@@ -62,6 +63,14 @@ FLAGS: dict[str, Flag] = {
     "seed": Flag(
         "seed", "int64", -1, "Seed of --shuffle; -1: a fresh one each run (mnist2db extension)"
     ),
+    "jobs": Flag(
+        "jobs",
+        "int32",
+        0,
+        "Worker processes decoding images; 0: one per processor (mnist2db extension)",
+        bounds=(0, 1 << 16),
+    ),
+    "j": Flag("j", "int32", 0, "Short for --jobs (mnist2db extension)", bounds=(0, 1 << 16)),
 }
 
 
@@ -138,6 +147,7 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
         progress=progress,
         on_skip=skipped,
         on_start=started,
+        jobs=int(parsed["j"] or parsed["jobs"]) or None,  # type: ignore[call-overload]
     )
     if result.count % 1000:
         logger.log("I", "convert_imageset.cpp:153", f"Processed {result.count} files.")

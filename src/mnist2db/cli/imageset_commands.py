@@ -36,11 +36,13 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> tupl
 @click.option("--check-size", is_flag=True, help="Refuse images of different sizes.")
 @shuffle_options
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it is what this writes.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="Worker processes decoding images.  [default: the processors this may use]")  # fmt: skip
 @quiet_option
 def imageset(
     root: str, out: str, listing: str | None, to: str, backend: str, gray: bool,
     resize: tuple[int, int] | None, encoded: str | None, check_size: bool, shuffle: bool,
-    seed: int | None, overwrite: bool, quiet: bool,
+    seed: int | None, overwrite: bool, jobs: int | None, quiet: bool,
 ) -> None:  # fmt: skip
     """Convert your own images into a Caffe database (or an MNIST IDX pair).
 
@@ -64,7 +66,7 @@ def imageset(
         done = convert_images(
             root, out, listing=listing, to=to, backend=backend.lower(), gray=gray,
             resize=resize, encoded=encoded, check_size=check_size, shuffle=shuffle,
-            seed=seed, overwrite=overwrite, progress=progress,
+            seed=seed, overwrite=overwrite, progress=progress, jobs=jobs,
             on_skip=lambda gone: skipped.append(gone.reason),
         )  # fmt: skip
     if quiet:

@@ -34,13 +34,8 @@ from mnist2db.formats.datum import KEY_LIMIT
 from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
 from mnist2db.formats.image import ENCODE_TYPES
 from mnist2db.formats.image_list import KEY_LIMIT_LMDB, ListEntry, image_key
-from mnist2db.images.decoding import (
-    PixelWork,
-    RecordWork,
-    decode_in_order,
-    encoding_of,
-    matches_ext,
-)
+from mnist2db.images.decoding import PixelWork, RecordWork, encoding_of, matches_ext
+from mnist2db.images.workers import decode_in_order, default_jobs
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE, check_backend, check_batch_size
 from mnist2db.storage.files import AtomicFile
@@ -48,8 +43,9 @@ from mnist2db.storage.metadata import write_metadata
 from mnist2db.storage.placement import check_file_target, place_together
 from mnist2db.storage.staging import staged_database
 
-#: Bytes of records per transaction at most (a batch also stops at ``batch_size`` records).
-BATCH_BYTES = 64 << 20
+#: Bytes of records per transaction at most (a batch also stops at ``batch_size`` records):
+#: LMDB holds a transaction's dirty pages in memory until it commits.
+BATCH_BYTES = 32 << 20
 
 #: A source of entries: called once per pass (the list is read twice: checked, then written).
 Entries = Callable[[], Iterable[ListEntry]]
@@ -162,6 +158,7 @@ def write_imageset(
     progress: Progress | None = None,
     on_skip: Callable[[Skipped], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    jobs: int | None = None,
 ) -> ImagesetResult:
     """Write the images ``entries()`` names (under ``root``) to a new database at ``out``.
 
@@ -177,6 +174,8 @@ def write_imageset(
         metadata: written as ``mnist2db.json`` beside the records (None: nothing).
         on_skip: called for each image that cannot be read, when it is skipped.
         on_start: called with the number of entries once they are checked.
+        jobs: worker processes decoding (None: one per processor this process may use;
+            0: decode in this process).
 
     Raises:
         Mnist2dbError: a refusal (see the module docstring), no image readable, or the
@@ -189,6 +188,7 @@ def write_imageset(
     root_bytes = os.fsencode(root)
     check_backend(backend)
     check_batch_size(batch_size)
+    jobs = _check_jobs(jobs)
     if resize is not None and min(resize) < 1:
         raise ArgumentError(f"cannot resize to {resize[0]} × {resize[1]}: both must be ≥ 1")
     if encode_type and encode_type.lower() not in ENCODE_TYPES:
@@ -219,7 +219,7 @@ def write_imageset(
     with staged_database(out, backend, overwrite=overwrite, inputs=list(inputs)) as staging:
         batches = _batches(
             entries(), root_bytes, not gray, resize, encoded or bool(encode_type), encode_type,
-            check_size, batch_size, state, skip, where, total,
+            check_size, batch_size, state, skip, where, jobs,
         )  # fmt: skip
         write_database(backend, staging, 4096, batches, total, progress, keyed=True)
         if not state["count"]:
@@ -254,15 +254,17 @@ def _batches(
     state: dict[str, Any],
     skip: Callable[[ListEntry, str], None],
     where: str,
-    total: int,
+    jobs: int,
 ) -> Iterator[list[tuple[bytes, bytes]]]:
-    """``(key, value)`` batches of at most ``batch_size`` records or :data:`BATCH_BYTES`."""
+    """``(key, value)`` batches of at most ``batch_size`` records or :data:`BATCH_BYTES`: the
+    one place where a record's key and value are made (a label database written beside
+    would take its record here, under the same key)."""
     batch: list[tuple[bytes, bytes]] = []
     size = 0
     first: tuple[ListEntry, tuple[int, int, int]] | None = None
 
     work = RecordWork(root, color, resize, encoded, encode_type)
-    for entry, record in decode_in_order(entries, work, root, total):
+    for entry, record in decode_in_order(entries, work, root, jobs):
         if isinstance(record, str):
             skip(entry, record)
             continue
@@ -283,6 +285,14 @@ def _batches(
             batch, size = [], 0
     if batch:
         yield batch
+
+
+def _check_jobs(jobs: int | None) -> int:
+    if jobs is None:
+        return default_jobs()
+    if jobs < 0:
+        raise ArgumentError(f"--jobs must be 0 or more, got {jobs}")
+    return jobs
 
 
 def _other_size(where: str, entry: ListEntry, shape: tuple[int, ...], first: ListEntry,
@@ -307,6 +317,7 @@ def write_imageset_idx(
     inputs: Iterable[str] = (),
     progress: Progress | None = None,
     on_skip: Callable[[Skipped], None] | None = None,
+    jobs: int | None = None,
 ) -> ImagesetResult:
     """Write the images ``entries()`` names as an MNIST pair, ``PREFIX-images-idx3-ubyte``
     and ``PREFIX-labels-idx1-ubyte``: grey (as OpenCV reads grey), all one size (or
@@ -323,6 +334,7 @@ def write_imageset_idx(
     targets = (f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte")
     for target in targets:
         check_file_target(target, overwrite, list(inputs))
+    jobs = _check_jobs(jobs)
     if resize is not None and min(resize) < 1:
         raise ArgumentError(f"cannot resize to {resize[0]} × {resize[1]}: both must be ≥ 1")
     total = check_entries(entries(), root=root_bytes, backend="idx", encoded=False,
@@ -342,7 +354,7 @@ def write_imageset_idx(
             images.write(pack_header(IMAGES_MAGIC, 0, 0, 0))
             labels.write(pack_header(LABELS_MAGIC, 0))
             for entry, image in decode_in_order(
-                entries(), PixelWork(root_bytes, resize), root_bytes, total
+                entries(), PixelWork(root_bytes, resize), root_bytes, jobs
             ):
                 if isinstance(image, str):
                     skipped.append(Skipped(entry, image))
