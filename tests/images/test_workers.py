@@ -33,6 +33,9 @@ class Echo:
         if name == "crash":
             os.kill(os.getpid(), signal.SIGSEGV)
         if name == "hang":
+            if "ECHO_PIDS" in os.environ:
+                with open(os.path.join(os.environ["ECHO_PIDS"], str(os.getpid())), "w"):
+                    pass
             time.sleep(3600)
         if name.startswith("slow"):
             time.sleep(float(name[4:]))
@@ -85,13 +88,14 @@ def test_results_waiting_for_a_slow_image_are_bounded_by_bytes() -> None:
     its window (32 MiB) and the workers one image each, so its peak stays far below."""
     child = _child(
         """
-        import resource
         from test_workers import Echo, entries
         from mnist2db.images.workers import decode_in_order
         got = 0
         for _, result in decode_in_order(entries(["slow2"] + ["big"] * 120), Echo(), b"", 2):
             got += len(result[0])
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+        # VmHWM, not ru_maxrss: that counts the spawning process's peak before exec.
+        with open("/proc/self/status") as status:
+            peak = next(int(l.split()[1]) for l in status if l.startswith("VmHWM")) >> 10
         print(got, peak)
         """
     )
@@ -103,32 +107,27 @@ def test_results_waiting_for_a_slow_image_are_bounded_by_bytes() -> None:
 
 
 def test_sigterm_ends_a_run_at_once_whatever_the_workers_do(tmp_path: Path) -> None:
-    child = _child(
-        f"""
-        from test_workers import Echo, entries
-        from mnist2db.images.workers import decode_in_order
-        from mnist2db.interrupt import run
-        import multiprocessing, os
+    os.environ["ECHO_PIDS"] = str(tmp_path)
+    try:
+        child = _child(
+            """
+            from test_workers import Echo, entries
+            from mnist2db.images.workers import decode_in_order
+            from mnist2db.interrupt import run
 
-        def work():
-            for _ in decode_in_order(entries(["hang"] * 8), Echo(), b"", 2):
-                pass
-        def started():
-            pids = [p.pid for p in multiprocessing.active_children()]
-            with open({str(tmp_path / "pids")!r}, "w") as f:
-                f.write(" ".join(map(str, pids)))
-        import threading
-        threading.Timer(1.0, started).start()
-        raise SystemExit(run(work))
-        """
-    )
-    pids_file = tmp_path / "pids"
-    deadline = time.monotonic() + 30
-    while not pids_file.exists() or not pids_file.read_text():
-        assert time.monotonic() < deadline, child.stderr.read() if child.stderr else ""
+            def work():
+                for _ in decode_in_order(entries(["hang"] * 40), Echo(), b"", 2):
+                    pass
+            raise SystemExit(run(work))
+            """
+        )
+    finally:
+        del os.environ["ECHO_PIDS"]
+    deadline = time.monotonic() + 60
+    while len(os.listdir(tmp_path)) < 2:
+        assert time.monotonic() < deadline and child.poll() is None
         time.sleep(0.05)
-    pids = [int(p) for p in pids_file.read_text().split()]
-    assert len(pids) == 2
+    pids = [int(name) for name in os.listdir(tmp_path)]
     sent = time.monotonic()
     child.send_signal(signal.SIGTERM)
     _, err = child.communicate(timeout=10)

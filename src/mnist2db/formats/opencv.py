@@ -13,21 +13,22 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
+#: The variable that keeps to the pure path (read at every call: a test or a bench sets it).
+NO_OPENCV = "MNIST2DB_NO_OPENCV"
 _loaded: list[ModuleType | None] = []
 
 
 def opencv() -> ModuleType | None:
     """The ``cv2`` module, set to run single-threaded (the pipeline runs one decoder per core),
     or None when it is not installed or ``MNIST2DB_NO_OPENCV`` is set."""
+    if os.environ.get(NO_OPENCV):
+        return None
     if not _loaded:
-        module: ModuleType | None = None
-        if not os.environ.get("MNIST2DB_NO_OPENCV"):
-            try:
-                import cv2
+        try:
+            import cv2
 
-                cv2.setNumThreads(1)
-                module = cv2
-            except ImportError:
-                module = None
-        _loaded.append(module)
+            cv2.setNumThreads(1)
+            _loaded.append(cv2)
+        except ImportError:
+            _loaded.append(None)
     return _loaded[0]

@@ -35,7 +35,7 @@ from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
 from mnist2db.formats.image import ENCODE_TYPES
 from mnist2db.formats.image_list import KEY_LIMIT_LMDB, ListEntry, image_key
 from mnist2db.images.decoding import PixelWork, RecordWork, encoding_of, matches_ext
-from mnist2db.images.workers import decode_in_order, default_jobs
+from mnist2db.images.workers import OrderedDecoding, decode_in_order, default_jobs
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE, check_backend, check_batch_size
 from mnist2db.storage.files import AtomicFile
@@ -216,11 +216,13 @@ def write_imageset(
         if on_skip is not None:
             on_skip(gone)
 
-    with staged_database(out, backend, overwrite=overwrite, inputs=list(inputs)) as staging:
-        batches = _batches(
-            entries(), root_bytes, not gray, resize, encoded or bool(encode_type), encode_type,
-            check_size, batch_size, state, skip, where, jobs,
-        )  # fmt: skip
+    work = RecordWork(root_bytes, not gray, resize, encoded or bool(encode_type), encode_type)
+    with (
+        staged_database(out, backend, overwrite=overwrite, inputs=list(inputs)) as staging,
+        # The workers fork here, before the database is opened: none ever holds it.
+        OrderedDecoding(entries(), work, root_bytes, jobs) as decoded,
+    ):
+        batches = _batches(decoded, check_size, batch_size, state, skip, where)
         write_database(backend, staging, 4096, batches, total, progress, keyed=True)
         if not state["count"]:
             raise ImageError(
@@ -243,18 +245,12 @@ def write_imageset(
 
 
 def _batches(
-    entries: Iterable[ListEntry],
-    root: bytes,
-    color: bool,
-    resize: tuple[int, int] | None,
-    encoded: bool,
-    encode_type: str | None,
+    decoded: Iterable[tuple[ListEntry, Any]],
     check_size: bool,
     batch_size: int,
     state: dict[str, Any],
     skip: Callable[[ListEntry, str], None],
     where: str,
-    jobs: int,
 ) -> Iterator[list[tuple[bytes, bytes]]]:
     """``(key, value)`` batches of at most ``batch_size`` records or :data:`BATCH_BYTES`: the
     one place where a record's key and value are made (a label database written beside
@@ -263,8 +259,7 @@ def _batches(
     size = 0
     first: tuple[ListEntry, tuple[int, int, int]] | None = None
 
-    work = RecordWork(root, color, resize, encoded, encode_type)
-    for entry, record in decode_in_order(entries, work, root, jobs):
+    for entry, record in decoded:
         if isinstance(record, str):
             skip(entry, record)
             continue

@@ -27,8 +27,8 @@ import os
 import pickle
 import signal
 import sys
-import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
@@ -123,7 +123,10 @@ class _Worker:
             fcntl.fcntl(result_in.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
         args = (task_out, result_in, work, root)
         self.process = context.Process(target=_serve, args=args, daemon=True)
-        self.process.start()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns of fork() beside threads: the workers are safe (_context).
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.process.start()
         task_out.close()
         result_in.close()
         self.tasks_conn: Connection = task_in
@@ -147,11 +150,11 @@ class _Worker:
 
 
 def _context() -> Any:
-    """fork where the parent runs one thread (cheap, nothing to import), else forkserver."""
-    methods = multiprocessing.get_all_start_methods()
-    if "fork" in methods and threading.active_count() == 1:
+    """fork where there is one (cheap: nothing to import again, nothing to pickle; the
+    workers touch no lock another thread may hold: they decode and write a pipe), else spawn."""
+    if "fork" in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("fork")
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    return multiprocessing.get_context("spawn")  # pragma: no cover
 
 
 def _preload() -> None:
@@ -176,33 +179,59 @@ def _died(worker: _Worker, timeout: float | None) -> str:
     return f"its decoder exited ({code})"
 
 
-def decode_in_order(
-    entries: Iterable[ListEntry],
-    work: Callable[[ListEntry], Any],
-    root: bytes,
-    jobs: int,
-    *,
-    timeout: float = DEFAULT_TIMEOUT,
-) -> Iterator[tuple[ListEntry, Any]]:
-    """Each entry with ``work(entry)`` or the reason (a str) it could not be read, in order,
-    decoded by ``jobs`` worker processes (0: in this process, one at a time). ``work`` must
-    be picklable where processes cannot fork (a threaded parent)."""
-    if jobs <= 0:
-        for entry in entries:
-            yield entry, attempt(work, root, entry)
-        return
-    for stream in (sys.stdout, sys.stderr):  # a forked child must not write them again
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            stream.flush()
-    context = _context()
-    if context.get_start_method() == "fork":
-        _preload()
-    workers: list[_Worker] = []
-    try:
-        for _ in range(jobs):
-            workers.append(_Worker(context, work, root))
-        yield from _run(iter(entries), workers, context, work, root, timeout)
-    finally:
+class OrderedDecoding:
+    """``jobs`` worker processes, started at once (before the caller opens its database),
+    decoding ``entries`` with ``work``; iterate for each entry with its result or the reason
+    (a str) it could not be read, in order. :meth:`close` (or leaving the ``with``) kills
+    the workers at once, whatever they are doing."""
+
+    def __init__(
+        self,
+        entries: Iterable[ListEntry],
+        work: Callable[[ListEntry], Any],
+        root: bytes,
+        jobs: int,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        self._entries, self._work, self._root = entries, work, root
+        self._timeout, self._jobs = timeout, jobs
+        self._workers: list[_Worker] = []
+        if jobs <= 0:
+            return
+        for stream in (sys.stdout, sys.stderr):  # a forked child must not write them again
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                stream.flush()
+        self._context = _context()
+        if self._context.get_start_method() == "fork":
+            _preload()
+        try:
+            for _ in range(jobs):
+                self._workers.append(_Worker(self._context, work, root))
+        except BaseException:
+            self.close()
+            raise
+
+    def __iter__(self) -> Iterator[tuple[ListEntry, Any]]:
+        if self._jobs <= 0:
+            for entry in self._entries:
+                yield entry, attempt(self._work, self._root, entry)
+            return
+        try:
+            yield from _run(iter(self._entries), self._workers, self._context, self._work,
+                            self._root, self._timeout)  # fmt: skip
+        finally:
+            self.close()
+
+    def __enter__(self) -> OrderedDecoding:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop every worker: idle ones are told to end, busy ones killed; all reaped."""
+        workers, self._workers = self._workers, []
         for worker in workers:
             if worker.tasks:
                 worker.kill()
@@ -214,6 +243,19 @@ def decode_in_order(
                 worker.process.join(0.5)
             worker.kill()
             worker.reap()
+
+
+def decode_in_order(
+    entries: Iterable[ListEntry],
+    work: Callable[[ListEntry], Any],
+    root: bytes,
+    jobs: int,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> Iterator[tuple[ListEntry, Any]]:
+    """:class:`OrderedDecoding` as a generator (the workers start when it does)."""
+    with OrderedDecoding(entries, work, root, jobs, timeout=timeout) as decoding:
+        yield from decoding
 
 
 def _run(
