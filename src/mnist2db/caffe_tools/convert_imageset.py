@@ -11,9 +11,7 @@ processes decoding; default one per processor).
 
 from __future__ import annotations
 
-import sys
-
-from mnist2db.caffe_tools.drop_ins import OPENED_AT, log_here, run_tool, tool_main
+from mnist2db.caffe_tools.frame import OPENED_AT, log_here, run_tool, tool_main
 from mnist2db.caffe_tools.gflags import Flag, ParsedArgs
 from mnist2db.caffe_tools.glog import Logger
 from mnist2db.records import fresh_seed, seed_note
@@ -175,4 +173,3 @@ def main() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     main()
-    sys.exit(0)
