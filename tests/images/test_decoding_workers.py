@@ -88,7 +88,7 @@ def test_results_waiting_for_a_slow_image_are_bounded_by_bytes() -> None:
     its window (32 MiB) and the workers one image each, so its peak stays far below."""
     child = _child(
         """
-        from test_workers import Echo, entries
+        from test_decoding_workers import Echo, entries
         from mnist2db.images.workers import decode_in_order
         got = 0
         for _, result in decode_in_order(entries(["slow2"] + ["big"] * 120), Echo(), b"", 2):
@@ -111,7 +111,7 @@ def test_sigterm_ends_a_run_at_once_whatever_the_workers_do(tmp_path: Path) -> N
     try:
         child = _child(
             """
-            from test_workers import Echo, entries
+            from test_decoding_workers import Echo, entries
             from mnist2db.images.workers import decode_in_order
             from mnist2db.interrupt import run
 
