@@ -55,6 +55,8 @@ def convert_images(
     progress: Progress | None = None,
     on_skip: Callable[[Skipped], None] | None = None,
     jobs: int | None = None,
+    resume: bool = False,
+    on_stale: Callable[[str], None] | None = None,
 ) -> OwnImagesResult:
     """Write the images under ``root`` to ``out`` (a database, or with ``to="idx"`` the
     prefix of an IDX pair).
@@ -65,6 +67,8 @@ def convert_images(
             encode every image as (``png``, ``jpg``, ``bmp``); None: raw pixels.
         shuffle, seed: a random order; ``seed`` repeats it (None: a fresh seed).
         jobs: worker processes decoding (None: one per processor this process may use).
+        resume, on_stale: see :func:`mnist2db.images.imageset.write_imageset` (a resumed
+            shuffle given no seed takes the staged run's).
 
     Raises:
         Mnist2dbError: see :func:`mnist2db.images.imageset.write_imageset` and
@@ -98,6 +102,10 @@ def convert_images(
         entries = None
         where = listing
     if shuffle:
+        if seed is None and resume and to == "db":
+            from mnist2db.images.resume import staged_seed
+
+            seed = staged_seed(out) if staged_seed(out) >= 0 else None
         if seed is None:
             seed = fresh_seed()
         listed = entries if entries is not None else list(ImageList(listing or "")())
@@ -126,7 +134,8 @@ def convert_images(
             prefix, source, out, backend, gray=gray, resize=resize,
             encoded=encoded == "file", encode_type=None if encoded in (None, "file") else encoded,
             check_size=check_size, overwrite=overwrite, where=where, inputs=inputs,
-            metadata=metadata, progress=progress, on_skip=on_skip, jobs=jobs,
+            metadata=metadata, progress=progress, on_skip=on_skip, jobs=jobs, resume=resume,
+            seed=seed, on_stale=on_stale,
         )  # fmt: skip
     if fixed is not None and listing is None:
         _write_beside(extra, classes, fixed)

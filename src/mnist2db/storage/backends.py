@@ -217,7 +217,7 @@ class LeveldbWriter:
     """Writes a LevelDB database with Caffe's options, one write batch per batch, its
     memtable sized by :func:`leveldb_write_buffer` (memory bounded at any size)."""
 
-    def __init__(self, path: str, size_hint: int = 0) -> None:
+    def __init__(self, path: str, size_hint: int = 0, existing: bool = False) -> None:
         import plyvel
 
         self._plyvel = plyvel
@@ -227,7 +227,7 @@ class LeveldbWriter:
             self._db = plyvel.DB(
                 os.fsencode(path),
                 create_if_missing=True,
-                error_if_exists=True,
+                error_if_exists=not existing,
                 write_buffer_size=self.write_buffer_size,
                 **LEVELDB_OPTIONS,
             )
@@ -316,8 +316,11 @@ def size_hint(records: int, value_size: int, *, streaming: bool = False) -> int:
     return min(hint, 1 << 30) if streaming else hint
 
 
-def open_writer(backend: str, path: str, size_hint: int = 0, append: bool = True) -> Writer:
-    """Create a new, empty database of ``backend`` in the directory ``path``.
+def open_writer(
+    backend: str, path: str, size_hint: int = 0, append: bool = True, existing: bool = False
+) -> Writer:
+    """Create a new, empty database of ``backend`` in the directory ``path`` (``existing``:
+    continue the one there, a resumed conversion's).
 
     Args:
         backend: ``"lmdb"`` or ``"leveldb"``.
@@ -331,7 +334,7 @@ def open_writer(backend: str, path: str, size_hint: int = 0, append: bool = True
     if backend == "lmdb":
         return LmdbWriter(path, size_hint, append=append)
     check_backend(backend)
-    return LeveldbWriter(path, size_hint)
+    return LeveldbWriter(path, size_hint, existing=existing)
 
 
 def detect_backend(path: str | os.PathLike[str] | bytes) -> str:
