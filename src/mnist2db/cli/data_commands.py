@@ -11,7 +11,10 @@ import click
 from mnist2db.cli.common import echo, library_errors, progress_reporter
 from mnist2db.cli.options import (
     Path,
+    db_argument,
+    images_argument,
     label_column_option,
+    labels_argument,
     overwrite_option,
     quiet_option,
     range_options,
@@ -20,7 +23,7 @@ from mnist2db.cli.options import (
 from mnist2db.errors import RenderError
 from mnist2db.export import export_db
 from mnist2db.formats.datum import key_text
-from mnist2db.info import db_info, idx_info
+from mnist2db.info import describe
 from mnist2db.render import (
     check_canvas,
     check_text_size,
@@ -172,7 +175,7 @@ def info(path: str) -> None:
       mnist2db info data/mnist/t10k-labels-idx1-ubyte
     """
     with library_errors():
-        described = db_info(path) if os.path.isdir(path) else idx_info(path)
+        described = describe(path)
         for name, value in described.rows():
             echo(f"{name:<12}{value}")
         problem = described.problem
@@ -182,9 +185,9 @@ def info(path: str) -> None:
 
 
 @click.command()
-@click.argument("db", type=Path(path_type=str))
-@click.argument("images", type=Path(path_type=str))
-@click.argument("labels", type=Path(path_type=str))
+@db_argument
+@images_argument
+@labels_argument
 @quiet_option
 def verify(db: str, images: str, labels: str, quiet: bool) -> None:
     """Check that database DB holds exactly the records converted from IMAGES and LABELS.
@@ -205,7 +208,7 @@ def verify(db: str, images: str, labels: str, quiet: bool) -> None:
 
 
 @click.command()
-@click.argument("db", type=Path(path_type=str))
+@db_argument
 @click.argument("out_dir", metavar="OUT", type=Path(path_type=str))
 @click.option(
     "--to",

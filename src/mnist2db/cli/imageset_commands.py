@@ -6,7 +6,13 @@ from __future__ import annotations
 import click
 
 from mnist2db.cli.common import check_seed, echo, library_errors, progress_reporter
-from mnist2db.cli.options import Path, backend_option, quiet_option, shuffle_options
+from mnist2db.cli.options import (
+    Path,
+    backend_option,
+    overwrite_option,
+    quiet_option,
+    shuffle_options,
+)
 from mnist2db.records import seed_note
 
 
@@ -36,7 +42,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> tupl
                    "encodes them.  [default: raw pixels]")  # fmt: skip
 @click.option("--check-size", is_flag=True, help="Refuse images of different sizes.")
 @shuffle_options
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it is what this writes.")
+@overwrite_option("OUT if it is what this writes")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Worker processes decoding images.  [default: the processors this may use]")  # fmt: skip
 @click.option("--resume", is_flag=True,
@@ -70,7 +76,7 @@ def imageset(
     skipped: list[str] = []
     with library_errors(), progress_reporter("Converting", quiet, unit="images") as progress:
         done = convert_images(
-            root, out, listing=listing, to=to, backend=backend.lower(), gray=gray,
+            root, out, listing=listing, to=to, backend=backend, gray=gray,
             resize=resize, encoded=encoded, check_size=check_size, shuffle=shuffle,
             seed=seed, overwrite=overwrite, progress=progress, jobs=jobs, resume=resume,
             on_stale=lambda path: echo(

@@ -16,7 +16,6 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from mnist2db.errors import Mnist2dbError, printable
@@ -125,40 +124,48 @@ def _show(value: Any) -> str:
     return printable(str(value))
 
 
+def _lmdb_keys(path: str) -> tuple[int, bytes | None, bytes | None]:
+    import lmdb
+
+    env = lmdb.open(os.fsencode(path), readonly=True, lock=False, subdir=True)
+    try:
+        with env.begin() as txn:
+            cursor = txn.cursor()
+            first = cursor.key() if cursor.first() else None
+            last = cursor.key() if cursor.last() else None
+            return int(env.stat()["entries"]), first, last
+    finally:
+        env.close()
+
+
+def _leveldb_keys(path: str) -> tuple[int, bytes | None, bytes | None]:
+    import plyvel
+
+    db = plyvel.DB(os.fsencode(path), create_if_missing=False)
+    try:
+        first = last = None
+        records = 0
+        for key in db.iterator(include_value=False):
+            first = first or key
+            last = key
+            records += 1
+        return records, first, last
+    finally:
+        db.close()
+
+
+#: How each backend's committed keys are counted (its own reader, read-only).
+_KEYS = {"lmdb": _lmdb_keys, "leveldb": _leveldb_keys}
+
+
 def committed(path: str, backend: str) -> Committed:
     """What the staged database at ``path`` holds (its committed batches).
 
     Raises:
         Mnist2dbError: it cannot be read.
     """
-    keys: Iterable[bytes]
     try:
-        if backend == "lmdb":
-            import lmdb
-
-            env = lmdb.open(os.fsencode(path), readonly=True, lock=False, subdir=True)
-            try:
-                with env.begin() as txn:
-                    cursor = txn.cursor()
-                    first = cursor.key() if cursor.first() else None
-                    last = cursor.key() if cursor.last() else None
-                    records = int(env.stat()["entries"])
-            finally:
-                env.close()
-        else:
-            import plyvel
-
-            db = plyvel.DB(os.fsencode(path), create_if_missing=False)
-            try:
-                keys = db.iterator(include_value=False)
-                first = last = None
-                records = 0
-                for key in keys:
-                    first = first or key
-                    last = key
-                    records += 1
-            finally:
-                db.close()
+        records, first, last = _KEYS[backend](path)
     except Exception as exc:  # the backends' own errors: one line
         raise Mnist2dbError(
             f"{path}: --resume: the staged database cannot be read: {exc}; run without "
