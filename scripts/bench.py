@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench_data import generate, gunzip_or_generate
+from bench_imageset import imageset_table
 from bench_read import png_read_table, read_table
 
 BIN = Path(sys.executable).parent
@@ -213,6 +214,9 @@ def main() -> None:
     )
     parser.add_argument("--scale-repeat", type=int, default=3)
     parser.add_argument("--markdown", type=Path, help="also write the tables here")
+    parser.add_argument(
+        "--imageset-repeat", type=int, default=3, help="runs of each imageset contender (0: none)"
+    )
     args = parser.parse_args()
 
     py = sys.executable
@@ -377,6 +381,9 @@ def main() -> None:
         lines += ["", *png_lines]
         lines += ["", "Targets (issue 19, same run):", ""]
         lines += targets_19(by, leveldb_rows, png_rates)
+        if args.imageset_repeat > 0:
+            print("your own images ...", file=sys.stderr)
+            lines += ["", *imageset_table(args.imageset_repeat)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = "\n".join(lines) + "\n"

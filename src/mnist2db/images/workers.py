@@ -38,9 +38,11 @@ from mnist2db.errors import ImageError, printable
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.formats.opencv import opencv
 
-#: Entries per task handed to a worker, and tasks queued per worker.
-CHUNK = 16
-AHEAD = 2
+#: Entries per task handed to a worker, and tasks queued per worker: enough that a worker
+#: descheduled for a while (a busy machine) does not leave the others and the writer waiting
+#: on it (tiny images decode in ~25 µs each); the results stay bounded by WINDOW_BYTES.
+CHUNK = 32
+AHEAD = 8
 #: Bytes of results a worker gathers into one message (one image may exceed it alone).
 MESSAGE_BYTES = 1 << 18
 #: Bytes of results held by the parent while an earlier entry is still being decoded.
@@ -333,18 +335,21 @@ def _run(
         return True
 
     while True:
-        for worker in sorted(workers, key=lambda w: len(w.tasks)):
-            while len(worker.tasks) < AHEAD and (held < WINDOW_BYTES or redo):
-                task = next_task()
-                if task is None:
-                    break
-                if not worker.tasks:
-                    worker.since = time.monotonic()
-                worker.tasks.append(task)
-                try:
-                    worker.tasks_conn.send(task[1])
-                except OSError:
-                    break  # it died: its sentinel says so, and its tasks are handed out again
+        # One task at a time to the worker with the fewest, so that work spreads evenly.
+        while held < WINDOW_BYTES or redo:
+            worker = min(workers, key=lambda w: len(w.tasks))
+            if len(worker.tasks) >= AHEAD:
+                break
+            task = next_task()
+            if task is None:
+                break
+            if not worker.tasks:
+                worker.since = time.monotonic()
+            worker.tasks.append(task)
+            try:
+                worker.tasks_conn.send(task[1])
+            except OSError:
+                break  # it died: its sentinel says so, and its tasks are handed out again
         while head in ready:
             result, size = ready.pop(head)
             held -= size
