@@ -25,6 +25,7 @@ from pathlib import Path
 
 from bench_data import generate, gunzip_or_generate
 from bench_export import export_table
+from bench_imageset import imageset_table
 from bench_read import png_read_table, read_table
 
 BIN = Path(sys.executable).parent
@@ -214,6 +215,9 @@ def main() -> None:
     )
     parser.add_argument("--scale-repeat", type=int, default=3)
     parser.add_argument("--markdown", type=Path, help="also write the tables here")
+    parser.add_argument(
+        "--imageset-repeat", type=int, default=3, help="runs of each imageset contender (0: none)"
+    )
     args = parser.parse_args()
 
     py = sys.executable
@@ -381,6 +385,9 @@ def main() -> None:
 
         print("export ...", file=sys.stderr)
         lines += ["", *export_table(*data["train"], work, repeat=3)]
+        if args.imageset_repeat > 0:
+            print("your own images ...", file=sys.stderr)
+            lines += ["", *imageset_table(args.imageset_repeat)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = "\n".join(lines) + "\n"

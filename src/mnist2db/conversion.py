@@ -302,6 +302,7 @@ def write_database(
     *,
     streaming: bool = False,
     keyed: bool = False,
+    existing: bool = False,
 ) -> None:
     """Write ``total`` records, a batch of values at a time, under Caffe's keys into a new
     database in ``staging``: one transaction per batch, the writer aborted on any failure
@@ -312,10 +313,13 @@ def write_database(
     LMDB's map (:func:`mnist2db.storage.backends.size_hint`). ``keyed``: the batches hold
     ``(key, value)`` pairs in increasing key order (``convert_imageset``'s keys name the
     files) instead of values; ``total`` is then at most the number of records.
+    ``existing``: add to the database already in ``staging`` (a resumed conversion's).
     """
     check_record_count(total, staging)  # each writer checked already, before any work
     hint = size_hint(total, value_size, streaming=streaming)
-    writer = open_writer(backend, staging, size_hint=hint, append=total <= KEY_LIMIT)
+    writer = open_writer(
+        backend, staging, size_hint=hint, append=total <= KEY_LIMIT, existing=existing
+    )
     try:
         done = 0
         for values in batches:

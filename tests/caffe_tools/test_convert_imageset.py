@@ -4,6 +4,7 @@ test_convert_imageset_corpus.py)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,7 +53,8 @@ def test_caffe_log_lines_and_a_skipped_image(images: Path, tmp_path: Path) -> No
     (tmp_path / "list.txt").write_text("0.png 1\nnope.png 2\n1.png 3\n")
     done = run(["imgs/", "list.txt", "db"], tmp_path)
     assert done.returncode == 0, done.stderr
-    messages = [line.split("] ", 1)[1] for line in done.stderr.splitlines()]
+    *messages, rate = [line.split("] ", 1)[1] for line in done.stderr.splitlines()]
+    assert re.fullmatch(r"Wrote 2 records in \d+\.\d\d s \(\d+ images/s\)\.", rate)
     assert messages == [
         "A total of 3 images.",
         "Opened lmdb db",

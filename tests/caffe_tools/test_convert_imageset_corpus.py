@@ -16,6 +16,7 @@ from types import ModuleType
 import pytest
 
 from mnist2db.caffe_tools.convert_imageset import convert_imageset
+from mnist2db.formats.opencv import NO_OPENCV
 
 CORPUS = os.path.join(os.path.dirname(__file__), os.pardir, "data", "imageset")
 with open(os.path.join(CORPUS, "digests.json"), encoding="utf-8") as _stream:
@@ -39,13 +40,23 @@ read_db = _corpus_script().read_db
 RUNS = [(name, backend) for name in sorted(DIGESTS["runs"]) for backend in ("lmdb", "leveldb")]
 
 
+DECODERS = [("--jobs=1", "opencv"), ("-j=2", "opencv"), ("-j=2", "pure")]
+
+
+@pytest.mark.parametrize(("jobs", "decoder"), DECODERS, ids=[f"{j}-{d}" for j, d in DECODERS])
 @pytest.mark.parametrize(("name", "backend"), RUNS, ids=[f"{n}-{b}" for n, b in RUNS])
-def test_matches_caffe(tmp_path, capsys, name: str, backend: str) -> None:
+def test_matches_caffe(
+    tmp_path, capsys, monkeypatch, name: str, backend: str, jobs: str, decoder: str
+) -> None:
+    """Every run, decoded by one worker process and by two, with OpenCV's wheel (where
+    installed: the test extra has it) and without: Caffe's records every way."""
+    if decoder == "pure":
+        monkeypatch.setenv(NO_OPENCV, "1")
     run = DIGESTS["runs"][name]
     out = str(tmp_path / "db")
     root = os.path.join(CORPUS, "images") + "/"
     code = convert_imageset(
-        [*run["flags"], f"--backend={backend}", root, os.path.join(CORPUS, run["list"]), out]
+        [*run["flags"], jobs, f"--backend={backend}", root, os.path.join(CORPUS, run["list"]), out]
     )
     assert code == 0, capsys.readouterr().err
     expected = run[backend]

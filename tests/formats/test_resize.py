@@ -13,25 +13,45 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mnist2db.formats.resize import resize_linear
+from mnist2db.formats.opencv import opencv
+from mnist2db.formats.resize import resize_linear, resize_numpy
 
 CORPUS = os.path.join(os.path.dirname(__file__), os.pardir, "data", "imageset")
 with open(os.path.join(CORPUS, "resize.json"), encoding="utf-8") as _stream:
     CASES = json.load(_stream)["cases"]
 
 
-def test_matches_opencv_on_recorded_cases() -> None:
+@pytest.mark.parametrize("resize", [resize_linear, resize_numpy])
+def test_matches_opencv_on_recorded_cases(resize) -> None:
+    """Caffe's OpenCV (4.6) on recorded cases: the wheel's cv2.resize where installed (the
+    test extra has it) and the numpy path."""
     assert len(CASES) >= 300
     wrong = []
     for case in CASES:
         h, w, c = case["shape"]
         pixels = np.random.default_rng(case["seed"]).integers(0, 256, (h, w, c), dtype=np.uint8)
         image = pixels[:, :, 0] if c == 1 else pixels
-        out = resize_linear(image, *case["size"])
+        out = resize(image, *case["size"])
         assert out.shape == ((case["size"][1], case["size"][0]) + (() if c == 1 else (3,)))
         if hashlib.sha256(out.tobytes()).hexdigest() != case["sha256"]:
             wrong.append(case)
     assert wrong == []
+
+
+@pytest.mark.skipif(opencv() is None, reason="OpenCV's wheel is not installed")
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 700), st.integers(1, 700), st.sampled_from([1, 3, 4]),
+    st.integers(1, 400), st.integers(1, 400), st.integers(0, 2**32 - 1),
+)  # fmt: skip
+def test_opencv_wheel_and_numpy_agree(h, w, c, nh, nw, seed) -> None:
+    """The two paths of resize_linear give the same bytes, photo sizes included (up to
+    700 × 700 to 400 × 400, up and down, grey, BGR and BGRA)."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (h, w, c), dtype=np.uint8)
+    image = pixels[:, :, 0] if c == 1 else pixels
+    fast = resize_linear(image, nw, nh)
+    assert fast.shape == resize_numpy(image, nw, nh).shape
+    assert np.array_equal(fast, resize_numpy(image, nw, nh))
 
 
 def _taps(source: int, target: int, clamp: bool) -> list[tuple[int, int, int, int]]:

@@ -5,7 +5,9 @@ Caffe's command line (gflags: ``--gray --shuffle --backend --resize_width --resi
 the records are Caffe's (:mod:`mnist2db.images.imageset`). Where Caffe aborts half-way or writes
 nothing without a word, this refuses in one line and leaves nothing behind. Extensions:
 ``--overwrite`` (replace an existing database of the backend), ``--seed`` (a repeatable
-``--shuffle``; Caffe's draws from ``/dev/urandom``).
+``--shuffle``; Caffe's draws from ``/dev/urandom``), ``--jobs N`` or ``-j N`` (worker
+processes decoding; default one per processor), ``--resume`` (continue a conversion that
+was killed, from the batches it committed: :mod:`mnist2db.images.resume`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ Usage:
     convert_imageset [FLAGS] ROOTFOLDER/ LISTFILE DB_NAME
 The ImageNet dataset for the training demo is at
     http://www.image-net.org/download-images
-(mnist2db: --overwrite and --seed are extensions.)
+(mnist2db: --overwrite, --seed, --jobs/-j and --resume are extensions.)
 """
 
 #: The flags of tools/convert_imageset.cpp, then mnist2db's.
@@ -60,6 +62,20 @@ FLAGS: dict[str, Flag] = {
     "seed": Flag(
         "seed", "int64", -1, "Seed of --shuffle; -1: a fresh one each run (mnist2db extension)"
     ),
+    "jobs": Flag(
+        "jobs",
+        "int32",
+        0,
+        "Worker processes decoding images; 0: one per processor (mnist2db extension)",
+        bounds=(0, 1 << 16),
+    ),
+    "j": Flag("j", "int32", 0, "Short for --jobs (mnist2db extension)", bounds=(0, 1 << 16)),
+    "resume": Flag(
+        "resume",
+        "bool",
+        False,
+        "Continue the conversion to DB_NAME that a kill interrupted (mnist2db extension)",
+    ),
 }
 
 
@@ -68,6 +84,7 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
     from mnist2db.formats.image_input import ignore_decoder_warnings
     from mnist2db.formats.image_list import ImageList, ListEntry
     from mnist2db.images.imageset import Skipped, write_imageset
+    from mnist2db.images.resume import staged_seed
     from mnist2db.storage.targets import check_destination
 
     root, listing, db_path = parsed.positional
@@ -84,11 +101,15 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
         )  # fmt: skip
     resize = (width, height) if width and height else None
     shuffle = bool(parsed["shuffle"])
+    resume = bool(parsed["resume"])
     order: list[ListEntry] | None = None
+    seed: int | None = None
     if shuffle:
         import numpy as np
 
         seed = int(parsed["seed"])  # type: ignore[call-overload]
+        if seed == -1 and resume:
+            seed = staged_seed(db_path)
         if seed == -1:
             seed = fresh_seed(1 << 63)
         if not 0 <= seed < 1 << 63:
@@ -120,6 +141,12 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
     def skipped(gone: Skipped) -> None:
         logger.log("E", "io.cpp:80", f"Could not open or find file {gone.reason}")
 
+    def stale(path: str) -> None:
+        logger.log(
+            "W", log_here(), f"{path}: a staged run of a killed conversion: removed "
+            "(--resume would continue it)",
+        )  # fmt: skip
+
     def progress(done: int, total: int) -> None:
         if done % 1000 == 0:
             logger.log("I", "convert_imageset.cpp:147", f"Processed {done} files.")
@@ -140,6 +167,10 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
         progress=progress,
         on_skip=skipped,
         on_start=started,
+        jobs=int(parsed["j"] or parsed["jobs"]) or None,  # type: ignore[call-overload]
+        resume=resume,
+        seed=seed,
+        on_stale=stale,
     )
     if result.count % 1000:
         logger.log("I", "convert_imageset.cpp:153", f"Processed {result.count} files.")
@@ -150,6 +181,12 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
             f"Skipped {len(result.skipped)} of {result.lines} images that could not be read "
             "(their keys are left out, as Caffe leaves them).",
         )
+    rate = result.count / max(result.seconds, 1e-9)
+    logger.log(
+        "I",
+        log_here(),
+        f"Wrote {result.count} records in {result.seconds:.2f} s ({rate:.0f} images/s).",
+    )
 
 
 def convert_imageset(argv: list[str], argv0: str = PROG) -> int:

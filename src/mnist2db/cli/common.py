@@ -48,11 +48,12 @@ def library_errors() -> Iterator[None]:
 class ProgressBars:
     """The CLI's one progress adapter, a :data:`mnist2db.progress.NamedProgress`: one click
     progress bar per name, on stderr, only on a terminal (nothing when ``quiet``);
-    ``in_bytes`` shows the amount and the rate."""
+    ``in_bytes`` shows the amount and the rate; ``unit`` (``"images"``) the rate in those."""
 
-    def __init__(self, quiet: bool, in_bytes: bool) -> None:
+    def __init__(self, quiet: bool, in_bytes: bool, unit: str | None = None) -> None:
         self.enabled = not quiet and sys.stderr.isatty()
         self.in_bytes = in_bytes
+        self.unit = unit
         self.bar: Any = None
         self.name: str | None = None
         self.shown = 0
@@ -69,7 +70,7 @@ class ProgressBars:
                 length=max(total, done, 1),
                 label=name,
                 file=sys.stderr,
-                item_show_func=self._describe if self.in_bytes else None,
+                item_show_func=self._describe if self.in_bytes or self.unit else None,
             )
             self.bar.__enter__()
         self.bar.update(done - self.shown, done)
@@ -79,6 +80,8 @@ class ProgressBars:
         if done is None:
             return None
         rate = done / max(time.monotonic() - self.started, 1e-6)
+        if self.unit:
+            return f"{rate:.0f} {self.unit}/s"
         return f"{human_bytes(done)}, {human_bytes(rate)}/s"
 
     def close(self) -> None:
@@ -88,10 +91,10 @@ class ProgressBars:
 
 
 @contextlib.contextmanager
-def progress_reporter(label: str, quiet: bool) -> Iterator[Progress]:
+def progress_reporter(label: str, quiet: bool, unit: str | None = None) -> Iterator[Progress]:
     """A ``progress(done, total)`` callback drawing one bar labelled ``label`` (see
-    :class:`ProgressBars`), closed when the block ends."""
-    bars = ProgressBars(quiet, in_bytes=False)
+    :class:`ProgressBars`; ``unit``: the rate in those), closed when the block ends."""
+    bars = ProgressBars(quiet, in_bytes=False, unit=unit)
     try:
         yield labelled(bars, label)
     finally:

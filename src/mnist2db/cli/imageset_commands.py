@@ -43,11 +43,16 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> tupl
 @click.option("--check-size", is_flag=True, help="Refuse images of different sizes.")
 @shuffle_options
 @overwrite_option("OUT if it is what this writes")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="Worker processes decoding images.  [default: the processors this may use]")  # fmt: skip
+@click.option("--resume", is_flag=True,
+              help="Continue the conversion to OUT that a kill interrupted, from the batches it "
+                   "committed (the same arguments; a shuffle takes the staged run's seed).")  # fmt: skip
 @quiet_option
 def imageset(
     root: str, out: str, listing: str | None, to: str, backend: str, gray: bool,
     resize: tuple[int, int] | None, encoded: str | None, check_size: bool, shuffle: bool,
-    seed: int | None, overwrite: bool, quiet: bool,
+    seed: int | None, overwrite: bool, jobs: int | None, resume: bool, quiet: bool,
 ) -> None:  # fmt: skip
     """Convert your own images into a Caffe database (or an MNIST IDX pair).
 
@@ -69,11 +74,14 @@ def imageset(
     ignore_decoder_warnings()
     check_seed({"seed": seed, "shuffle": shuffle})
     skipped: list[str] = []
-    with library_errors(), progress_reporter("Converting", quiet) as progress:
+    with library_errors(), progress_reporter("Converting", quiet, unit="images") as progress:
         done = convert_images(
             root, out, listing=listing, to=to, backend=backend, gray=gray,
             resize=resize, encoded=encoded, check_size=check_size, shuffle=shuffle,
-            seed=seed, overwrite=overwrite, progress=progress,
+            seed=seed, overwrite=overwrite, progress=progress, jobs=jobs, resume=resume,
+            on_stale=lambda path: echo(
+                f"{path}: a staged run of a killed conversion: removed (--resume would "
+                "continue it)", err=True),
             on_skip=lambda gone: skipped.append(gone.reason),
         )  # fmt: skip
     if quiet:

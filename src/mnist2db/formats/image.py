@@ -36,6 +36,7 @@ from mnist2db.formats.image_input import (
     open_with_pillow,
     read_image_file,
 )
+from mnist2db.formats.opencv import opencv
 
 if TYPE_CHECKING:
     import numpy as np
@@ -95,6 +96,16 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
     if kind is None:
         raise ImageError(f"{where}: not an image OpenCV reads (PNG, JPEG, BMP, PPM, TIFF, WebP)")
     check_declared_size(data, kind, where)
+    if kind == "JPEG" and color is not None:
+        cv2 = opencv()
+        if cv2 is not None and _plain_jpeg(data):
+            import numpy as np
+
+            flag = cv2.IMREAD_COLOR if color else cv2.IMREAD_GRAYSCALE
+            decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flag)
+            if decoded is not None:
+                fast: np.ndarray = decoded
+                return fast
     try:
         with open_with_pillow(data, kind) as opened:
             pixels, model = _samples(opened, kind, color, data)
@@ -110,6 +121,35 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
         color = model != "grey"
     image = _convert(pixels, model, kind, color, gamma)
     return _orient(image, orientation)
+
+
+#: JPEG markers that start a frame (SOF0-3, 5-7, 9-11, 13-15): its precision and components.
+_SOF_MARKERS = frozenset((*range(0xC0, 0xC4), *range(0xC5, 0xC8), *range(0xC9, 0xCC),
+                          *range(0xCD, 0xD0)))  # fmt: skip
+
+
+def _plain_jpeg(data: bytes) -> bool:
+    """Whether a JPEG is one OpenCV's wheel decodes as Caffe's OpenCV does (both libjpeg-turbo,
+    proved by the corpus and the tests): 8-bit grey or YCbCr/RGB, no EXIF (whose orientation
+    the two OpenCVs may apply differently). Anything else takes the Pillow path."""
+    position, end = 2, min(len(data), 1 << 16)
+    while position + 4 <= end:
+        if data[position] != 0xFF:
+            return False
+        marker = data[position + 1]
+        if marker == 0xFF:
+            position += 1
+            continue
+        length = (data[position + 2] << 8) | data[position + 3]
+        if marker == 0xE1 and data[position + 4 : position + 10] == b"Exif\x00\x00":
+            return False
+        if marker in _SOF_MARKERS:
+            head = data[position + 4 : position + 10]
+            return len(head) == 6 and head[0] == 8 and head[5] in (1, 3)
+        if marker == 0xDA or length < 2:
+            return False
+        position += 2 + length
+    return False
 
 
 #: Chunks that change nothing OpenCV reads from an 8-bit grey or RGB PNG.

@@ -1,17 +1,14 @@
-"""One image file to one record, as Caffe's ``ReadImageToDatum`` makes it, and many of them
-decoded in list order on a few threads, a bounded window ahead (memory holds a few chunks,
-never the set).
+"""One image file to one record, as Caffe's ``ReadImageToDatum`` makes it (:class:`RecordWork`),
+or to its grey pixels (:class:`PixelWork`): the work :mod:`mnist2db.images.workers` runs on
+worker processes.
 """
 
 from __future__ import annotations
 
 import os
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from mnist2db.errors import ImageError, printable
+from mnist2db.errors import printable
 from mnist2db.formats.datum import datum_prefix
 from mnist2db.formats.image import decode_image, encode_image, png_planes, read_image, to_chw
 from mnist2db.formats.image_input import check_fits_a_record, read_image_file
@@ -21,9 +18,6 @@ from mnist2db.formats.resize import resize_linear
 
 if TYPE_CHECKING:
     import numpy as np
-
-#: Entries per task handed to a worker thread.
-CHUNK = 16
 
 
 def encoding_of(entry: ListEntry, encode_type: str | None) -> str:
@@ -111,53 +105,3 @@ class PixelWork:
     def __call__(self, entry: ListEntry) -> np.ndarray:
         image = read_image(self.root + entry.path, color=False)
         return image if self.resize is None else resize_linear(image, *self.resize)
-
-
-def _attempt(work: Callable[[ListEntry], Any], root: bytes, entry: ListEntry) -> Any:
-    """``work(entry)``, or the reason (a str) the image could not be read."""
-    try:
-        return work(entry)
-    except ImageError as exc:
-        return str(exc)
-    except OSError as exc:
-        return f"{printable(os.fsdecode(root + entry.path))}: cannot read it: {exc.strerror}"
-
-
-def _chunk(work: Callable[[ListEntry], Any], root: bytes, entries: list[ListEntry]) -> list[Any]:
-    return [_attempt(work, root, entry) for entry in entries]
-
-
-def _pool() -> tuple[ThreadPoolExecutor, int]:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    workers = min(cpus or 1, 4)
-    return ThreadPoolExecutor(workers), workers
-
-
-def decode_in_order(
-    entries: Iterable[ListEntry], work: Callable[[ListEntry], Any], root: bytes, total: int
-) -> Iterator[tuple[ListEntry, Any]]:
-    """Each entry with ``work(entry)`` or the reason (a str) it could not be read, in order,
-    decoded on a few threads (zlib, Pillow's decoders and numpy release the GIL), a bounded
-    window of chunks ahead. ``total``: the number of entries (for the window)."""
-    pool, workers = _pool()
-    window: deque[tuple[list[ListEntry], Future[list[Any]]]] = deque()
-    chunk = CHUNK
-    try:
-        batch: list[ListEntry] = []
-        for entry in entries:
-            batch.append(entry)
-            if len(batch) == chunk:
-                window.append((batch, pool.submit(_chunk, work, root, batch)))
-                batch = []
-                if len(window) > 2 * workers:
-                    done, future = window.popleft()
-                    yield from zip(done, future.result(), strict=True)
-        if batch:
-            window.append((batch, pool.submit(_chunk, work, root, batch)))
-        while window:
-            done, future = window.popleft()
-            yield from zip(done, future.result(), strict=True)
-    finally:
-        for _, future in window:
-            future.cancel()
-        pool.shutdown(wait=True, cancel_futures=True)

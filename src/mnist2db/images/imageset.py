@@ -29,29 +29,34 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from mnist2db.conversion import write_database
-from mnist2db.errors import ImageError, Mnist2dbError, OutputError, printable
+from mnist2db.errors import ArgumentError, ImageError, Mnist2dbError, OutputError, printable
 from mnist2db.formats.datum import KEY_LIMIT
 from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
 from mnist2db.formats.image import ENCODE_TYPES
 from mnist2db.formats.image_input import check_resize
 from mnist2db.formats.image_list import KEY_LIMIT_LMDB, ListEntry, image_key
-from mnist2db.images.decoding import (
-    PixelWork,
-    RecordWork,
-    decode_in_order,
-    encoding_of,
-    matches_ext,
+from mnist2db.images.decoding import PixelWork, RecordWork, encoding_of, matches_ext
+from mnist2db.images.resume import (
+    Committed,
+    EntryDigest,
+    check_plan,
+    committed,
+    find_staged_run,
+    remove_plan,
+    write_plan,
 )
+from mnist2db.images.workers import OrderedDecoding, attempt, decode_in_order, default_jobs
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE, check_backend, check_batch_size
-from mnist2db.storage.files import AtomicFile
+from mnist2db.storage.files import AtomicFile, temp_prefix
 from mnist2db.storage.metadata import write_metadata
 from mnist2db.storage.placement import check_file_target, place_together
-from mnist2db.storage.staging import staged_database
+from mnist2db.storage.staging import staged_database, stale_staging
 from mnist2db.storage.targets import check_apart
 
-#: Bytes of records per transaction at most (a batch also stops at ``batch_size`` records).
-BATCH_BYTES = 64 << 20
+#: Bytes of records per transaction at most (a batch also stops at ``batch_size`` records):
+#: LMDB holds a transaction's dirty pages in memory until it commits.
+BATCH_BYTES = 32 << 20
 
 #: A source of entries: called once per pass (the list is read twice: checked, then written).
 Entries = Callable[[], Iterable[ListEntry]]
@@ -84,9 +89,11 @@ class ImagesetResult(NamedTuple):
             more = f" and {len(self.skipped) - 3} more" if len(self.skipped) > 3 else ""
             skipped = f"; skipped {len(self.skipped)} that could not be read ({names}{more})"
         shape = "" if self.shape is None else " of {} × {} × {}".format(*self.shape)
+        rate = self.count / max(self.seconds, 1e-9)
         return (
             f"Wrote {self.count} records{shape} from {self.lines} listed images{skipped}.\n"
-            f"Wrote {printable(self.path)} ({self.backend}) in {self.seconds:.2f} s."
+            f"Wrote {printable(self.path)} ({self.backend}) in {self.seconds:.2f} s "
+            f"({rate:.0f} images/s)."
         )
 
 
@@ -99,8 +106,9 @@ def check_entries(
     encode_type: str | None,
     resize: tuple[int, int] | None,
     where: str,
+    digest: EntryDigest | None = None,
 ) -> int:
-    """Check every entry before any work; returns their number.
+    """Check every entry before any work; returns their number (and feeds ``digest``).
 
     Raises:
         Mnist2dbError: more than 10**8 lines, an LMDB key over 511 bytes, a type that
@@ -111,6 +119,8 @@ def check_entries(
     for entry in entries:
         count += 1
         first = first or entry
+        if digest is not None:
+            digest.add(entry)
         if entry.line >= KEY_LIMIT:
             raise Mnist2dbError(
                 f"{where}: more than {KEY_LIMIT} lines: Caffe's keys (%08d_PATH) stop sorting "
@@ -164,6 +174,10 @@ def write_imageset(
     progress: Progress | None = None,
     on_skip: Callable[[Skipped], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    jobs: int | None = None,
+    resume: bool = False,
+    seed: int | None = None,
+    on_stale: Callable[[str], None] | None = None,
 ) -> ImagesetResult:
     """Write the images ``entries()`` names (under ``root``) to a new database at ``out``.
 
@@ -179,6 +193,13 @@ def write_imageset(
         metadata: written as ``mnist2db.json`` beside the records (None: nothing).
         on_skip: called for each image that cannot be read, when it is skipped.
         on_start: called with the number of entries once they are checked.
+        jobs: worker processes decoding (None: one per processor this process may use;
+            0: decode in this process).
+        resume: continue the staged run a killed conversion of ``out`` left, when its plan
+            is this one's (:mod:`mnist2db.images.resume`); else refuse, naming what differs.
+        seed: the seed that shuffled ``entries`` (recorded in the plan, for a resume).
+        on_stale: called with each staged run of a killed conversion that this run
+            (without ``resume``) removes.
 
     Raises:
         Mnist2dbError: a refusal (see the module docstring), no image readable, or the
@@ -191,12 +212,14 @@ def write_imageset(
     root_bytes = os.fsencode(root)
     check_backend(backend)
     check_batch_size(batch_size)
+    jobs = _check_jobs(jobs)
     check_resize(resize, 1 if gray else 3)
     if encode_type and encode_type.lower() not in ENCODE_TYPES:
         raise ImageError(
             f"cannot encode images as {encode_type!r}: the types written as Caffe writes "
             f"them are {', '.join(ENCODE_TYPES)}"
         )
+    digest = EntryDigest()
     total = check_entries(
         entries(),
         root=root_bytes,
@@ -205,11 +228,29 @@ def write_imageset(
         encode_type=encode_type,
         resize=resize,
         where=where,
+        digest=digest,
     )
+    plan = {"root": os.fsdecode(root_bytes), "list": where, "entries": digest.hexdigest(),
+            "lines": total, "backend": backend, "gray": gray,
+            "resize": list(resize) if resize else None, "encoded": encoded,
+            "encode_type": encode_type, "check_size": check_size, "seed": seed}  # fmt: skip
+    run = find_staged_run(out) if resume else None
+    if resume and run is None:
+        raise Mnist2dbError(
+            f"{out}: --resume: no staged run of it to continue (a killed conversion leaves "
+            f"{temp_prefix(os.path.basename(os.path.normpath(out)))}PID-… beside it)"
+        )
+    done = Committed(0, -1, None)
+    if run is not None:
+        check_plan(out, run, plan)
+        done = committed(run.path, backend)
+    elif on_stale is not None:
+        for stale in stale_staging(out):
+            on_stale(stale)
     if on_start is not None:
         on_start(total)
     skipped: list[Skipped] = []
-    state: dict[str, Any] = {"count": 0, "shape": None, "mixed": False}
+    state: dict[str, Any] = {"count": done.records, "shape": None, "mixed": False}
 
     def skip(entry: ListEntry, reason: str) -> None:
         gone = Skipped(entry, reason)
@@ -217,12 +258,31 @@ def write_imageset(
         if on_skip is not None:
             on_skip(gone)
 
-    with staged_database(out, backend, overwrite=overwrite, inputs=list(inputs)) as staging:
-        batches = _batches(
-            entries(), root_bytes, not gray, resize, encoded or bool(encode_type), encode_type,
-            check_size, batch_size, state, skip, where, total,
-        )  # fmt: skip
-        write_database(backend, staging, 4096, batches, total, progress, keyed=True)
+    work = RecordWork(root_bytes, not gray, resize, encoded or bool(encode_type), encode_type)
+    first = None
+    if done.first_key is not None:
+        # The first record's image again, for its shape (--check_size, the summary).
+        entry = ListEntry(int(done.first_key[:8]), done.first_key[9:], 0)
+        shape = attempt(work, root_bytes, entry)
+        if not isinstance(shape, str):
+            first = (entry, shape[1])
+            state["shape"] = shape[1]
+    todo = (entry for entry in entries() if entry.line > done.last_line)
+    staged = staged_database(out, backend, overwrite=overwrite, inputs=list(inputs),
+                             adopt=None if run is None else run.path)  # fmt: skip
+    with (
+        staged as staging,
+        # The workers fork here, before the database is opened: none ever holds it.
+        OrderedDecoding(todo, work, root_bytes, jobs) as decoded,
+    ):
+        write_plan(staging, plan)
+        batches = _batches(decoded, check_size, batch_size, state, skip, where, first)
+
+        def report(written: int, total: int) -> None:
+            progress(done.records + written, total)
+
+        write_database(backend, staging, 4096, batches, total, report, keyed=True,
+                       existing=run is not None)  # fmt: skip
         if not state["count"]:
             raise ImageError(
                 f"{where}: no image could be read"
@@ -232,6 +292,7 @@ def write_imageset(
         if metadata is not None:
             source = {**metadata.get("source", {}), "items": total}
             write_metadata(staging, {**metadata, "source": source, "records": state["count"]}, out)
+        remove_plan(staging)
     return ImagesetResult(
         path=out,
         backend=backend,
@@ -244,26 +305,21 @@ def write_imageset(
 
 
 def _batches(
-    entries: Iterable[ListEntry],
-    root: bytes,
-    color: bool,
-    resize: tuple[int, int] | None,
-    encoded: bool,
-    encode_type: str | None,
+    decoded: Iterable[tuple[ListEntry, Any]],
     check_size: bool,
     batch_size: int,
     state: dict[str, Any],
     skip: Callable[[ListEntry, str], None],
     where: str,
-    total: int,
+    first: tuple[ListEntry, tuple[int, int, int]] | None = None,
 ) -> Iterator[list[tuple[bytes, bytes]]]:
-    """``(key, value)`` batches of at most ``batch_size`` records or :data:`BATCH_BYTES`."""
+    """``(key, value)`` batches of at most ``batch_size`` records or :data:`BATCH_BYTES`: the
+    one place where a record's key and value are made (a label database written beside
+    would take its record here, under the same key)."""
     batch: list[tuple[bytes, bytes]] = []
     size = 0
-    first: tuple[ListEntry, tuple[int, int, int]] | None = None
 
-    work = RecordWork(root, color, resize, encoded, encode_type)
-    for entry, record in decode_in_order(entries, work, root, total):
+    for entry, record in decoded:
         if isinstance(record, str):
             skip(entry, record)
             continue
@@ -284,6 +340,14 @@ def _batches(
             batch, size = [], 0
     if batch:
         yield batch
+
+
+def _check_jobs(jobs: int | None) -> int:
+    if jobs is None:
+        return default_jobs()
+    if jobs < 0:
+        raise ArgumentError(f"--jobs must be 0 or more, got {jobs}")
+    return jobs
 
 
 def _other_size(where: str, entry: ListEntry, shape: tuple[int, ...], first: ListEntry,
@@ -308,6 +372,7 @@ def write_imageset_idx(
     inputs: Iterable[str] = (),
     progress: Progress | None = None,
     on_skip: Callable[[Skipped], None] | None = None,
+    jobs: int | None = None,
 ) -> ImagesetResult:
     """Write the images ``entries()`` names as an MNIST pair, ``PREFIX-images-idx3-ubyte``
     and ``PREFIX-labels-idx1-ubyte``: grey (as OpenCV reads grey), all one size (or
@@ -324,6 +389,7 @@ def write_imageset_idx(
     targets = (f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte")
     for target in targets:
         check_file_target(target, overwrite, list(inputs))
+    jobs = _check_jobs(jobs)
     check_resize(resize, 1)
     total = check_entries(entries(), root=root_bytes, backend="idx", encoded=False,
                           encode_type=None, resize=resize, where=where)  # fmt: skip
@@ -345,7 +411,7 @@ def write_imageset_idx(
             images.write(pack_header(IMAGES_MAGIC, 0, 0, 0))
             labels.write(pack_header(LABELS_MAGIC, 0))
             for entry, image in decode_in_order(
-                entries(), PixelWork(root_bytes, resize), root_bytes, total
+                entries(), PixelWork(root_bytes, resize), root_bytes, jobs
             ):
                 if isinstance(image, str):
                     skipped.append(Skipped(entry, image))

@@ -54,6 +54,9 @@ def convert_images(
     overwrite: bool = False,
     progress: Progress | None = None,
     on_skip: Callable[[Skipped], None] | None = None,
+    jobs: int | None = None,
+    resume: bool = False,
+    on_stale: Callable[[str], None] | None = None,
 ) -> OwnImagesResult:
     """Write the images under ``root`` to ``out`` (a database, or with ``to="idx"`` the
     prefix of an IDX pair).
@@ -63,6 +66,9 @@ def convert_images(
         encoded: ``"file"`` (each file's own bytes, Caffe's ``--encoded``), or a type to
             encode every image as (``png``, ``jpg``, ``bmp``); None: raw pixels.
         shuffle, seed: a random order; ``seed`` repeats it (None: a fresh seed).
+        jobs: worker processes decoding (None: one per processor this process may use).
+        resume, on_stale: see :func:`mnist2db.images.imageset.write_imageset` (a resumed
+            shuffle given no seed takes the staged run's).
 
     Raises:
         Mnist2dbError: see :func:`mnist2db.images.imageset.write_imageset` and
@@ -96,6 +102,10 @@ def convert_images(
         entries = None
         where = listing
     if shuffle:
+        if seed is None and resume and to == "db":
+            from mnist2db.images.resume import staged_seed
+
+            seed = staged_seed(out) if staged_seed(out) >= 0 else None
         if seed is None:
             seed = fresh_seed()
         listed = entries if entries is not None else list(ImageList(listing or "")())
@@ -113,7 +123,7 @@ def convert_images(
     if to == "idx":
         result = write_imageset_idx(prefix, source, out, resize=resize, overwrite=overwrite,
                                     where=where, inputs=inputs, progress=progress,
-                                    on_skip=on_skip)  # fmt: skip
+                                    on_skip=on_skip, jobs=jobs)  # fmt: skip
     else:
         options = {"gray": gray, "resize": list(resize) if resize else None,
                    "encode_type": encoded, "check_size": check_size}  # fmt: skip
@@ -124,7 +134,8 @@ def convert_images(
             prefix, source, out, backend, gray=gray, resize=resize,
             encoded=encoded == "file", encode_type=None if encoded in (None, "file") else encoded,
             check_size=check_size, overwrite=overwrite, where=where, inputs=inputs,
-            metadata=metadata, progress=progress, on_skip=on_skip,
+            metadata=metadata, progress=progress, on_skip=on_skip, jobs=jobs, resume=resume,
+            seed=seed, on_stale=on_stale,
         )  # fmt: skip
     if fixed is not None and listing is None:
         _write_beside(extra, classes, fixed)

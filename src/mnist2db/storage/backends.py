@@ -73,7 +73,10 @@ class Writer(Protocol):
 class LmdbWriter:
     """Writes an LMDB environment, one transaction per batch, growing the map when full."""
 
-    def __init__(self, path: str, size_hint: int, append: bool = True) -> None:
+    def __init__(
+        self, path: str, size_hint: int, append: bool = True, existing: bool = False
+    ) -> None:
+        # existing: LMDB opens the environment there either way (a resumed conversion's).
         import lmdb
 
         self._lmdb = lmdb
@@ -218,9 +221,11 @@ class LeveldbWriter:
     """Writes a LevelDB database with Caffe's options, one write batch per batch, its
     memtable sized by :func:`leveldb_write_buffer` (memory bounded at any size)."""
 
-    def __init__(self, path: str, size_hint: int = 0, append: bool = True) -> None:
+    def __init__(
+        self, path: str, size_hint: int = 0, append: bool = True, existing: bool = False
+    ) -> None:
         # append: LevelDB sorts what it is given; the keys' order is the caller's promise
-        # only to LMDB.
+        # only to LMDB. existing: continue the database there (a resumed conversion's).
         import plyvel
 
         self._plyvel = plyvel
@@ -230,7 +235,7 @@ class LeveldbWriter:
             self._db = plyvel.DB(
                 os.fsencode(path),
                 create_if_missing=True,
-                error_if_exists=True,
+                error_if_exists=not existing,
                 write_buffer_size=self.write_buffer_size,
                 **LEVELDB_OPTIONS,
             )
@@ -340,9 +345,11 @@ class Backend(NamedTuple):
     key_limit: int | None
     writer: Any
 
-    def open_writer(self, path: str, size_hint: int = 0, append: bool = True) -> Writer:
+    def open_writer(
+        self, path: str, size_hint: int = 0, append: bool = True, existing: bool = False
+    ) -> Writer:
         """A new, empty database in the directory ``path`` (see :func:`open_writer`)."""
-        writer: Writer = self.writer(path, size_hint, append=append)
+        writer: Writer = self.writer(path, size_hint, append=append, existing=existing)
         return writer
 
 
@@ -376,8 +383,11 @@ def backend_named(backend: str) -> Backend:
     return BACKEND[backend]
 
 
-def open_writer(backend: str, path: str, size_hint: int = 0, append: bool = True) -> Writer:
-    """Create a new, empty database of ``backend`` in the directory ``path``.
+def open_writer(
+    backend: str, path: str, size_hint: int = 0, append: bool = True, existing: bool = False
+) -> Writer:
+    """Create a new, empty database of ``backend`` in the directory ``path`` (``existing``:
+    continue the one there, a resumed conversion's).
 
     Args:
         backend: ``"lmdb"`` or ``"leveldb"``.
@@ -388,7 +398,7 @@ def open_writer(backend: str, path: str, size_hint: int = 0, append: bool = True
     Raises:
         BackendError: unknown backend, or the backend could not create the database.
     """
-    return backend_named(backend).open_writer(path, size_hint, append)
+    return backend_named(backend).open_writer(path, size_hint, append, existing)
 
 
 def detect_backend(path: str | os.PathLike[str] | bytes) -> str:

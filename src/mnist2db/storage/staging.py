@@ -31,6 +31,8 @@ from mnist2db.storage.files import (
     fsync_tree,
     make_parents,
     mkdtemp_beside,
+    owner_pid,
+    pid_alive,
     remove_made,
     remove_stale,
     rmtree,
@@ -136,6 +138,23 @@ def remove_stale_staging(out: str | os.PathLike[str]) -> list[str]:
     return remove_stale(parent, prefix, directories=True)
 
 
+def stale_staging(out: str | os.PathLike[str]) -> list[str]:
+    """The staging directories :func:`remove_stale_staging` would remove (named for ``out``,
+    their process gone), oldest first: what a resumed conversion may adopt."""
+    out = os.fspath(out)
+    parent = os.path.dirname(os.path.abspath(out))
+    prefix = temp_prefix(os.path.basename(os.path.normpath(out)))
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(parent):
+            if not entry.name.startswith(prefix) or not entry.is_dir(follow_symlinks=False):
+                continue
+            pid = owner_pid(entry.name[len(prefix) :])
+            if pid is not None and pid != os.getpid() and not pid_alive(pid):
+                found.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.path))
+    return [path for _, path in sorted(found)]
+
+
 def _explain_write_error(message: str, staging: str, out: str) -> str:
     """Name the destination rather than the staging directory, and say if space ran out.
 
@@ -202,8 +221,12 @@ def staged_database(
     overwrite: bool = False,
     inputs: Iterable[str | os.PathLike[str]] = (),
     on_checked: Callable[[], None] | None = None,
+    adopt: str | None = None,
 ) -> Iterator[str]:
     """Yield a fresh staging directory for a ``backend`` database; on success move it to ``out``.
+
+    ``adopt``: a staging directory of a killed run for ``out`` (:func:`stale_staging`) to
+    continue instead: renamed for this process first, so that no other run reclaims it.
 
     Every check happens before the body runs: an existing ``out`` is refused unless
     ``overwrite`` and :func:`check_replaceable` allow it, and an input inside ``out`` is
@@ -228,7 +251,7 @@ def staged_database(
     made = _make_parent(out, written)
     parent = os.path.realpath(written)
     try:
-        staging = _stage_and_place(out, parent, backend, overwrite, inputs)
+        staging = _stage_and_place(out, parent, backend, overwrite, inputs, adopt)
         with staging as path:
             yield path
     except BaseException:
@@ -238,12 +261,22 @@ def staged_database(
 
 @contextlib.contextmanager
 def _stage_and_place(
-    out: str, parent: str, backend: str, overwrite: bool, inputs: list[str | os.PathLike[str]]
+    out: str,
+    parent: str,
+    backend: str,
+    overwrite: bool,
+    inputs: list[str | os.PathLike[str]],
+    adopt: str | None = None,
 ) -> Iterator[str]:
     name = os.path.basename(os.path.normpath(out))
-    remove_stale_staging(out)
+    prefix = f"{temp_prefix(name)}{os.getpid()}-"
     try:
-        staging = mkdtemp_beside(parent, f"{temp_prefix(name)}{os.getpid()}-")
+        if adopt is not None:
+            staging = os.path.join(parent, f"{prefix}{os.urandom(6).hex()}")
+            os.rename(adopt, staging)
+        remove_stale_staging(out)
+        if adopt is None:
+            staging = mkdtemp_beside(parent, prefix)
     except OSError as exc:
         raise OutputError(f"{out}: cannot write in {parent}: {exc.strerror}") from None
     swapped = False

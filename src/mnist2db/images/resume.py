@@ -1,0 +1,174 @@
+"""``--resume``: an imageset conversion killed part-way (SIGKILL, a power cut), continued.
+
+Every conversion of :func:`mnist2db.images.imageset.write_imageset` writes its plan in its
+staging directory first (:data:`PLAN_FILE`: the root, the list's name, a digest of every
+entry in order, the options that make a record, the backend, the shuffle seed). A killed run leaves that directory beside the destination, named for its dead
+process (:mod:`mnist2db.storage.staging`). ``--resume`` adopts it when its plan is this
+run's: the batches it committed stay (their keys, ``%08d_PATH``, say up to which entry of
+the list), the entries after the last committed one are converted again, and the records
+are those of an uninterrupted run. A plan that differs is refused in one line naming what
+differs. SIGINT and SIGTERM are not kills: they remove the staging directory, as always.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from typing import Any, NamedTuple
+
+from mnist2db.errors import Mnist2dbError, printable
+from mnist2db.formats.image_list import ListEntry
+from mnist2db.storage.staging import stale_staging
+
+#: The plan's file in a staging directory (removed before the database is placed).
+PLAN_FILE = "mnist2db-resume.json"
+
+#: What each planned value is called in a refusal.
+_NAMES = {
+    "backend": "--backend", "gray": "--gray", "resize": "the resize", "encoded": "--encoded",
+    "encode_type": "--encode_type", "check_size": "--check_size",
+    "root": "the root folder", "list": "the list",
+    "lines": "the number of listed images", "entries": "the list's entries",
+    "seed": "the shuffle seed",
+}  # fmt: skip
+
+
+class StagedRun(NamedTuple):
+    """A killed run's staging directory and its plan."""
+
+    path: str
+    plan: dict[str, Any]
+
+
+class Committed(NamedTuple):
+    """What a staged database holds: ``records``, the list line of its last key (-1: none)
+    and its first key (None: empty)."""
+
+    records: int
+    last_line: int
+    first_key: bytes | None
+
+
+class EntryDigest:
+    """A digest of entries in order (line, label, path), fed one at a time."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+
+    def add(self, entry: ListEntry) -> None:
+        self._hash.update(b"%d %d %d:" % (entry.line, entry.label, len(entry.path)) + entry.path)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+def find_staged_run(out: str) -> StagedRun | None:
+    """The newest staged run for ``out`` left by a killed process, with a plan; None if none."""
+    for path in reversed(stale_staging(out)):
+        try:
+            with open(os.path.join(path, PLAN_FILE), encoding="utf-8") as stream:
+                plan = json.load(stream)
+        except (OSError, ValueError):
+            continue
+        if isinstance(plan, dict):
+            return StagedRun(path, plan)
+    return None
+
+
+def staged_seed(out: str) -> int:
+    """The shuffle seed of the staged run ``--resume`` would continue (-1: none recorded)."""
+    run = find_staged_run(out)
+    seed = None if run is None else run.plan.get("seed")
+    return seed if isinstance(seed, int) else -1
+
+
+def write_plan(staging: str, plan: dict[str, Any]) -> None:
+    """The plan, written whole (a kill leaves it complete or absent)."""
+    temporary = os.path.join(staging, PLAN_FILE + ".tmp")
+    with open(temporary, "w", encoding="utf-8") as stream:
+        json.dump(plan, stream, sort_keys=True)
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(temporary, os.path.join(staging, PLAN_FILE))
+
+
+def remove_plan(staging: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(staging, PLAN_FILE))
+
+
+def check_plan(out: str, run: StagedRun, plan: dict[str, Any]) -> None:
+    """Raises Mnist2dbError naming the first difference between ``run``'s plan and ``plan``."""
+    for key, name in _NAMES.items():
+        if key in ("seed",) and plan.get(key) is None:
+            continue  # a shuffle given no seed takes the staged one
+        if run.plan.get(key) != plan.get(key):
+            if key == "entries":
+                what = "differ from the staged run's (the list file changed, or the order)"
+            else:
+                what = f"is {_show(plan.get(key))}, the staged run's {_show(run.plan.get(key))}"
+            raise Mnist2dbError(
+                f"{out}: --resume refused: {name} {what}; run without --resume to start again"
+            )
+
+
+def _show(value: Any) -> str:
+    if value is None or value is False:
+        return "none" if value is None else "off"
+    if value is True:
+        return "on"
+    if isinstance(value, list):
+        return " × ".join(map(str, value))
+    return printable(str(value))
+
+
+def _lmdb_keys(path: str) -> tuple[int, bytes | None, bytes | None]:
+    import lmdb
+
+    env = lmdb.open(os.fsencode(path), readonly=True, lock=False, subdir=True)
+    try:
+        with env.begin() as txn:
+            cursor = txn.cursor()
+            first = cursor.key() if cursor.first() else None
+            last = cursor.key() if cursor.last() else None
+            return int(env.stat()["entries"]), first, last
+    finally:
+        env.close()
+
+
+def _leveldb_keys(path: str) -> tuple[int, bytes | None, bytes | None]:
+    import plyvel
+
+    db = plyvel.DB(os.fsencode(path), create_if_missing=False)
+    try:
+        first = last = None
+        records = 0
+        for key in db.iterator(include_value=False):
+            first = first or key
+            last = key
+            records += 1
+        return records, first, last
+    finally:
+        db.close()
+
+
+#: How each backend's committed keys are counted (its own reader, read-only).
+_KEYS = {"lmdb": _lmdb_keys, "leveldb": _leveldb_keys}
+
+
+def committed(path: str, backend: str) -> Committed:
+    """What the staged database at ``path`` holds (its committed batches).
+
+    Raises:
+        Mnist2dbError: it cannot be read.
+    """
+    try:
+        records, first, last = _KEYS[backend](path)
+    except Exception as exc:  # the backends' own errors: one line
+        raise Mnist2dbError(
+            f"{path}: --resume: the staged database cannot be read: {exc}; run without "
+            "--resume to start again"
+        ) from None
+    return Committed(records, -1 if last is None else int(last[:8]), first)

@@ -1,0 +1,379 @@
+"""Images decoded on worker processes, the results in list order, in bounded memory.
+
+Each of ``jobs`` worker processes takes tasks of :data:`CHUNK` consecutive entries (at most
+:data:`AHEAD` tasks queued each) and sends back what ``work`` made of each (a record, pixels,
+or the reason it could not be read), a message per :data:`MESSAGE_BYTES` of results. The
+parent reorders them and yields them in list order; it writes the database itself, so no
+database is ever used by two processes (the workers are started before it is opened, and
+never touch it).
+
+Bounds: results waiting for an earlier one hold at most :data:`WINDOW_BYTES`; beyond that
+the parent reads only from the worker holding the next entry, and the others wait (each
+holds one image). A worker that dies (a decoder's crash, the OOM killer) or spends more than
+``timeout`` seconds on one image (a hostile file that hangs a decoder) costs that image
+alone: it is reported as unreadable with the cause, the worker replaced, its other entries
+given to the new one. An exception or a signal in the parent (SIGINT/SIGTERM raise in its
+main thread, even while it waits) kills every worker at once: nothing waits for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import faulthandler
+import fcntl
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from mnist2db.errors import ImageError, printable
+from mnist2db.formats.image_list import ListEntry
+from mnist2db.formats.opencv import opencv
+
+#: Entries per task handed to a worker, and tasks queued per worker: enough that a worker
+#: descheduled for a while (a busy machine) does not leave the others and the writer waiting
+#: on it (tiny images decode in ~25 µs each); the results stay bounded by WINDOW_BYTES.
+CHUNK = 32
+AHEAD = 8
+#: Bytes of results a worker gathers into one message (one image may exceed it alone).
+MESSAGE_BYTES = 1 << 18
+#: Bytes of results held by the parent while an earlier entry is still being decoded.
+WINDOW_BYTES = 32 << 20
+#: Seconds one image may take before its worker is taken for hung and killed.
+DEFAULT_TIMEOUT = 60.0
+
+_PR_SET_PDEATHSIG = 1
+_PIPE_BYTES = 1 << 20
+
+
+def default_jobs() -> int:
+    """The processors this process may run on (its affinity), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def attempt(work: Callable[[ListEntry], Any], root: bytes, entry: ListEntry) -> Any:
+    """``work(entry)``, or the reason (a str) the image could not be read."""
+    try:
+        return work(entry)
+    except ImageError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"{_shown(root, entry)}: cannot read it: {exc.strerror}"
+
+
+def _shown(root: bytes, entry: ListEntry) -> str:
+    return printable(os.fsdecode(root + entry.path))
+
+
+def _size(result: Any) -> int:
+    if isinstance(result, tuple) and result and isinstance(result[0], bytes):
+        return len(result[0])
+    return int(getattr(result, "nbytes", 0)) or len(str(result))
+
+
+def _serve(
+    tasks: Connection, conn: Connection, work: Callable[[ListEntry], Any], root: bytes
+) -> None:
+    """A worker's loop: tasks in, results out, until the parent closes its end or dies."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent decides
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    faulthandler.disable()  # a decoder's crash is reported by the parent, in one line
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:
+        return  # the parent died before the death signal was asked for
+    while True:
+        try:
+            task = tasks.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        results: list[Any] = []
+        size = 0
+        for entry in task:
+            results.append(attempt(work, root, entry))
+            size += _size(results[-1])
+            if size >= MESSAGE_BYTES:
+                conn.send(results)
+                results, size = [], 0
+        if results:
+            conn.send(results)
+
+
+class _Worker:
+    """One worker process, its connection and its tasks: ``(first seq, entries)`` in order;
+    ``received``: results of the first task already received; ``since``: when it last
+    delivered (or was given work while idle)."""
+
+    def __init__(self, context: Any, work: Callable[[ListEntry], Any], root: bytes) -> None:
+        # Two pipes, tasks down and results up; the results' holds a megabyte (Linux's
+        # limit for anyone), so a photo's record crosses in one or two writes, not twenty.
+        task_out, task_in = multiprocessing.Pipe(duplex=False)
+        self.conn, result_in = multiprocessing.Pipe(duplex=False)
+        with contextlib.suppress(OSError, AttributeError):
+            fcntl.fcntl(result_in.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+        args = (task_out, result_in, work, root)
+        self.process = context.Process(target=_serve, args=args, daemon=True)
+        with warnings.catch_warnings():
+            # Python 3.12+ warns of fork() beside threads: the workers are safe (_context).
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.process.start()
+        task_out.close()
+        result_in.close()
+        self.tasks_conn: Connection = task_in
+        self.tasks: deque[tuple[int, list[ListEntry]]] = deque()
+        self.received = 0
+        self.since = time.monotonic()
+
+    def next_seq(self) -> int | None:
+        return self.tasks[0][0] + self.received if self.tasks else None
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            self.process.kill()
+
+    def reap(self) -> None:
+        with contextlib.suppress(OSError, ValueError, AssertionError):
+            self.process.join(5)
+        for conn in (self.conn, self.tasks_conn):
+            with contextlib.suppress(OSError):
+                conn.close()
+
+
+def _context() -> Any:
+    """fork where there is one (cheap: nothing to import again, nothing to pickle; the
+    workers touch no lock another thread may hold: they decode and write a pipe), else spawn."""
+    if "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")  # pragma: no cover
+
+
+def _preload() -> None:
+    """Import the decoders once, before the workers fork, rather than once in each."""
+    import numpy  # noqa: F401
+    from PIL import Image
+
+    Image.preinit()
+    opencv()
+
+
+def _died(worker: _Worker, timeout: float | None) -> str:
+    if timeout is not None:
+        return f"its decoder took more than {timeout:g} s (killed)"
+    code = worker.process.exitcode
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        return f"its decoder died ({name})"
+    return f"its decoder exited ({code})"
+
+
+class OrderedDecoding:
+    """``jobs`` worker processes, started at once (before the caller opens its database),
+    decoding ``entries`` with ``work``; iterate for each entry with its result or the reason
+    (a str) it could not be read, in order. :meth:`close` (or leaving the ``with``) kills
+    the workers at once, whatever they are doing."""
+
+    def __init__(
+        self,
+        entries: Iterable[ListEntry],
+        work: Callable[[ListEntry], Any],
+        root: bytes,
+        jobs: int,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        self._entries, self._work, self._root = entries, work, root
+        self._timeout, self._jobs = timeout, jobs
+        self._workers: list[_Worker] = []
+        if jobs <= 0:
+            return
+        for stream in (sys.stdout, sys.stderr):  # a forked child must not write them again
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                stream.flush()
+        self._context = _context()
+        if self._context.get_start_method() == "fork":
+            _preload()
+        try:
+            for _ in range(jobs):
+                self._workers.append(_Worker(self._context, work, root))
+        except BaseException:
+            self.close()
+            raise
+
+    def __iter__(self) -> Iterator[tuple[ListEntry, Any]]:
+        if self._jobs <= 0:
+            for entry in self._entries:
+                yield entry, attempt(self._work, self._root, entry)
+            return
+        try:
+            yield from _run(iter(self._entries), self._workers, self._context, self._work,
+                            self._root, self._timeout)  # fmt: skip
+        finally:
+            self.close()
+
+    def __enter__(self) -> OrderedDecoding:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop every worker: idle ones are told to end, busy ones killed; all reaped."""
+        workers, self._workers = self._workers, []
+        for worker in workers:
+            if worker.tasks:
+                worker.kill()
+            else:
+                with contextlib.suppress(OSError):
+                    worker.tasks_conn.send(None)
+        for worker in workers:
+            if worker.process.is_alive():
+                worker.process.join(0.5)
+            worker.kill()
+            worker.reap()
+
+
+def decode_in_order(
+    entries: Iterable[ListEntry],
+    work: Callable[[ListEntry], Any],
+    root: bytes,
+    jobs: int,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> Iterator[tuple[ListEntry, Any]]:
+    """:class:`OrderedDecoding` as a generator (the workers start when it does)."""
+    with OrderedDecoding(entries, work, root, jobs, timeout=timeout) as decoding:
+        yield from decoding
+
+
+def _run(
+    source: Iterator[ListEntry],
+    workers: list[_Worker],
+    context: Any,
+    work: Callable[[ListEntry], Any],
+    root: bytes,
+    timeout: float,
+) -> Iterator[tuple[ListEntry, Any]]:
+    listed: dict[int, ListEntry] = {}  # dispatched, not yet yielded
+    ready: dict[int, tuple[Any, int]] = {}  # result and its size
+    redo: deque[tuple[int, list[ListEntry]]] = deque()  # entries of a worker that died
+    held = 0  # bytes in ready
+    head = dispatched = 0
+    head_since = time.monotonic()
+    exhausted = False
+
+    def next_task() -> tuple[int, list[ListEntry]] | None:
+        nonlocal dispatched, exhausted
+        if redo:
+            return redo.popleft()
+        if exhausted:
+            return None
+        chunk: list[ListEntry] = []
+        for entry in source:
+            chunk.append(entry)
+            if len(chunk) == CHUNK:
+                break
+        if len(chunk) < CHUNK:
+            exhausted = True
+        if not chunk:
+            return None
+        start = dispatched
+        for i, entry in enumerate(chunk):
+            listed[start + i] = entry
+        dispatched += len(chunk)
+        return start, chunk
+
+    def fail(worker: _Worker, reason: str) -> None:
+        """``worker`` died or hung: replace it. Its results come a message at a time, so the
+        entry at fault is known only in a task of one: a longer task's entries not yet
+        received are handed out again one a task, and the one that fails alone is blamed."""
+        worker.kill()
+        worker.reap()
+        workers[workers.index(worker)] = _Worker(context, work, root)
+        if not worker.tasks:
+            return
+        start, chunk = worker.tasks.popleft()
+        later = list(worker.tasks)
+        seq = start + worker.received
+        if len(chunk) == 1:
+            ready[seq] = (f"{_shown(root, listed[seq])}: cannot read it: {reason}", 0)
+            singles = []
+        else:
+            singles = [(i, [listed[i]]) for i in range(seq, start + len(chunk))]
+        redo.extendleft(reversed(singles + later))
+
+    def receive(worker: _Worker) -> bool:
+        """One message of ``worker``'s results into ``ready``; False at its end of file."""
+        nonlocal held
+        try:
+            results = pickle.loads(worker.conn.recv_bytes())
+        except (EOFError, OSError):
+            return False
+        worker.since = time.monotonic()
+        for result in results:
+            size = _size(result)
+            ready[worker.tasks[0][0] + worker.received] = (result, size)
+            held += size
+            worker.received += 1
+            if worker.received == len(worker.tasks[0][1]):
+                worker.tasks.popleft()
+                worker.received = 0
+        return True
+
+    while True:
+        # One task at a time to the worker with the fewest, so that work spreads evenly.
+        while held < WINDOW_BYTES or redo:
+            worker = min(workers, key=lambda w: len(w.tasks))
+            if len(worker.tasks) >= AHEAD:
+                break
+            task = next_task()
+            if task is None:
+                break
+            if not worker.tasks:
+                worker.since = time.monotonic()
+            worker.tasks.append(task)
+            try:
+                worker.tasks_conn.send(task[1])
+            except OSError:
+                break  # it died: its sentinel says so, and its tasks are handed out again
+        while head in ready:
+            result, size = ready.pop(head)
+            held -= size
+            yield listed.pop(head), result
+            head += 1
+            head_since = time.monotonic()
+        if exhausted and not redo and head == dispatched:
+            return
+        holder = next((w for w in workers if w.next_seq() == head), None)
+        readable = [w for w in workers if w.tasks and (held < WINDOW_BYTES or w is holder)]
+        waits: list[Any] = [w.conn for w in readable]
+        waits += [w.process.sentinel for w in workers if w.tasks]
+        deadline = None if holder is None else max(holder.since, head_since) + timeout
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        woken = set(wait(waits, left)) if waits else set()
+        if holder is not None and not woken and deadline is not None:
+            if time.monotonic() >= deadline:
+                fail(holder, _died(holder, timeout))
+            continue
+        for worker in list(workers):
+            if worker.conn in woken and receive(worker):
+                continue
+            if worker.conn in woken or worker.process.sentinel in woken:
+                while worker.tasks and worker.conn.poll() and receive(worker):
+                    pass  # what it sent before it died
+                worker.process.join(1)
+                fail(worker, _died(worker, None))
