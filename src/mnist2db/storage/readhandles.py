@@ -27,7 +27,7 @@ import plyvel
 from mnist2db.errors import BackendError
 from mnist2db.formats.datum import key_text
 from mnist2db.storage.backends import backend_message, file_kind, is_database_file
-from mnist2db.storage.headers import check_leveldb_current, check_lmdb_file
+from mnist2db.storage.db_checks import check_leveldb_current, check_lmdb_file
 
 #: py-lmdb's options for reading a finished database. lock=False: a finished database never
 #: changes, so readers need no reader table; nothing is written to lock.mdb (read-only media

@@ -1,12 +1,14 @@
-"""The first bytes of a database's files, checked before the backend opens them.
+"""What is checked before a backend opens a database: LMDB's pages, LevelDB's ``CURRENT``.
 
 LMDB maps ``data.mdb`` and trusts it: an empty file makes a read-only open fail with "Bad
 file descriptor" (LMDB takes it for a new database and cannot write one), a file cut short
-after its meta pages ends the process with SIGBUS on the first read past its end, and
-garbage gives "MDB_INVALID". LevelDB creates ``LOCK`` and ``LOG`` in the directory before it
-reads ``CURRENT``, so a directory that is no LevelDB database is changed by the attempt.
-Both are checked here first, through the database directory's descriptor, reading a few
-hundred bytes and writing nothing; the messages name the file and what is wrong with it.
+after its meta pages ends the process with SIGBUS on the first read past its end, garbage
+gives "MDB_INVALID", and a damaged page past the meta pages aborts or crashes the process
+on the first read that reaches it (:mod:`mnist2db.storage.lmdb_pages` walks them).
+LevelDB creates ``LOCK`` and ``LOG`` in the directory before it reads ``CURRENT``, so a
+directory that is no LevelDB database is changed by the attempt. Both are checked here
+first, through the database directory's descriptor, reading and writing nothing else;
+the messages name the file and what is wrong with it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import stat
 import struct
 
 from mnist2db.errors import BackendError
+from mnist2db.storage.lmdb_pages import MainDb, check_pages
 
 # LMDB's meta pages (liblmdb mdb.c: MDB_page, MDB_meta, mdb_env_read_header). Pages 0 and 1
 # each hold a meta page: a page header (mp_pgno: a size_t; mp_pad, mp_flags, and two
@@ -27,7 +30,9 @@ from mnist2db.errors import BackendError
 _WORD = struct.calcsize("N")  # size_t, pgno_t and txnid_t
 _PAGE_HEADER = _WORD + 8  # PAGEHDRSZ
 _META_AT = _PAGE_HEADER
-_META = struct.Struct(f"@II{_WORD}x{_WORD}xI{44 + 5 * (_WORD - 8)}x{48 + 5 * (_WORD - 8)}xNN")
+# MDB_meta: magic, version, address, map size, the free and the main MDB_db (md_pad,
+# md_flags, md_depth, then branch, leaf and overflow pages, entries, root), last page, txnid.
+_META = struct.Struct("@IINN" + "IHH5N" * 2 + "NN")
 #: Bytes of one meta page LMDB reads (sizeof(MDB_metabuf)): the header and MDB_meta.
 LMDB_META_BYTES = _PAGE_HEADER + _META.size
 _FLAGS = struct.Struct("=H")
@@ -96,7 +101,8 @@ def check_lmdb_file(path: str, dir_fd: int) -> None:
                 f"{name}: {size} bytes, shorter than LMDB's two meta pages: "
                 "not an LMDB database (or one cut short)"
             )
-        magic, version, page, last_page, txnid = _meta(name, first, 0)
+        fields = _meta(name, first, 0)
+        page, txnid = fields[4], fields[-1]
         if page & (page - 1) or not 512 <= page <= 65536:
             raise BackendError(
                 f"{name}: page size {page} in its first meta page is not a power of two "
@@ -108,26 +114,36 @@ def check_lmdb_file(path: str, dir_fd: int) -> None:
                 f"({2 * page} bytes): a truncated LMDB database"
             )
         second = _read_at(fd, LMDB_META_BYTES, page)
-        _, _, _, last_page_1, txnid_1 = _meta(name, second, page)
-        if txnid_1 > txnid:
-            last_page = last_page_1
+        fields_1 = _meta(name, second, page)
+        if fields_1[4] != page:
+            raise BackendError(
+                f"{name}: its meta pages record page sizes {page} and {fields_1[4]}: a "
+                "damaged LMDB database"
+            )
+        if fields_1[-1] > txnid:  # liblmdb reads the newer one
+            fields = fields_1
+        main = MainDb(page, fields[20], *fields[13:20])
+        last_page = main.last_page
         needed = (last_page + 1) * page
         if size < needed:
             raise BackendError(
                 f"{name}: {size} bytes, shorter than the {last_page + 1} pages of {page} "
                 f"bytes its meta page records ({needed} bytes): a truncated LMDB database"
             )
+        check_pages(name, fd, main)
     except OSError as exc:
         raise BackendError(f"{name}: cannot read it: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
 
 
-def _meta(name: str, page: bytes, offset: int) -> tuple[int, int, int, int, int]:
-    """The magic, version, page size, last page and transaction id of the meta page at
-    ``offset`` (its first :data:`LMDB_META_BYTES` bytes), checked as LMDB checks them."""
+def _meta(name: str, page: bytes, offset: int) -> tuple[int, ...]:
+    """The fields of the meta page at ``offset`` (its first :data:`LMDB_META_BYTES`
+    bytes; :data:`_META`'s, the free database's md_pad being the page size), checked as
+    LMDB checks them."""
     (flags,) = _FLAGS.unpack_from(page, _FLAGS_AT)
-    magic, version, page_size, last_page, txnid = _META.unpack_from(page, _META_AT)
+    fields = _META.unpack_from(page, _META_AT)
+    magic, version = fields[:2]
     where = "" if offset == 0 else f" at byte {offset} (its second meta page)"
     if magic == _SWAPPED_MAGIC:
         raise BackendError(
@@ -142,7 +158,7 @@ def _meta(name: str, page: bytes, offset: int) -> tuple[int, int, int, int, int]
         raise BackendError(
             f"{name}: LMDB data version {version}{where}, expected {LMDB_DATA_VERSION}"
         )
-    return magic, version, page_size, last_page, txnid
+    return fields
 
 
 def check_leveldb_current(path: str, dir_fd: int) -> None:
