@@ -112,3 +112,43 @@ def test_a_good_database_reads_the_same_records_after_every_open(leveldb: Path) 
         assert result.exit_code == 0 and "300" in result.stdout
         assert record_digest(leveldb) == expected
     assert os.listdir(leveldb)  # LevelDB's recovery moved the log into a table
+
+
+def _cut(data: bytes) -> bytes:
+    return data[: len(data) - 100]
+
+
+def _length_past_the_end(data: bytes) -> bytes:
+    last = (len(data) - 1) // 32768 * 32768  # the last block's first record header
+    return data[: last + 4] + b"\xff\xff" + data[last + 6 :]
+
+
+def _zeroed_header(data: bytes) -> bytes:
+    return data[:32768] + bytes(7) + data[32768 + 7 :]
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (_cut, "ends inside the record at byte"),
+        (_length_past_the_end, "ends inside the record at byte"),
+        (_zeroed_header, "a zeroed record header at byte 32768"),
+    ],
+    ids=["cut-short", "length-past-the-end", "zeroed-header"],
+)
+def test_a_log_leveldb_would_drop_in_silence_is_refused(leveldb: Path, edit, said: str) -> None:  # type: ignore[no-untyped-def]
+    log = only(leveldb, ".log")
+    log.write_bytes(edit(log.read_bytes()))
+    before = {**data_files(leveldb), **{n: "" for n in DIAGNOSTICS if (leveldb / n).exists()}}
+    result = run("info", leveldb)
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"Error: {log}: {said}")
+    assert result.stderr.endswith(
+        ": a damaged LevelDB log (LevelDB would drop the records after it in silence); its "
+        "files were left as they were\n"
+    )
+    # Refused before LevelDB opened it: not even its LOG was touched.
+    assert {
+        **data_files(leveldb),
+        **{n: "" for n in DIAGNOSTICS if (leveldb / n).exists()},
+    } == before

@@ -206,3 +206,79 @@ def check_leveldb_current(path: str, dir_fd: int) -> None:
         raise BackendError(
             f"{os.path.join(path, manifest)}: empty (0 bytes): a damaged LevelDB database"
         )
+
+
+# LevelDB's log (db/log_format.h): 32 KiB blocks of records, each a 7-byte header (CRC32C,
+# a 16-bit length, a type: FULL, or FIRST, MIDDLE..., LAST for a record split across
+# blocks) and its bytes; fewer than 7 bytes left in a block are a zero trailer.
+_LOG_BLOCK = 32768
+_LOG_HEADER = 7
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+_LOG_NAME = re.compile(r"[0-9]+\.log", re.ASCII)
+
+
+def check_leveldb_logs(path: str, dir_fd: int) -> None:
+    """Raise unless each log of the LevelDB database ``path`` (directory ``dir_fd``) is
+    framed whole: where a log ends inside a record or a record's header is zeroed,
+    LevelDB's recovery takes the rest for a write cut short by a crash and drops it in
+    silence, paranoid checks or not, then writes what is left into a table and deletes
+    the log. Checksums are LevelDB's own to check (paranoid checks, on opening).
+
+    Raises:
+        BackendError: a log ends inside a record or its header, holds a zeroed record
+            header, or a record running past its block.
+    """
+    try:
+        names = [entry.name for entry in os.scandir(dir_fd) if _LOG_NAME.fullmatch(entry.name)]
+    except OSError:
+        return  # LevelDB's own open says what is wrong
+    for log in names:
+        try:
+            fd = _open(dir_fd, log)
+        except FileNotFoundError:
+            continue
+        if fd is None:
+            continue
+        try:
+            problem = _log_problem(fd, os.fstat(fd).st_size)
+        except OSError as exc:
+            problem = f"cannot read it: {exc.strerror or exc}"
+        finally:
+            os.close(fd)
+        if problem is not None:
+            raise BackendError(
+                f"{os.path.join(path, log)}: {problem}: a damaged LevelDB log (LevelDB would "
+                "drop the records after it in silence); its files were left as they were"
+            )
+
+
+def _log_problem(fd: int, size: int) -> str | None:
+    """What is wrong with the framing of the log open as ``fd``, or None."""
+    fragmented = False
+    offset = 0
+    while offset < size:
+        block = _read_at(fd, _LOG_BLOCK, offset)
+        if not block:
+            return f"ends at byte {offset}, before its {size} bytes (cut short while read?)"
+        at = 0
+        while len(block) - at >= _LOG_HEADER:
+            length = block[at + 4] | block[at + 5] << 8
+            kind = block[at + 6]
+            where = offset + at
+            if kind == 0 and length == 0:
+                return f"a zeroed record header at byte {where}"
+            if at + _LOG_HEADER + length > len(block):
+                if offset + len(block) >= size:
+                    return f"ends inside the record at byte {where} ({length} bytes long)"
+                return f"the record at byte {where} ({length} bytes) runs past its block"
+            if kind in (_FIRST, _FULL):
+                fragmented = kind == _FIRST
+            elif kind == _LAST:
+                fragmented = False
+            at += _LOG_HEADER + length
+        if offset + len(block) >= size and at < len(block):
+            return f"ends inside a record header at byte {offset + at}"
+        offset += len(block)
+    if fragmented:
+        return "ends inside a record split across blocks (its last part is missing)"
+    return None

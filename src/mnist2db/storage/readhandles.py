@@ -27,7 +27,11 @@ import plyvel
 from mnist2db.errors import BackendError
 from mnist2db.formats.datum import key_text
 from mnist2db.storage.backends import backend_message, file_kind, is_database_file
-from mnist2db.storage.db_checks import check_leveldb_current, check_lmdb_file
+from mnist2db.storage.db_checks import (
+    check_leveldb_current,
+    check_leveldb_logs,
+    check_lmdb_file,
+)
 
 #: py-lmdb's options for reading a finished database. lock=False: a finished database never
 #: changes, so readers need no reader table; nothing is written to lock.mdb (read-only media
@@ -322,6 +326,7 @@ class LeveldbHandle(ReadHandle):
             raise self._forked()
         self.check_files()
         check_leveldb_current(self.path, self.dir_fd)
+        check_leveldb_logs(self.path, self.dir_fd)
         if self.location != self.path and _lock_holder(self.dir_fd) == os.getpid():
             # Opened through /proc, LevelDB's own check for a lock this process holds (by
             # file name) cannot see one taken through the path: said here, in its words.
