@@ -117,7 +117,11 @@ CASES: dict[str, tuple[str, Edit, str]] = {
     "offset-past-the-page": ("raw", _offset_past_the_page, "node 0: offset 4094 outside its nodes"),
     "key-size": ("raw", _key_size, "a key of 3000 bytes"),
     "value-size": ("raw", _value_size, "a value of 5000 bytes past the end of its page"),
-    "duplicate-keys-flag": ("raw", _duplicate_keys_flag, "node flags 0x4"),
+    "duplicate-keys-flag": (
+        "raw",
+        _duplicate_keys_flag,
+        "node flags 0x4 (duplicate keys, or damaged)",
+    ),
     "child-past-the-file": ("raw", _child_past_the_file, "outside the file's pages"),
     "child-is-the-root": ("raw", _child_is_the_root, "(a cycle)"),
     "overflow-page-flags": ("big", _overflow_page_flags, "not the first of 2 overflow pages"),

@@ -14,7 +14,7 @@ batch at once, what liblmdb would trust: each page's number, type (branch pages 
 leaves, leaves at the depth the meta page records, an overflow page where a record
 starts), bounds (``mp_lower``/``mp_upper``: a branch holds two keys or more, a leaf one),
 its node offsets and each node's key and data inside the page, key sizes, node flags (no
-duplicate keys, no sub-databases), branch children and overflow extents inside the file and
+duplicate keys; a named sub-database's record is a value), branch children and overflow extents inside the file and
 each reached once (no cycles, no page in two places), and the counts the meta page records
 (entries; branch, leaf and overflow pages). It touches a page only where it looks: about
 a tenth of an epoch's read (docs/guarantees.md has the figures). Keys are not compared
@@ -55,7 +55,8 @@ _HEAD_WORDS = 32  # 64 bytes: a cache line
 P_BRANCH, P_LEAF, P_OVERFLOW = 0x01, 0x02, 0x04
 _P_DIRTY = 0x10  # set on pages in memory while written; harmless to a reader
 _NOT_DIRTY = 0xFFFF ^ _P_DIRTY
-F_BIGDATA = 0x01
+F_BIGDATA, F_SUBDATA = 0x01, 0x02
+_DB_RECORD = 8 + 5 * WORD  # sizeof(MDB_db)
 #: CURSOR_STACK: a cursor holds at most this many pages from the root to a leaf.
 MAX_DEPTH = 32
 #: MDB_MAXKEYSIZE: liblmdb refuses longer keys when they are written.
@@ -255,11 +256,14 @@ class _Walk:
 
         data_size = lo | (hi << 16)
         big = node_flags == F_BIGDATA
+        # A named sub-database's record in the main database: read as a 48-byte value
+        # (its own tree is never opened: max_dbs=0).
+        named = (node_flags == F_SUBDATA) & (data_size == _DB_RECORD)
         self.fail_nodes(
             pages,
             rows,
-            (node_flags != 0) & ~big,
-            lambda j: f"node flags 0x{int(node_flags[j]):x} (duplicate keys or a sub-database)",
+            (node_flags != 0) & ~big & ~named,
+            lambda j: f"node flags 0x{int(node_flags[j]):x} (duplicate keys, or damaged)",
         )
         self.fail_nodes(pages, rows, key_size == 0, lambda j: "an empty key")
         inline_end = key_end + np.where(big, WORD, data_size)
