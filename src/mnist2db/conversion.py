@@ -41,6 +41,9 @@ from mnist2db.storage.metadata import Recipe, metadata_for, write_metadata
 from mnist2db.storage.staging import staged_database
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from mnist2db.formats.idx import IdxHeader
     from mnist2db.storage.files import PathArg
 
 
@@ -102,6 +105,7 @@ def convert(
     count: int | None = None,
     encoded: str | None = None,
     png_compression: str = DEFAULT_PNG_COMPRESSION,
+    on_start: Callable[[IdxHeader, IdxHeader], None] | None = None,
 ) -> ConvertResult:
     """Convert an MNIST image file and label file into a Caffe Datum database.
 
@@ -134,6 +138,10 @@ def convert(
         png_compression: with ``encoded="png"``: ``"fast"`` (mnist2db's own deflate, the
             bytes a function of the image alone) or ``"small"`` (zlib: ~12% smaller on
             MNIST, slower to write and to read); recorded, so ``verify`` encodes alike.
+        on_start: called as ``on_start(images_header, labels_header)`` once the inputs and
+            the options and the destination are checked, before anything is written
+            (the drop-in logs Caffe's opening lines there; whatever it raises stops the
+            conversion, nothing written).
 
     Returns:
         A :class:`ConvertResult`.
@@ -169,17 +177,31 @@ def convert(
     )
     with open_idx(images) as image_reader, open_idx(labels) as label_reader:
         check_pair(image_reader.header, label_reader.header, label_rows=True)
+
+        def started() -> None:
+            if on_start is not None:
+                on_start(image_reader.header, label_reader.header)
+
         if not recipe.plain or label_reader.header.magic != LABELS_MAGIC:
             return _convert_recipe(
-                image_reader, label_reader, out, backend, recipe, batch_size, overwrite, progress
+                image_reader,
+                label_reader,
+                out,
+                backend,
+                recipe,
+                batch_size,
+                overwrite,
+                progress,
+                started,
             )._replace(seconds=time.perf_counter() - start)
         count = image_reader.header.count
         check_record_count(count, images, "items")
         rows, cols = image_reader.header.dims[1], image_reader.header.dims[2]
         value_size = raw_value_size(rows, cols)
         batch = batch_records(batch_size, value_size)
-        inputs = (images, labels)
-        with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
+        with staged_database(
+            out, backend, overwrite=overwrite, inputs=(images, labels), on_checked=started
+        ) as staging:
             # Raw bytes in, bytes out: no numpy and no per-record message objects.
             batches = zip(
                 image_reader.iter_raw_batches(batch),
@@ -220,6 +242,7 @@ def _convert_recipe(
     batch_size: int,
     overwrite: bool,
     progress: Progress,
+    started: Callable[[], None],
 ) -> ConvertResult:
     """The pipeline with options: numpy batches from :func:`mnist2db.records.iter_records`."""
     from mnist2db.formats.datum import encode_batch
@@ -238,7 +261,9 @@ def _convert_recipe(
     value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 11
     batch = batch_records(batch_size, value_size)
     inputs = (image_reader.path, label_reader.path)
-    with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
+    with staged_database(
+        out, backend, overwrite=overwrite, inputs=inputs, on_checked=started
+    ) as staging:
         batches = iter_records(image_reader, label_reader, recipe, batch, spill_dir=staging)
         write_database(
             backend,

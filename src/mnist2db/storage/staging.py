@@ -201,12 +201,14 @@ def staged_database(
     *,
     overwrite: bool = False,
     inputs: Iterable[str | os.PathLike[str]] = (),
+    on_checked: Callable[[], None] | None = None,
 ) -> Iterator[str]:
     """Yield a fresh staging directory for a ``backend`` database; on success move it to ``out``.
 
     Every check happens before the body runs: an existing ``out`` is refused unless
     ``overwrite`` and :func:`check_replaceable` allow it, and an input inside ``out`` is
-    refused always. On any exception (KeyboardInterrupt included) the staging directory
+    refused always. ``on_checked`` is called once they pass, before anything is made (a
+    drop-in logs Caffe's "Opened" line there; what it raises leaves nothing behind). On any exception (KeyboardInterrupt included) the staging directory
     and the parent directories this call created are removed, and the destination is
     untouched. Staging directories of killed runs for the same destination are removed
     first (see :func:`remove_stale_staging`).
@@ -219,6 +221,8 @@ def staged_database(
     check_backend(backend)
     inputs = list(inputs)
     check_destination(out, backend, overwrite, inputs)
+    if on_checked is not None:
+        on_checked()
     # As the kernel resolves it (through links and '..'), where the rename will put it.
     written = os.path.dirname(out.rstrip(os.sep) or out) or os.curdir
     made = _make_parent(out, written)
