@@ -37,7 +37,13 @@ from mnist2db.storage.backends import (
     size_hint,
 )
 from mnist2db.storage.files import TEMP_MARK
-from mnist2db.storage.metadata import Recipe, metadata_for, write_metadata
+from mnist2db.storage.metadata import (
+    Recipe,
+    RecordDigest,
+    metadata_for,
+    write_digest,
+    write_metadata,
+)
 from mnist2db.storage.staging import staged_database
 
 if TYPE_CHECKING:
@@ -312,21 +318,25 @@ def write_database(
     LMDB's map (:func:`mnist2db.storage.backends.size_hint`). ``keyed``: the batches hold
     ``(key, value)`` pairs in increasing key order (``convert_imageset``'s keys name the
     files) instead of values; ``total`` is then at most the number of records.
+
+    The records' digest is written beside them (``mnist2db.json``, which the caller's
+    :func:`~mnist2db.storage.metadata.write_metadata` keeps): ``verify DB`` checks it.
     """
     check_record_count(total, staging)  # each writer checked already, before any work
     hint = size_hint(total, value_size, streaming=streaming)
     writer = open_writer(backend, staging, size_hint=hint, append=total <= KEY_LIMIT)
+    digest = RecordDigest()
     try:
         done = 0
         for values in batches:
             n = len(values)
-            if keyed:
-                writer.write_batch(values)  # type: ignore[arg-type]
-            else:
-                writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))  # type: ignore[arg-type]
+            items = values if keyed else list(zip(record_keys(done, n), values, strict=True))
+            writer.write_batch(items)  # type: ignore[arg-type]
+            digest.add(items)  # type: ignore[arg-type]
             done += n
             progress(done, total)
     except BaseException:
         writer.abort()
         raise
     writer.close()
+    write_digest(staging, digest, staging)
