@@ -65,7 +65,7 @@ FLAGS: dict[str, Flag] = {
 
 def _convert(parsed: ParsedArgs, logger: Logger) -> None:
     from mnist2db.errors import ArgumentError
-    from mnist2db.formats.image_list import ListEntry, read_image_list
+    from mnist2db.formats.image_list import ImageList, ListEntry
     from mnist2db.images.imageset import Skipped, write_imageset
     from mnist2db.storage.targets import check_destination
 
@@ -93,15 +93,17 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
             raise ArgumentError(f"--seed must be between 0 and 2**63-1, got {seed}")
         logger.log("I", "convert_imageset.cpp:86", "Shuffling data")
         logger.log("I", log_here(), seed_note(seed, "--seed="))
-        listed = list(read_image_list(listing))
+        listed = list(ImageList(listing)())
         picks = np.argsort(np.random.PCG64(seed).random_raw(len(listed)), kind="stable")
         order = [
             ListEntry(position, listed[i].path, listed[i].label)
             for position, i in enumerate(picks.tolist())
         ]
 
+    listed_once = ImageList(listing)  # a pipe is read once, whatever the passes
+
     def entries() -> list[ListEntry] | object:
-        return order if order is not None else read_image_list(listing)
+        return order if order is not None else listed_once()
 
     def started(total: int) -> None:
         logger.log("I", "convert_imageset.cpp:89", f"A total of {total} images.")

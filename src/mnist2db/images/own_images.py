@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from mnist2db.errors import ArgumentError, OutputError
-from mnist2db.formats.image_list import ListEntry, read_image_list
+from mnist2db.formats.image_list import ImageList, ListEntry, list_line
 from mnist2db.images.imageset import ImagesetResult, Skipped, write_imageset, write_imageset_idx
 from mnist2db.progress import Progress
 
@@ -27,13 +27,15 @@ TARGETS = ("db", "idx")
 class OwnImagesResult(NamedTuple):
     """What :func:`convert_images` wrote: the records' ``result``, the ``seed`` of the
     shuffle (None: list order), the class names and the ``extra`` files written beside (a
-    class-folder tree), and the ``hidden`` folders and files skipped in it."""
+    class-folder tree), and the ``hidden`` folders and files skipped in it, and the links to
+    folders already walked (``repeated``)."""
 
     result: ImagesetResult
     seed: int | None
     classes: tuple[str, ...]
     extra: tuple[str, ...]
     hidden: tuple[str, ...]
+    repeated: tuple[str, ...] = ()
 
 
 def convert_images(
@@ -78,12 +80,13 @@ def convert_images(
     prefix = base if not base or base.endswith(b"/") else base + b"/"
     classes: tuple[str, ...] = ()
     hidden: tuple[str, ...] = ()
+    repeated: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()
     if listing is None:
         from mnist2db.formats.image_folders import scan_class_folders
 
         tree = scan_class_folders(root)
-        classes, hidden = tree.classes, tree.hidden
+        classes, hidden, repeated = tree.classes, tree.hidden, tree.repeated
         entries: list[ListEntry] | None = list(tree.entries)
         extra = (f"{os.path.normpath(out)}.classes.txt", f"{os.path.normpath(out)}.list.txt")
         for path in extra:
@@ -95,15 +98,16 @@ def convert_images(
     if shuffle:
         if seed is None:
             seed = fresh_seed()
-        listed = entries if entries is not None else list(read_image_list(listing or ""))
+        listed = entries if entries is not None else list(ImageList(listing or "")())
         order = permutation(seed, len(listed)).tolist()
         entries = [ListEntry(k, listed[i].path, listed[i].label) for k, i in enumerate(order)]
     else:
         seed = None
     fixed = entries
+    listed_once = ImageList(listing or "")  # a pipe is read once, whatever the passes
 
     def source() -> Any:
-        return fixed if fixed is not None else read_image_list(listing or "")
+        return fixed if fixed is not None else listed_once()
 
     inputs = [root] + ([listing] if listing else [])
     if to == "idx":
@@ -124,7 +128,7 @@ def convert_images(
         )  # fmt: skip
     if fixed is not None and listing is None:
         _write_beside(extra, classes, fixed)
-    return OwnImagesResult(result, seed, classes, extra, hidden)
+    return OwnImagesResult(result, seed, classes, extra, hidden, repeated)
 
 
 def _write_beside(
@@ -135,7 +139,7 @@ def _write_beside(
 
     texts = (
         "".join(f"{name}\n" for name in classes).encode("utf-8", "surrogateescape"),
-        b"".join(e.path + b" %d\n" % e.label for e in sorted(entries, key=lambda e: e.line)),
+        b"".join(list_line(e) for e in sorted(entries, key=lambda e: e.line)),
     )
     for path, text in zip(paths, texts, strict=True):
         try:
