@@ -6,8 +6,13 @@ mnist2db.json (the one batch writer, conversion.write_database, computes it), an
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
+import click
 import numpy as np
 import plyvel
 import pytest
@@ -161,4 +166,55 @@ def test_a_hostile_digest_field_is_one_line(mnist_pair, tmp_path: Path) -> None:
     assert result.exit_code == 1 and result.stderr == (
         f"Error: {db / METADATA_NAME}: not mnist2db's metadata (field 'digest.sha256' is the "
         'string "xyz", expected 64 hex digits)\n'
+    )
+
+
+def test_isolated_verify_says_what_verify_says(mnist_pair, tmp_path: Path) -> None:
+    images, labels, *_ = mnist_pair(30, 6, 5)
+    db = tmp_path / "db"
+    convert(images, labels, db)
+    for sources in ([], [images, labels]):
+        alone, isolated = run("verify", db, *sources), run("verify", "--isolated", db, *sources)
+        assert (isolated.exit_code, isolated.stdout) == (0, alone.stdout)
+    rewrite_lmdb(db, flip(b"00000003", 12))
+    for sources in ([], [images, labels]):
+        alone, isolated = run("verify", db, *sources), run("verify", "--isolated", db, *sources)
+        assert isolated.exit_code == 1 and isolated.stderr == alone.stderr
+        assert isolated.stderr.count("\n") == 1
+
+
+def test_isolated_verify_outlives_a_reader_ended_by_a_signal(mnist_pair, tmp_path: Path) -> None:
+    """The child reading is ended by SIGBUS (as a map of a file cut short by another
+    process ends it): one line, exit 1, this process unharmed."""
+    images, labels, *_ = mnist_pair(30, 6, 5)
+    db = tmp_path / "db"
+    convert(images, labels, db)
+    fifo = tmp_path / "images-fifo"
+    os.mkfifo(fifo)  # the child blocks opening it: still running when it is signalled
+    found: list[click.testing.Result] = []
+    worker = threading.Thread(
+        target=lambda: found.append(run("verify", "--isolated", db, fifo, labels))
+    )
+    worker.start()
+    deadline = time.monotonic() + 60
+    child = None
+    while child is None and time.monotonic() < deadline:
+        for entry in os.listdir("/proc"):
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except (OSError, ValueError):
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == os.getpid() and b"verify" in cmdline:
+                child = int(entry)
+        time.sleep(0.05)
+    assert child is not None
+    time.sleep(0.5)  # well inside its blocking open of the FIFO
+    os.kill(child, signal.SIGBUS)
+    worker.join(60)
+    (result,) = found
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr == (
+        f"Error: {db}: the reader was ended by SIGBUS while reading it (changed or cut short "
+        "by another process as it was read?); this process is unharmed\n"
     )

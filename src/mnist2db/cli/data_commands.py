@@ -181,12 +181,43 @@ def info(path: str) -> None:
         raise click.ClickException(f"{path}: {problem}")
 
 
+def _verify_in_a_child(db: str, sources: list[str], quiet: bool) -> None:
+    """``verify`` run again in a child process, its lines passed on; a child ended by a
+    signal is said in one line (liblmdb maps the file: bytes changed under the map by
+    another process can end a reader with SIGBUS, which no check inside it can prevent)."""
+    import signal
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "mnist2db", "verify", *(["--quiet"] if quiet else []), "--"]
+    child = subprocess.run([*argv, db, *sources], capture_output=True, check=False)
+    click.echo(os.fsdecode(child.stdout), nl=False)
+    if child.returncode < 0:
+        try:
+            name = signal.Signals(-child.returncode).name
+        except ValueError:
+            name = f"signal {-child.returncode}"
+        raise click.ClickException(
+            f"{db}: the reader was ended by {name} while reading it (changed or cut short "
+            "by another process as it was read?); this process is unharmed"
+        )
+    if child.returncode:
+        click.echo(os.fsdecode(child.stderr), nl=False, err=True)
+        raise click.exceptions.Exit(child.returncode)
+
+
 @click.command()
 @click.argument("db", type=Path(path_type=str))
 @click.argument("images", type=Path(path_type=str), required=False)
 @click.argument("labels", type=Path(path_type=str), required=False)
+@click.option(
+    "--isolated",
+    is_flag=True,
+    help="Read in a child process: a reader ended by a signal (a database changed or cut "
+    "short by another process while it is read) is one error line, not this process's end.",
+)
 @quiet_option
-def verify(db: str, images: str | None, labels: str | None, quiet: bool) -> None:
+def verify(db: str, images: str | None, labels: str | None, isolated: bool, quiet: bool) -> None:
     """Check that database DB holds exactly the records converted from IMAGES and LABELS,
     or, without them, the records mnist2db wrote (the digest in DB/mnist2db.json).
 
@@ -205,6 +236,9 @@ def verify(db: str, images: str | None, labels: str | None, quiet: bool) -> None
     """
     if (images is None) != (labels is None):
         raise click.UsageError("give both IMAGES and LABELS, or neither")
+    if isolated:
+        _verify_in_a_child(db, [a for a in (images, labels) if a is not None], quiet)
+        return
     with library_errors(), progress_reporter("Verifying", quiet) as progress:
         result = verify_db(db, images, labels, progress=progress)
     if quiet:
