@@ -11,8 +11,7 @@ writers), so neither does this walk.
 :func:`check_pages` reads every page of the tree, level by level, through a read-only map
 of the length the caller checked the file has, and checks with numpy, for the pages of a
 batch at once, what liblmdb would trust: each page's number, type (branch pages above the
-leaves, leaves at the depth the meta page records, an overflow page where a record
-starts), bounds (``mp_lower``/``mp_upper``: a branch holds two keys or more, a leaf one),
+leaves, leaves at the depth the meta page records), bounds (``mp_lower``/``mp_upper``: a branch holds two keys or more, a leaf one),
 its node offsets and each node's key and data inside the page, key sizes, node flags (no
 duplicate keys; a named sub-database's record is a value), branch children and overflow extents inside the file and
 each reached once (no cycles, no page in two places), and the counts the meta page records
@@ -291,8 +290,10 @@ class _Walk:
             raise self.damaged(f"page {int(pages[rows[j]])}: node {node}: {what(j)}")
 
     def check_overflow(self) -> None:
-        """Each overflow record's pages inside the file, one overflow page header at its
-        start recording as many pages, and no page in two records or in the tree."""
+        """Each overflow record's pages inside the file, and no page in two records or in
+        the tree. Their headers are not read: liblmdb reads a record's bytes from the page
+        its node names, for the size its node records, never the header (a record of
+        large images would cost a page read each)."""
         if not self.overflow:
             return
         first = np.concatenate([f for f, _ in self.overflow])
@@ -319,26 +320,7 @@ class _Walk:
             raise self.damaged(
                 f"page {int(tree[np.argmax(inside)])} is both a tree page and a record's"
             )
-        for batch in self.batches(first):
-            heads = self.read_heads(batch)
-            numbers = heads[:, :WORD].copy().view(_PGNO)[:, 0]
-            flags = heads.view(_U16)[:, _FLAGS] & _NOT_DIRTY
-            count = heads[:, WORD + 4 : WORD + 8].copy().view(np.dtype("=u4"))[:, 0]
-            index = np.searchsorted(first, batch)
-            want = needed[index]
-            bad = (numbers != batch) | (flags != P_OVERFLOW) | (count != want)
-            if bad.any():
-                i = int(np.argmax(bad))
-                raise self.damaged(
-                    f"page {int(batch[i])}: not the first of {int(want[i])} overflow pages "
-                    f"(it records page {int(numbers[i])}, flags 0x{int(flags[i]):x}, "
-                    f"{int(count[i])} pages)"
-                )
         self.overflow_pages = int(needed.sum())
-
-    def read_heads(self, pages: np.ndarray) -> np.ndarray:
-        """The page headers of ``pages``, as an ``(n, PAGE_HEADER)`` array."""
-        return self.file[pages.astype(np.intp), :PAGE_HEADER]
 
     def check_counts(self) -> None:
         db = self.db
