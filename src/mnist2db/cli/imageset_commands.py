@@ -57,8 +57,10 @@ def imageset(
       mnist2db imageset --to idx --resize 28x28 my_digits/ my_digits
       mnist2db imageset --list train.txt --gray --shuffle --seed 1 photos/ train_lmdb
     """
+    from mnist2db.formats.image_input import ignore_decoder_warnings
     from mnist2db.images.own_images import convert_images
 
+    ignore_decoder_warnings()
     check_seed({"seed": seed, "shuffle": shuffle})
     skipped: list[str] = []
     with library_errors(), progress_reporter("Converting", quiet) as progress:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import os
 import struct
+import warnings
 from typing import Any
 
 from mnist2db.errors import ArgumentError, ImageError, printable
@@ -235,6 +236,15 @@ def open_with_pillow(data: bytes, kind: str) -> Any:
         Image.init()
     factory, _ = Image.OPEN[kind]
     return factory(io.BytesIO(data), "")
+
+
+def ignore_decoder_warnings() -> None:
+    """For a front end's process, before its decoding threads start: the warnings Pillow
+    gives about the files it reads (corrupt EXIF, a TIFF tag past the end of the file, ...)
+    ignored, as OpenCV ignores them: the image decodes as it would without them, and the
+    front end's lines stay one a line (Caffe's log, one error). A library caller's own
+    filters stand; one that makes them errors gets the image refused in one line."""
+    warnings.filterwarnings("ignore", module=r"PIL\.")
 
 
 def check_resize(resize: tuple[int, int] | None, channels: int) -> None:
