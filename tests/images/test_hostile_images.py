@@ -313,3 +313,22 @@ def test_mutated_images_decode_or_are_refused_in_one_line() -> None:
         return "\n".join(escaped[:5]) or "ok"
 
     assert in_forked_child(work) == "ok"
+
+
+@pytest.mark.parametrize("front_end", ["imageset", "convert_imageset"])
+def test_an_image_no_record_can_hold_is_skipped_before_it_is_decoded(
+    tmp_path: Path, front_end: str
+) -> None:
+    """30000 × 30000 colour is within OpenCV's limits, but its raw record (2.7 GB) is past
+    protobuf's 2 GiB: skipped from its header, naming the way out (before: decoded, then
+    failing on its data; a real one would have been written as a record no reader parses)."""
+    (tmp_path / "imgs").mkdir()
+    good_png(tmp_path / "imgs" / "good.png")
+    (tmp_path / "imgs" / "wide.png").write_bytes(png_header(30000, 30000, 8, 2))
+    (tmp_path / "list.txt").write_text("wide.png 0\ngood.png 1\n")
+    done = run(FRONT_ENDS[front_end](), tmp_path)
+    assert reasons(done) == [
+        "imgs/wide.png: 3 × 30000 × 30000 is 2700000000 bytes, more than a record holds "
+        "(protobuf's 2 GiB); give a resize"
+    ]
+    assert written(tmp_path, front_end) == 1

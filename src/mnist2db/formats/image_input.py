@@ -16,7 +16,8 @@ skips what it cannot read):
 * the width and height its header declares (:func:`declared_size`) within OpenCV's
   limits, before any decoder allocates for them.
 
-:func:`check_resize` refuses up front a resize to what no record can hold.
+:func:`check_resize` refuses up front a resize to what no record can hold, and
+:func:`check_fits_a_record` an image whose pixels no record can hold.
 """
 
 from __future__ import annotations
@@ -120,6 +121,24 @@ def check_declared_size(data: bytes, kind: str | None, where: str) -> None:
         f"{where}: its header declares {width} × {height} pixels; OpenCV reads at most "
         f"{MAX_SIDE} a side and {MAX_PIXELS} pixels (CV_IO_MAX_IMAGE_PIXELS)"
     )
+
+
+def check_fits_a_record(data: bytes, channels: int, where: str) -> None:
+    """Refuse, before it is decoded, an image whose raw record (``channels`` × height ×
+    width bytes, not resized) would be more than protobuf's 2 GiB: no reader parses it.
+
+    Raises:
+        ImageError: naming ``where`` and the size (a resize makes it a record).
+    """
+    size = declared_size(data, image_format(data))
+    if size is None:
+        return
+    width, height = size
+    if channels * width * height + _RECORD_FIELDS > MAX_FILE_BYTES:
+        raise ImageError(
+            f"{where}: {channels} × {height} × {width} is {channels * width * height} bytes, "
+            "more than a record holds (protobuf's 2 GiB); give a resize"
+        )
 
 
 def declared_size(data: bytes, kind: str | None) -> tuple[int, int] | None:
