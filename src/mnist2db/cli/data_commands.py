@@ -11,7 +11,9 @@ import click
 from mnist2db.cli.common import echo, library_errors, progress_reporter
 from mnist2db.cli.options import (
     Path,
+    db_argument,
     label_column_option,
+    optional_sources_arguments,
     overwrite_option,
     quiet_option,
     range_options,
@@ -20,7 +22,7 @@ from mnist2db.cli.options import (
 from mnist2db.errors import RenderError
 from mnist2db.export import export_db
 from mnist2db.formats.datum import key_text
-from mnist2db.info import db_info, idx_info
+from mnist2db.info import describe
 from mnist2db.render import (
     check_canvas,
     check_text_size,
@@ -172,7 +174,7 @@ def info(path: str) -> None:
       mnist2db info data/mnist/t10k-labels-idx1-ubyte
     """
     with library_errors():
-        described = db_info(path) if os.path.isdir(path) else idx_info(path)
+        described = describe(path)
         for name, value in described.rows():
             echo(f"{name:<12}{value}")
         problem = described.problem
@@ -207,9 +209,8 @@ def _verify_in_a_child(db: str, sources: list[str], quiet: bool) -> None:
 
 
 @click.command()
-@click.argument("db", type=Path(path_type=str))
-@click.argument("images", type=Path(path_type=str), required=False)
-@click.argument("labels", type=Path(path_type=str), required=False)
+@db_argument
+@optional_sources_arguments
 @click.option(
     "--isolated",
     is_flag=True,
@@ -250,7 +251,7 @@ def verify(db: str, images: str | None, labels: str | None, isolated: bool, quie
 
 
 @click.command()
-@click.argument("db", type=Path(path_type=str))
+@db_argument
 @click.argument("out_dir", metavar="OUT", type=Path(path_type=str))
 @click.option(
     "--to",

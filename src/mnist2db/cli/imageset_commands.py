@@ -6,7 +6,13 @@ from __future__ import annotations
 import click
 
 from mnist2db.cli.common import check_seed, echo, library_errors, progress_reporter
-from mnist2db.cli.options import Path, backend_option, quiet_option, shuffle_options
+from mnist2db.cli.options import (
+    Path,
+    backend_option,
+    overwrite_option,
+    quiet_option,
+    shuffle_options,
+)
 from mnist2db.records import seed_note
 
 
@@ -36,7 +42,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> tupl
                    "encodes them.  [default: raw pixels]")  # fmt: skip
 @click.option("--check-size", is_flag=True, help="Refuse images of different sizes.")
 @shuffle_options
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it is what this writes.")
+@overwrite_option("OUT if it is what this writes")
 @quiet_option
 def imageset(
     root: str, out: str, listing: str | None, to: str, backend: str, gray: bool,
@@ -65,7 +71,7 @@ def imageset(
     skipped: list[str] = []
     with library_errors(), progress_reporter("Converting", quiet) as progress:
         done = convert_images(
-            root, out, listing=listing, to=to, backend=backend.lower(), gray=gray,
+            root, out, listing=listing, to=to, backend=backend, gray=gray,
             resize=resize, encoded=encoded, check_size=check_size, shuffle=shuffle,
             seed=seed, overwrite=overwrite, progress=progress,
             on_skip=lambda gone: skipped.append(gone.reason),
