@@ -183,31 +183,6 @@ def info(path: str) -> None:
         raise click.ClickException(f"{path}: {problem}")
 
 
-def _verify_in_a_child(db: str, sources: list[str], quiet: bool) -> None:
-    """``verify`` run again in a child process, its lines passed on; a child ended by a
-    signal is said in one line (liblmdb maps the file: bytes changed under the map by
-    another process can end a reader with SIGBUS, which no check inside it can prevent)."""
-    import signal
-    import subprocess
-    import sys
-
-    argv = [sys.executable, "-m", "mnist2db", "verify", *(["--quiet"] if quiet else []), "--"]
-    child = subprocess.run([*argv, db, *sources], capture_output=True, check=False)
-    click.echo(os.fsdecode(child.stdout), nl=False)
-    if child.returncode < 0:
-        try:
-            name = signal.Signals(-child.returncode).name
-        except ValueError:
-            name = f"signal {-child.returncode}"
-        raise click.ClickException(
-            f"{db}: the reader was ended by {name} while reading it (changed or cut short "
-            "by another process as it was read?); this process is unharmed"
-        )
-    if child.returncode:
-        click.echo(os.fsdecode(child.stderr), nl=False, err=True)
-        raise click.exceptions.Exit(child.returncode)
-
-
 @click.command()
 @db_argument
 @optional_sources_arguments
@@ -237,11 +212,8 @@ def verify(db: str, images: str | None, labels: str | None, isolated: bool, quie
     """
     if (images is None) != (labels is None):
         raise click.UsageError("give both IMAGES and LABELS, or neither")
-    if isolated:
-        _verify_in_a_child(db, [a for a in (images, labels) if a is not None], quiet)
-        return
     with library_errors(), progress_reporter("Verifying", quiet) as progress:
-        result = verify_db(db, images, labels, progress=progress)
+        result = verify_db(db, images, labels, isolated=isolated, progress=progress)
     if quiet:
         return
     if images is None:
