@@ -6,7 +6,8 @@ best of ``--repeat`` runs each, in this process:
   784 pixel bytes, random order (no copy, no label), as issue 9 measured it; and the same
   loop with every name pre-bound to a local (the least Python can do);
 * ``open_db`` ``db[i]`` in the same random order, sequential iteration, ``__getitems__``
-  of 256 indices, ``read_range`` of 256;
+  of 256 indices, ``read_range`` of 256; the page check every open of an LMDB database
+  makes before liblmdb maps it (storage/lmdb_pages);
 * torchvision's ``FashionMNIST[i]`` (``PILToTensor``) when torchvision is importable;
 * a torch ``DataLoader`` epoch (batch 256, shuffled; 0 and 2 workers) when torch is;
 * PNG records (Fashion-MNIST's test set, each PNG compression ``convert`` offers):
@@ -47,6 +48,7 @@ def read_table(images: Path, labels: Path, work: Path, repeat: int = 3) -> list[
     import lmdb
 
     import mnist2db
+    from mnist2db.storage.db_checks import check_lmdb_file
 
     db_path = work / "read_train_lmdb"
     mnist2db.convert(images, labels, db_path, backend="lmdb")
@@ -108,6 +110,20 @@ def read_table(images: Path, labels: Path, work: Path, repeat: int = 3) -> list[
     rows.append(("open_db iteration, sequential", *_best(db_iterate, repeat)))
     rows.append(("open_db __getitems__ of 256, random", *_best(db_getitems, repeat)))
     rows.append(("open_db read_range of 256, sequential", *_best(db_read_range, repeat)))
+
+    def page_check() -> int:
+        # What every open of an LMDB database costs first (storage/lmdb_pages): the rate
+        # is records checked a second, against an epoch's records read a second above.
+        fd = os.open(db_path, os.O_RDONLY)
+        try:
+            check_lmdb_file(str(db_path), fd)
+        finally:
+            os.close(fd)
+        return n
+
+    rows.append(
+        ("page check on opening (every page liblmdb can reach)", *_best(page_check, repeat))
+    )
     try:
         from torchvision import datasets, transforms  # type: ignore[import-not-found]
 

@@ -57,7 +57,7 @@ def test_lmdb_layout_and_transactions(mnist_pair, tmp_path: Path) -> None:
     ipath, lpath, *_ = mnist_pair(2500, 4, 3)
     out = tmp_path / "db"
     convert(ipath, lpath, out, batch_size=1000)
-    assert sorted(os.listdir(out)) == ["data.mdb", "lock.mdb"]
+    assert sorted(os.listdir(out)) == ["data.mdb", "lock.mdb", "mnist2db.json"]
     env = lmdb.open(str(out), readonly=True, lock=False)
     # One write transaction per batch: 1000 + 1000 + 500 records.
     assert env.info()["last_txnid"] == 3

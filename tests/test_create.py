@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -284,7 +285,8 @@ def test_create_emnist_writes_upright_images_and_says_so(
     )
     _, images, _ = read_back(tmp_path / "examples/emnist-letters/mnist_train_lmdb")
     np.testing.assert_array_equal(images, arrays["train"][0].transpose(0, 2, 1))
-    assert "mnist2db.json" not in os.listdir(tmp_path / "examples/emnist-letters/mnist_train_lmdb")
+    meta = tmp_path / "examples/emnist-letters/mnist_train_lmdb/mnist2db.json"
+    assert set(json.loads(meta.read_text())) == {"format", "version", "digest"}  # no options
 
 
 def test_create_qmnist_writes_train_and_test_with_the_chosen_label_column(

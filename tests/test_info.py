@@ -114,12 +114,18 @@ def test_info_database(mnist_pair, tmp_path: Path, backend: str) -> None:
 
 
 def test_info_without_metadata_claims_no_orientation(mnist_pair, tmp_path: Path) -> None:
-    # Caffe's databases and siamese ones hold no mnist2db.json: how their images were
-    # oriented, ordered or cut is not known, so info must not claim "as the source stores it".
+    # Caffe's databases hold no mnist2db.json, and those mnist2db writes without options
+    # hold only their records' digest: how their images were oriented, ordered or cut is
+    # not recorded, so info must not claim "as the source stores it".
     db, *_ = converted(mnist_pair, tmp_path)
     result = run("info", db)
     assert result.exit_code == 0, result.output
     assert "orientation" not in result.stdout
+    assert "options     not recorded (mnist2db.json holds the records' digest alone)\n" in (
+        result.stdout
+    )
+    (db / "mnist2db.json").unlink()
+    result = run("info", db)
     assert "options     not recorded (no mnist2db.json)\n" in result.stdout
 
 

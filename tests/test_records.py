@@ -3,6 +3,7 @@ ranges and seeded shuffles, and the metadata file that records them."""
 
 from __future__ import annotations
 
+import json
 import lzma
 import os
 from collections.abc import Callable
@@ -72,11 +73,14 @@ def test_transpose_swaps_height_and_width_element_by_element(
     assert meta is not None and meta[0].transpose is True
 
 
-def test_plain_convert_writes_no_metadata_file(tmp_path: Path, mnist_pair: Pair) -> None:
+def test_plain_convert_records_the_digest_alone(tmp_path: Path, mnist_pair: Pair) -> None:
     images_path, labels_path, _, _ = mnist_pair(3)
     mnist2db.convert(images_path, labels_path, tmp_path / "db")
-    assert sorted(os.listdir(tmp_path / "db")) == ["data.mdb", "lock.mdb"]
-    assert read_metadata(tmp_path / "db") is None
+    assert sorted(os.listdir(tmp_path / "db")) == ["data.mdb", "lock.mdb", METADATA_NAME]
+    assert set(json.loads((tmp_path / "db" / METADATA_NAME).read_text())) == {
+        "format", "version", "digest"
+    }  # fmt: skip
+    assert read_metadata(tmp_path / "db") is None  # no options recorded
 
 
 # -- QMNIST labels and .xz -------------------------------------------------------------------
@@ -253,7 +257,7 @@ def test_overwrite_replaces_a_database_holding_the_metadata_file(
     mnist2db.convert(images_path, labels_path, db, backend, shuffle=True, seed=1)
     assert METADATA_NAME in os.listdir(db)
     mnist2db.convert(images_path, labels_path, db, backend, overwrite=True)
-    assert METADATA_NAME not in os.listdir(db)
+    assert "shuffle" not in json.loads((db / METADATA_NAME).read_text())  # the digest alone
     (db / "notes.txt").write_text("mine")
     with pytest.raises(OutputExistsError, match="notes.txt"):
         mnist2db.convert(images_path, labels_path, db, backend, overwrite=True, shuffle=True)

@@ -37,7 +37,14 @@ from mnist2db.storage.backends import (
     size_hint,
 )
 from mnist2db.storage.files import TEMP_MARK
-from mnist2db.storage.metadata import Recipe, metadata_for, write_metadata
+from mnist2db.storage.metadata import (
+    Recipe,
+    RecordDigest,
+    digest_items,
+    metadata_for,
+    write_digest,
+    write_metadata,
+)
 from mnist2db.storage.staging import staged_database
 
 if TYPE_CHECKING:
@@ -314,23 +321,34 @@ def write_database(
     ``(key, value)`` pairs in increasing key order (``convert_imageset``'s keys name the
     files) instead of values; ``total`` is then at most the number of records.
     ``existing``: add to the database already in ``staging`` (a resumed conversion's).
+
+    The records' digest is written beside them (``mnist2db.json``, which the caller's
+    :func:`~mnist2db.storage.metadata.write_metadata` keeps): ``verify DB`` checks it.
     """
     check_record_count(total, staging)  # each writer checked already, before any work
     hint = size_hint(total, value_size, streaming=streaming)
     writer = open_writer(
         backend, staging, size_hint=hint, append=total <= KEY_LIMIT, existing=existing
     )
+    digest = RecordDigest()
     try:
         done = 0
         for values in batches:
             n = len(values)
-            if keyed:
-                writer.write_batch(values)  # type: ignore[arg-type]
-            else:
-                writer.write_batch(list(zip(record_keys(done, n), values, strict=True)))  # type: ignore[arg-type]
+            items = values if keyed else list(zip(record_keys(done, n), values, strict=True))
+            writer.write_batch(items)  # type: ignore[arg-type]
+            digest.add(items)  # type: ignore[arg-type]
             done += n
             progress(done, total)
     except BaseException:
         writer.abort()
         raise
     writer.close()
+    if existing:
+        # A resumed run's digest covers the batches committed before it too: read them all
+        # again, in key order, from the finished staged database.
+        from mnist2db.storage.readers import DbReader  # a resumed run only
+
+        with DbReader(staging, backend) as reader:
+            digest = digest_items(reader)
+    write_digest(staging, digest, staging)

@@ -238,6 +238,8 @@ def describe_db(db: DbReader | str | os.PathLike[str]) -> list[tuple[str, str]]:
         # Without it the database may be ours without options, or Caffe's, or anyone's:
         # its orientation, order and range are not known, so none is claimed.
         return [("options", f"not recorded (no {METADATA_NAME})")]
+    if "source" not in loaded[1]:  # written without options: the records' digest alone
+        return [("options", f"not recorded ({METADATA_NAME} holds the records' digest alone)")]
     source = loaded[1]["source"]
     items = source["items"]
     names = f"{printable(source['images'])} + {printable(source['labels'])}"

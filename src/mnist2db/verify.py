@@ -5,6 +5,11 @@ options make of the source, as recorded in its ``mnist2db.json``: the range, the
 (the permutation is drawn again from the recorded seed), the orientation and the label
 column. Everything streams a batch at a time (a shuffle spills the selected images to an
 unlinked temporary file, memory-mapped).
+
+Without sources, ``verify DB`` reads every record and compares their digest with the one
+mnist2db recorded when it wrote them (``mnist2db.json``'s ``digest``): any byte changed,
+record lost or added since is found (LMDB keeps no checksums of its own). A database
+written by Caffe or another tool records none, and is said to.
 """
 
 from __future__ import annotations
@@ -27,7 +32,14 @@ from mnist2db.formats.png import (
 from mnist2db.progress import Progress, reporting
 from mnist2db.records import iter_records, permutation
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
-from mnist2db.storage.metadata import Recipe, read_metadata
+from mnist2db.storage.metadata import (
+    METADATA_NAME,
+    Recipe,
+    digest_items,
+    digest_of,
+    load_metadata,
+    read_metadata,
+)
 from mnist2db.storage.readers import DbReader, shared_reader
 
 
@@ -97,13 +109,15 @@ def _describe_mismatch(key: bytes, value: bytes, image: np.ndarray, label: int) 
 
 def verify_db(
     db: str | os.PathLike[str],
-    images: str | os.PathLike[str],
-    labels: str | os.PathLike[str],
+    images: str | os.PathLike[str] | None = None,
+    labels: str | os.PathLike[str] | None = None,
     *,
+    isolated: bool = False,
     progress: Progress | None = None,
 ) -> VerifyResult:
     """Check that database ``db`` holds exactly what ``convert(images, labels)`` writes
-    (with the options recorded in the database's ``mnist2db.json``, if any).
+    (with the options recorded in the database's ``mnist2db.json``, if any); without
+    ``images`` and ``labels``, that its records are the ones mnist2db wrote (their digest).
 
     The record counts are compared first; then every record is compared with the source,
     key and value, in one pass over the three inputs, a batch at a time. A value equal byte for byte to Caffe's encoding passes;
@@ -111,13 +125,92 @@ def verify_db(
 
     Raises:
         VerifyError: a record differs (naming its key and field), records are missing, or
-            the database holds records the source does not.
+            the database holds records the source does not; without sources, the records'
+            digest differs from the one recorded, or none is recorded.
         IdxFormatError, BackendError: an input cannot be read.
     """
     progress = reporting(progress)
+    if (images is None) != (labels is None):
+        raise VerifyError(f"{os.fspath(db)}: give both IMAGES and LABELS, or neither")
+    if isolated:
+        return _verify_in_a_child(db, images, labels)
     # The records and their options read as one version (the reader's directory).
     with shared_reader(db) as reader:
+        if images is None or labels is None:
+            return _verify_digest(reader, progress)
         return _verify(reader, images, labels, progress)
+
+
+#: The child of ``verify_db(isolated=True)``: the count on stdout, or the one line on stderr.
+_CHILD = """
+import sys
+from mnist2db.errors import Mnist2dbError
+from mnist2db.verify import verify_db
+try:
+    found = verify_db(*[a or None for a in sys.argv[1:]])
+except Mnist2dbError as exc:
+    sys.stderr.write(str(exc))
+    sys.exit(1)
+sys.stdout.write(f"{found.count} {found.rows} {found.cols}")
+"""
+
+
+def _verify_in_a_child(
+    db: str | os.PathLike[str],
+    images: str | os.PathLike[str] | None,
+    labels: str | os.PathLike[str] | None,
+) -> VerifyResult:
+    """:func:`verify_db` in a child process: liblmdb maps the file, so bytes changed under
+    the map by another process can end a reader with SIGBUS, which no check inside it can
+    prevent; here that is one error line, and this process goes on."""
+    import signal
+    import subprocess
+    import sys
+
+    args = [os.fsdecode(a) if a is not None else "" for a in (db, images, labels)]
+    child = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, check=False)
+    if child.returncode < 0:
+        try:
+            name = signal.Signals(-child.returncode).name
+        except ValueError:
+            name = f"signal {-child.returncode}"
+        raise VerifyError(
+            f"{args[0]}: the reader was ended by {name} while reading it (changed or cut "
+            "short by another process as it was read?); this process is unharmed"
+        )
+    if child.returncode:
+        text = os.fsdecode(child.stderr).strip()
+        raise VerifyError(" ".join(text.split()) or f"{args[0]}: verify failed")
+    count, rows, cols = map(int, child.stdout.split())
+    return VerifyResult(count, rows, cols)
+
+
+def _verify_digest(reader: DbReader, progress: Progress) -> VerifyResult:
+    """Every record read again, their digest compared with the one recorded."""
+    loaded = load_metadata(reader)
+    recorded = None if loaded is None else digest_of(loaded[1])
+    if recorded is None:
+        why = f"no {METADATA_NAME}" if loaded is None else f"its {METADATA_NAME} records none"
+        raise VerifyError(
+            f"{reader.path}: no digest of its records to check ({why}: written by Caffe, "
+            "another tool or an mnist2db before 0.9?); give its IMAGES and LABELS to "
+            "compare it with its source"
+        )
+    count, sha256 = recorded
+    total = len(reader)
+    digest = digest_items(reader, lambda count: progress(count, total), _BATCH)
+    if digest.count != count:
+        raise VerifyError(
+            f"{reader.path}: holds {digest.count} records, {METADATA_NAME} records the "
+            f"{count} written: records lost or added since"
+        )
+    if digest.sha256 != sha256:
+        raise VerifyError(
+            f"{reader.path}: its {count} records are not the ones written: their sha256 is "
+            f"{digest.sha256[:16]}…, {METADATA_NAME} records {sha256[:16]}… (a byte changed "
+            "since; give IMAGES and LABELS to find the record)"
+        )
+    return VerifyResult(count, 0, 0)
 
 
 def _verify(

@@ -12,9 +12,8 @@ from mnist2db.cli.common import echo, library_errors, progress_reporter
 from mnist2db.cli.options import (
     Path,
     db_argument,
-    images_argument,
     label_column_option,
-    labels_argument,
+    optional_sources_arguments,
     overwrite_option,
     quiet_option,
     range_options,
@@ -186,24 +185,40 @@ def info(path: str) -> None:
 
 @click.command()
 @db_argument
-@images_argument
-@labels_argument
+@optional_sources_arguments
+@click.option(
+    "--isolated",
+    is_flag=True,
+    help="Read in a child process: a reader ended by a signal (a database changed or cut "
+    "short by another process while it is read) is one error line, not this process's end.",
+)
 @quiet_option
-def verify(db: str, images: str, labels: str, quiet: bool) -> None:
-    """Check that database DB holds exactly the records converted from IMAGES and LABELS.
+def verify(db: str, images: str | None, labels: str | None, isolated: bool, quiet: bool) -> None:
+    """Check that database DB holds exactly the records converted from IMAGES and LABELS,
+    or, without them, the records mnist2db wrote (the digest in DB/mnist2db.json).
 
     Every record is compared (key, channels, height, width, data, label); the first
     difference exits 1 naming the key and the field, as do missing or extra records. A
     database written with --transpose, --shuffle, --offset/--count or --label-column is
     compared with what those options (recorded in DB/mnist2db.json) make of the source.
+    Without IMAGES and LABELS, every record is read and their digest compared with the
+    one recorded when mnist2db wrote them: any changed byte is found (a database Caffe
+    wrote records none, and exits 1 saying so).
 
     \b
     Examples:
       mnist2db verify examples/mnist/mnist_train_lmdb data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte
+      mnist2db verify examples/mnist/mnist_train_lmdb
     """
+    if (images is None) != (labels is None):
+        raise click.UsageError("give both IMAGES and LABELS, or neither")
     with library_errors(), progress_reporter("Verifying", quiet) as progress:
-        result = verify_db(db, images, labels, progress=progress)
-    if not quiet:
+        result = verify_db(db, images, labels, isolated=isolated, progress=progress)
+    if quiet:
+        return
+    if images is None:
+        echo(f"OK: {db} holds the {result.count} records written (their digest matches).")
+    else:
         echo(f"OK: {db} holds the {result.count} records of {images} and {labels}.")
 
 

@@ -79,6 +79,13 @@ def labels_argument(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.argument("labels", type=Path(path_type=str))(func)
 
 
+def optional_sources_arguments(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``[IMAGES LABELS]``: ``verify``'s sources, both or neither (without them, it checks
+    the records' digest)."""
+    func = click.argument("labels", type=Path(path_type=str), required=False)(func)
+    return click.argument("images", type=Path(path_type=str), required=False)(func)
+
+
 def db_argument(func: Callable[..., Any]) -> Callable[..., Any]:
     """``DB``: a database directory to read."""
     return click.argument("db", type=Path(path_type=str))(func)

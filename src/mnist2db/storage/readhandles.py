@@ -27,7 +27,11 @@ import plyvel
 from mnist2db.errors import BackendError
 from mnist2db.formats.datum import key_text
 from mnist2db.storage.backends import backend_message, file_kind, is_database_file
-from mnist2db.storage.headers import check_leveldb_current, check_lmdb_file
+from mnist2db.storage.db_checks import (
+    check_leveldb_current,
+    check_leveldb_logs,
+    check_lmdb_file,
+)
 
 #: py-lmdb's options for reading a finished database. lock=False: a finished database never
 #: changes, so readers need no reader table; nothing is written to lock.mdb (read-only media
@@ -41,6 +45,10 @@ LMDB_READ_OPTIONS: dict[str, Any] = {
     "subdir": True,
     "max_dbs": 0,
 }
+
+#: plyvel's options for reading a finished database: never create one, and refuse damage
+#: LevelDB's recovery would otherwise skip (see LeveldbHandle.ensure_open).
+LEVELDB_READ_OPTIONS: dict[str, Any] = {"create_if_missing": False, "paranoid_checks": True}
 
 _LEVELDB_HINT = (
     "LevelDB admits one process at a time: read it with num_workers=0 (in the process "
@@ -318,6 +326,7 @@ class LeveldbHandle(ReadHandle):
             raise self._forked()
         self.check_files()
         check_leveldb_current(self.path, self.dir_fd)
+        check_leveldb_logs(self.path, self.dir_fd)
         if self.location != self.path and _lock_holder(self.dir_fd) == os.getpid():
             # Opened through /proc, LevelDB's own check for a lock this process holds (by
             # file name) cannot see one taken through the path: said here, in its words.
@@ -326,9 +335,12 @@ class LeveldbHandle(ReadHandle):
                 f"{os.path.join(self.path, 'LOCK')}: already held by process"
             )
         try:
-            # LevelDB has no read-only mode: opening may write its log into a table file and
-            # compact (the README says so); the records do not change.
-            self._db = plyvel.DB(os.fsencode(self.location), create_if_missing=False)
+            # LevelDB has no read-only mode: opening replays the log into a table file and
+            # may compact (docs/guarantees.md says so); the records do not change. Paranoid
+            # checks make a damaged log or manifest refuse the open before anything is
+            # written from it: without, LevelDB skips the damaged log records (records
+            # silently gone) and writes what is left into a table, deleting the log.
+            self._db = plyvel.DB(os.fsencode(self.location), **LEVELDB_READ_OPTIONS)
         except plyvel.Error as exc:
             text = self.message(exc)
             hint = ""
@@ -337,6 +349,8 @@ class LeveldbHandle(ReadHandle):
             if held_elsewhere(text):
                 # Named first: `mnist2db info` users have no DataLoader to tune.
                 hint = f" (another process has it open; {_LEVELDB_HINT})"
+            elif isinstance(exc, plyvel.CorruptionError):
+                hint = " (a damaged LevelDB database; its files were left as they were)"
             raise BackendError(f"{self.path}: cannot open LevelDB database: {text}{hint}") from exc
         self.check_path_after_open()
 

@@ -1,12 +1,14 @@
-"""The first bytes of a database's files, checked before the backend opens them.
+"""What is checked before a backend opens a database: LMDB's pages, LevelDB's ``CURRENT``.
 
 LMDB maps ``data.mdb`` and trusts it: an empty file makes a read-only open fail with "Bad
 file descriptor" (LMDB takes it for a new database and cannot write one), a file cut short
-after its meta pages ends the process with SIGBUS on the first read past its end, and
-garbage gives "MDB_INVALID". LevelDB creates ``LOCK`` and ``LOG`` in the directory before it
-reads ``CURRENT``, so a directory that is no LevelDB database is changed by the attempt.
-Both are checked here first, through the database directory's descriptor, reading a few
-hundred bytes and writing nothing; the messages name the file and what is wrong with it.
+after its meta pages ends the process with SIGBUS on the first read past its end, garbage
+gives "MDB_INVALID", and a damaged page past the meta pages aborts or crashes the process
+on the first read that reaches it (:mod:`mnist2db.storage.lmdb_pages` walks them).
+LevelDB creates ``LOCK`` and ``LOG`` in the directory before it reads ``CURRENT``, so a
+directory that is no LevelDB database is changed by the attempt. Both are checked here
+first, through the database directory's descriptor, reading and writing nothing else;
+the messages name the file and what is wrong with it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import stat
 import struct
 
 from mnist2db.errors import BackendError
+from mnist2db.storage.lmdb_pages import MainDb, check_pages
 
 # LMDB's meta pages (liblmdb mdb.c: MDB_page, MDB_meta, mdb_env_read_header). Pages 0 and 1
 # each hold a meta page: a page header (mp_pgno: a size_t; mp_pad, mp_flags, and two
@@ -27,7 +30,9 @@ from mnist2db.errors import BackendError
 _WORD = struct.calcsize("N")  # size_t, pgno_t and txnid_t
 _PAGE_HEADER = _WORD + 8  # PAGEHDRSZ
 _META_AT = _PAGE_HEADER
-_META = struct.Struct(f"@II{_WORD}x{_WORD}xI{44 + 5 * (_WORD - 8)}x{48 + 5 * (_WORD - 8)}xNN")
+# MDB_meta: magic, version, address, map size, the free and the main MDB_db (md_pad,
+# md_flags, md_depth, then branch, leaf and overflow pages, entries, root), last page, txnid.
+_META = struct.Struct("@IINN" + "IHH5N" * 2 + "NN")
 #: Bytes of one meta page LMDB reads (sizeof(MDB_metabuf)): the header and MDB_meta.
 LMDB_META_BYTES = _PAGE_HEADER + _META.size
 _FLAGS = struct.Struct("=H")
@@ -96,7 +101,8 @@ def check_lmdb_file(path: str, dir_fd: int) -> None:
                 f"{name}: {size} bytes, shorter than LMDB's two meta pages: "
                 "not an LMDB database (or one cut short)"
             )
-        magic, version, page, last_page, txnid = _meta(name, first, 0)
+        fields = _meta(name, first, 0)
+        page, txnid = fields[4], fields[-1]
         if page & (page - 1) or not 512 <= page <= 65536:
             raise BackendError(
                 f"{name}: page size {page} in its first meta page is not a power of two "
@@ -108,26 +114,36 @@ def check_lmdb_file(path: str, dir_fd: int) -> None:
                 f"({2 * page} bytes): a truncated LMDB database"
             )
         second = _read_at(fd, LMDB_META_BYTES, page)
-        _, _, _, last_page_1, txnid_1 = _meta(name, second, page)
-        if txnid_1 > txnid:
-            last_page = last_page_1
+        fields_1 = _meta(name, second, page)
+        if fields_1[4] != page:
+            raise BackendError(
+                f"{name}: its meta pages record page sizes {page} and {fields_1[4]}: a "
+                "damaged LMDB database"
+            )
+        if fields_1[-1] > txnid:  # liblmdb reads the newer one
+            fields = fields_1
+        main = MainDb(page, fields[20], *fields[13:20])
+        last_page = main.last_page
         needed = (last_page + 1) * page
         if size < needed:
             raise BackendError(
                 f"{name}: {size} bytes, shorter than the {last_page + 1} pages of {page} "
                 f"bytes its meta page records ({needed} bytes): a truncated LMDB database"
             )
+        check_pages(name, fd, main)
     except OSError as exc:
         raise BackendError(f"{name}: cannot read it: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
 
 
-def _meta(name: str, page: bytes, offset: int) -> tuple[int, int, int, int, int]:
-    """The magic, version, page size, last page and transaction id of the meta page at
-    ``offset`` (its first :data:`LMDB_META_BYTES` bytes), checked as LMDB checks them."""
+def _meta(name: str, page: bytes, offset: int) -> tuple[int, ...]:
+    """The fields of the meta page at ``offset`` (its first :data:`LMDB_META_BYTES`
+    bytes; :data:`_META`'s, the free database's md_pad being the page size), checked as
+    LMDB checks them."""
     (flags,) = _FLAGS.unpack_from(page, _FLAGS_AT)
-    magic, version, page_size, last_page, txnid = _META.unpack_from(page, _META_AT)
+    fields = _META.unpack_from(page, _META_AT)
+    magic, version = fields[:2]
     where = "" if offset == 0 else f" at byte {offset} (its second meta page)"
     if magic == _SWAPPED_MAGIC:
         raise BackendError(
@@ -142,7 +158,7 @@ def _meta(name: str, page: bytes, offset: int) -> tuple[int, int, int, int, int]
         raise BackendError(
             f"{name}: LMDB data version {version}{where}, expected {LMDB_DATA_VERSION}"
         )
-    return magic, version, page_size, last_page, txnid
+    return fields
 
 
 def check_leveldb_current(path: str, dir_fd: int) -> None:
@@ -190,3 +206,79 @@ def check_leveldb_current(path: str, dir_fd: int) -> None:
         raise BackendError(
             f"{os.path.join(path, manifest)}: empty (0 bytes): a damaged LevelDB database"
         )
+
+
+# LevelDB's log (db/log_format.h): 32 KiB blocks of records, each a 7-byte header (CRC32C,
+# a 16-bit length, a type: FULL, or FIRST, MIDDLE..., LAST for a record split across
+# blocks) and its bytes; fewer than 7 bytes left in a block are a zero trailer.
+_LOG_BLOCK = 32768
+_LOG_HEADER = 7
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+_LOG_NAME = re.compile(r"[0-9]+\.log", re.ASCII)
+
+
+def check_leveldb_logs(path: str, dir_fd: int) -> None:
+    """Raise unless each log of the LevelDB database ``path`` (directory ``dir_fd``) is
+    framed whole: where a log ends inside a record or a record's header is zeroed,
+    LevelDB's recovery takes the rest for a write cut short by a crash and drops it in
+    silence, paranoid checks or not, then writes what is left into a table and deletes
+    the log. Checksums are LevelDB's own to check (paranoid checks, on opening).
+
+    Raises:
+        BackendError: a log ends inside a record or its header, holds a zeroed record
+            header, or a record running past its block.
+    """
+    try:
+        names = [entry.name for entry in os.scandir(dir_fd) if _LOG_NAME.fullmatch(entry.name)]
+    except OSError:
+        return  # LevelDB's own open says what is wrong
+    for log in names:
+        try:
+            fd = _open(dir_fd, log)
+        except FileNotFoundError:
+            continue
+        if fd is None:
+            continue
+        try:
+            problem = _log_problem(fd, os.fstat(fd).st_size)
+        except OSError as exc:
+            problem = f"cannot read it: {exc.strerror or exc}"
+        finally:
+            os.close(fd)
+        if problem is not None:
+            raise BackendError(
+                f"{os.path.join(path, log)}: {problem}: a damaged LevelDB log (LevelDB would "
+                "drop the records after it in silence); its files were left as they were"
+            )
+
+
+def _log_problem(fd: int, size: int) -> str | None:
+    """What is wrong with the framing of the log open as ``fd``, or None."""
+    fragmented = False
+    offset = 0
+    while offset < size:
+        block = _read_at(fd, _LOG_BLOCK, offset)
+        if not block:
+            return f"ends at byte {offset}, before its {size} bytes (cut short while read?)"
+        at = 0
+        while len(block) - at >= _LOG_HEADER:
+            length = block[at + 4] | block[at + 5] << 8
+            kind = block[at + 6]
+            where = offset + at
+            if kind == 0 and length == 0:
+                return f"a zeroed record header at byte {where}"
+            if at + _LOG_HEADER + length > len(block):
+                if offset + len(block) >= size:
+                    return f"ends inside the record at byte {where} ({length} bytes long)"
+                return f"the record at byte {where} ({length} bytes) runs past its block"
+            if kind in (_FIRST, _FULL):
+                fragmented = kind == _FIRST
+            elif kind == _LAST:
+                fragmented = False
+            at += _LOG_HEADER + length
+        if offset + len(block) >= size and at < len(block):
+            return f"ends inside a record header at byte {offset + at}"
+        offset += len(block)
+    if fragmented:
+        return "ends inside a record split across blocks (its last part is missing)"
+    return None

@@ -1,6 +1,6 @@
 """A database whose files are empty, cut short or not the backend's is refused in one line
 naming the file, by every reader, before the backend opens it; nothing in the directory is
-created or changed (storage/headers.py)."""
+created or changed (storage/db_checks.py)."""
 
 from __future__ import annotations
 
