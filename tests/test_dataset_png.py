@@ -83,16 +83,13 @@ def test_batches_read_as_the_general_path_reads_their_records(mixed, backend: st
     assert images.shape == (GOOD, 1, 28, 28) and images.flags.writeable
     for i in range(GOOD):
         same((images[i], int(labels[i])), general(db, i))
-    # each hostile record in a batch of good ones: read as alone, or its error, or, when
-    # it decodes to another shape, the batch refused naming it
+    # each hostile record in a batch of good ones: read as alone (of another shape too:
+    # the batch is then the list db[i] gives), or its error
     for name, i in HOSTILE.items():
         expected = general(db, i)
         found = outcome(db.__getitems__, [0, i, i - n, 5])
         if isinstance(expected, str):
             assert found == expected, name
-        elif expected[0].shape != (1, 28, 28):
-            assert isinstance(found, str) and "does not stack" in found, name
-            assert f"key {i:08d}" in found
         else:
             for j, one in zip([0, i, i, 5], found, strict=True):
                 same(one, general(db, j))

@@ -318,14 +318,23 @@ class DatumDataset:
         return self._decode(key, self._fetch(key))
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[np.ndarray, int]]:
-        """The records at ``indices`` (PyTorch's batched fetch: ``DataLoader`` calls it with
-        each batch's indices when a dataset has it). The images of records in the first
-        record's layout are views of one ``(n, c, h, w)`` array made for the batch."""
-        if (
-            (self._fast is not None or self._fast_png is not None)
-            and indices
-            and all(i.__class__ is int for i in indices)
-        ):
+        """The records at ``indices``, as ``[db[i] for i in indices]`` gives them (PyTorch's
+        batched fetch: ``DataLoader`` calls it with each batch's indices when a dataset has
+        it). ``indices`` is any sequence of integers: a list, a tuple, a numpy array, numpy
+        integers. When the records stack (one shape, one dtype) their images are views of
+        one ``(n, c, h, w)`` array made for the batch; otherwise each is its own array.
+
+        Raises:
+            RecordIndexError: an index is out of range.
+            TypeError: an index is not an integer.
+        """
+        if isinstance(indices, np.ndarray):
+            indices = indices.tolist()  # numpy's integers as Python's (bools stay refused)
+        if not all(i.__class__ is int for i in indices):
+            indices = [self._position(i) for i in indices]
+        if not indices:
+            return []
+        if self._fast is not None or self._fast_png is not None:
             length = self._length
             if -length <= min(indices) and max(indices) < length:
                 keys = [b"%08d" % (i + length if i < 0 else i) for i in indices]
@@ -339,12 +348,10 @@ class DatumDataset:
                 except self._errors as exc:
                     raise self._failed(exc, backend_message(exc)) from exc
                 if None not in found:
-                    images, labels = self._stack(keys, found)
-                    return list(zip(images, labels.tolist(), strict=True))
+                    return _as_records(self._batch(keys, found))
         keys = [self.key(i) for i in indices]
         values = [self._fetch(key) for key in keys]
-        images, labels = self._stack(keys, values)
-        return list(zip(images, labels.tolist(), strict=True))
+        return _as_records(self._batch(keys, values))
 
     def read_range(self, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Records ``start`` to ``stop`` (exclusive) as one ``(n, c, h, w)`` image array and
@@ -366,6 +373,30 @@ class DatumDataset:
         return self._stack(keys, values)
 
     def _stack(self, keys: list[bytes], values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """The records as one image array and one label array.
+
+        Raises:
+            DatumError: the records do not all have one shape and dtype.
+        """
+        batch = self._batch(keys, values)
+        if not isinstance(batch, list):
+            return batch
+        first = batch[0][0]
+        key, image = next(
+            (key, image)
+            for key, (image, _) in zip(keys, batch, strict=True)
+            if image.shape != first.shape or image.dtype != first.dtype
+        )
+        raise DatumError(
+            f"{self.path}: key {key.decode(errors='replace')}: {image.dtype} {image.shape} "
+            f"does not stack with the first record's {first.dtype} {first.shape}"
+        )
+
+    def _batch(
+        self, keys: list[bytes], values: list[bytes]
+    ) -> tuple[np.ndarray, np.ndarray] | list[tuple[np.ndarray, int]]:
+        """The records as one image array and one label array when they stack (one shape,
+        one dtype), else the list of records, each decoded on its own."""
         layout = self._layout
         if layout is not None and values and set(map(len, values)) == {layout[0]}:
             # All of the first record's length: check the layout of all at once, as columns.
@@ -383,7 +414,7 @@ class DatumDataset:
         png = self._png
         if png is not None and values:
             # PNG records: the batch read at once (formats.png_records), the others decoded
-            # one by one, in order; one of another shape and the batch is stacked as below.
+            # one by one, in order; one of another shape and the batch is decoded as below.
             images, labels, misses = png.read_many(values, inflate_many)
             for i in misses:
                 image, labels[i] = self._decode(keys[i], values[i])
@@ -398,13 +429,8 @@ class DatumDataset:
             shape = layout[2] if layout is not None else png.shape if png is not None else (0, 0, 0)
             return np.empty((0, *shape), np.uint8), np.empty(0, np.int64)
         first = records[0][0]
-        for key, (image, _) in zip(keys, records, strict=True):
-            if image.shape != first.shape or image.dtype != first.dtype:
-                raise DatumError(
-                    f"{self.path}: key {key.decode(errors='replace')}: {image.dtype} "
-                    f"{image.shape} does not stack with the first record's {first.dtype} "
-                    f"{first.shape}"
-                )
+        if any(image.shape != first.shape or image.dtype != first.dtype for image, _ in records):
+            return records
         return np.stack([image for image, _ in records]), np.array(
             [label for _, label in records], np.int64
         )
@@ -464,6 +490,16 @@ class DatumDataset:
 
     def __repr__(self) -> str:
         return f"<DatumDataset {self.path!r} ({self.backend}, {self._length} records)>"
+
+
+def _as_records(
+    batch: tuple[np.ndarray, np.ndarray] | list[tuple[np.ndarray, int]],
+) -> list[tuple[np.ndarray, int]]:
+    """A batch as ``[(image, label), ...]``: the stacked images' views, Python int labels."""
+    if isinstance(batch, list):
+        return batch
+    images, labels = batch
+    return list(zip(images, labels.tolist(), strict=True))
 
 
 def open_db(path: str | os.PathLike[str], backend: str | None = None) -> DatumDataset:

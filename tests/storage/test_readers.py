@@ -66,6 +66,9 @@ def test_records_outside_the_fixed_layout(tmp_path: Path, backend: str) -> None:
             assert got_image.dtype == image.dtype and np.array_equal(got_image, image), i
             assert got_image.flags.writeable
         assert [label for _, label in db.__getitems__([2, 1, 0, 7])] == [-3, 200, 5, 127]
+        batch = db.__getitems__(list(range(len(expected))))  # not one shape: db[i]'s list
+        for (image, label), (got_image, got_label) in zip(expected, batch, strict=True):
+            assert got_label == label and np.array_equal(got_image, image)
         assert [label for _, label in db] == [label for _, label in expected]
         images, labels = db.read_range(0, 3)
         assert images.shape == (3, 1, 3, 4) and labels.tolist() == [5, 200, -3]
