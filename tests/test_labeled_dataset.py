@@ -8,29 +8,18 @@ import hashlib
 import multiprocessing
 import pickle
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
+from db_helpers import write_labels
 
 from mnist2db import convert, open_db
-from mnist2db.conversion import write_database
 from mnist2db.errors import DatumError, MissingKeyError
 from mnist2db.formats.datum import record_keys
-from mnist2db.formats.target_datum import encode_target_batch
 from mnist2db.labeled_dataset import LabeledDataset
 
 RECORDS = 3000
 WIDTH = 5
-
-
-def write_labels(path: Path, targets: np.ndarray, backend: str = "lmdb", keys=None) -> None:
-    from mnist2db.storage.staging import staged_database
-
-    keys = list(keys if keys is not None else record_keys(0, len(targets)))
-    with staged_database(path, backend) as staging:
-        records = list(zip(keys, encode_target_batch(targets), strict=True))
-        write_database(backend, staging, 64, [records], len(records), lambda d, t: None, keyed=True)
 
 
 @pytest.fixture(scope="module")

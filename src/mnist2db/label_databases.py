@@ -26,6 +26,7 @@ from mnist2db.errors import Mnist2dbError
 from mnist2db.formats.image_list import ListEntry, image_key
 from mnist2db.formats.label_table import LabelTable, first_label, iter_rows
 from mnist2db.formats.target_datum import encode_target_batch, target_value_size
+from mnist2db.progress import Progress
 from mnist2db.storage.readers import open_reader
 from mnist2db.storage.spill import spill_to_map
 
@@ -186,3 +187,68 @@ def describe(result: LabelsResult) -> str:
         f"Wrote {printable(result.path)}: {result.count} label records of {result.width} "
         f"float values{names}, under the image keys."
     )
+
+
+class PairCheck(NamedTuple):
+    """What :func:`verify_label_db` found: ``count`` records in each, ``width`` values each."""
+
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
+    width: int
+
+
+def verify_label_db(
+    images: str | os.PathLike[str],
+    labels: str | os.PathLike[str],
+    progress: Progress | None = None,
+) -> PairCheck:
+    """Check that ``labels`` is the label database of ``images``: the same keys in the same
+    order, as many records, each a label record of the first one's width.
+
+    Raises:
+        VerifyError: naming the first key that breaks it.
+        BackendError: either is not a database.
+    """
+    from itertools import zip_longest
+
+    from mnist2db.errors import VerifyError
+    from mnist2db.formats.datum import key_text
+    from mnist2db.formats.target_datum import decode_targets
+    from mnist2db.progress import reporting
+
+    report = reporting(progress)
+    images, labels = os.fsdecode(images), os.fsdecode(labels)
+    count = 0
+    width: int | None = None
+    with open_reader(images) as image_db, open_reader(labels) as label_db:
+        total = len(image_db)
+        pairs = zip_longest(image_db.iter_keys(), label_db)
+        for image_key, label in pairs:
+            if label is None:
+                raise VerifyError(
+                    f"{labels}: no label record for the image key {key_text(bytes(image_key))} "
+                    f"(record {count}: it holds fewer records than {images})"
+                )
+            key, value = bytes(label[0]), bytes(label[1])
+            if image_key is None:
+                raise VerifyError(
+                    f"{labels}: key {key_text(key)} (record {count}) has no image record in "
+                    f"{images} (it holds more records)"
+                )
+            if bytes(image_key) != key:
+                raise VerifyError(
+                    f"{labels}: key {key_text(key)} at record {count}, where {images} holds "
+                    f"{key_text(bytes(image_key))}"
+                )
+            targets = decode_targets(value, f"{labels}: key {key_text(key)}", width)
+            if width is None:
+                width = len(targets)
+            elif len(targets) != width:
+                raise VerifyError(
+                    f"{labels}: key {key_text(key)} holds {len(targets)} values, the first "
+                    f"record {width}"
+                )
+            count += 1
+            if count % 1000 == 0:
+                report(count, total)
+    report(count, count)
+    return PairCheck(count, width or 0)

@@ -19,13 +19,13 @@ import ctypes
 import errno
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
 
 from mnist2db.errors import (
     BackendError,
     OutputError,
     OutputExistsError,
 )
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.storage.backends import check_backend
 from mnist2db.storage.files import (
     fsync_dir,
@@ -43,6 +43,9 @@ from mnist2db.storage.files import (
     write_journal,
 )
 from mnist2db.storage.targets import check_destination, is_owned_file
+
+if TYPE_CHECKING:
+    from typing import Any
 
 #: Free space (bytes) below which a failed write is blamed on a full file system.
 _LOW_SPACE = 1 << 20
