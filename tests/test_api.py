@@ -104,3 +104,14 @@ def test_one_error_class_per_kind_of_failure(tmp_path: Path) -> None:
     with pytest.raises(mnist2db.OutputError, match="^/proc/self/m.binaryproto: cannot write"):
         mnist2db.write_mean(mean, "/proc/self/m.binaryproto")
     assert not issubclass(mnist2db.OutputError, mnist2db.BackendError)
+
+
+def test_the_version_is_the_one_pyproject_declares() -> None:
+    import re
+
+    from mnist2db.version import __version__
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    declared = re.search(r'^version = "([^"]+)"$', pyproject, re.MULTILINE)
+    assert declared is not None
+    assert __version__ == declared.group(1) == mnist2db.__version__

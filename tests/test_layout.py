@@ -64,10 +64,14 @@ def imports(tree: ast.Module, known: set[str]) -> list[tuple[str, list[str]]]:
 def graph() -> dict[str, set[str]]:
     trees = modules()
     known = set(trees)
-    return {
-        name: {m for m, _ in imports(tree, known) if m != name and m != "mnist2db"}
-        for name, tree in trees.items()
-    }
+    return {name: {m for m, _ in imports(tree, known) if m != name} for name, tree in trees.items()}
+
+
+def test_nothing_inside_imports_the_public_face() -> None:
+    """``mnist2db`` (``__init__.py``) stands above every operation: a module inside that
+    imports a name from it (``from mnist2db import __version__``) points up."""
+    users = sorted(name for name, targets in graph().items() if "mnist2db" in targets)
+    assert users == []
 
 
 def test_there_are_no_import_circles() -> None:
@@ -156,7 +160,13 @@ def test_the_library_flows_one_way() -> None:
     """Front ends -> operations -> formats and storage -> errors: nothing below the front
     ends imports them, and formats/ and storage/ import no operation."""
     lower = ("mnist2db.formats", "mnist2db.storage", "mnist2db.fetch")
-    base = {"mnist2db.errors", "mnist2db.fastpath", "mnist2db.progress", "mnist2db.interrupt"}
+    base = {
+        "mnist2db.errors",
+        "mnist2db.fastpath",
+        "mnist2db.progress",
+        "mnist2db.interrupt",
+        "mnist2db.version",
+    }
     wrong = []
     for name, targets in graph().items():
         for target in targets:
@@ -167,3 +177,43 @@ def test_the_library_flows_one_way() -> None:
             ):
                 wrong.append(f"{name} -> {target}")
     assert wrong == []
+
+
+def _homes(found: dict[str, int]) -> list[str]:
+    return sorted(name for name, n in found.items() if n)
+
+
+def test_a_fresh_seed_has_one_home() -> None:
+    """Every drawn seed comes from :func:`mnist2db.records.fresh_seed`."""
+    sources = {p: p.read_text() for p in PACKAGE.rglob("*.py")}
+    drawn = {module_name(p): text.count("os.urandom(8)") for p, text in sources.items()}
+    assert _homes(drawn) == ["mnist2db.records"]
+
+
+def test_caffe_keys_are_formatted_in_one_home() -> None:
+    """Caffe's key format ``b"%08d"`` is written once, :data:`mnist2db.formats.datum.KEY_FORMAT`
+    (``record_key``, ``record_keys`` and the dataset's inlined hot path use it); the one
+    literal ``%08d`` formatting left is ``image_list``'s ``%08d_PATH``, convert_imageset's
+    key, a key of its own."""
+    trees = modules()
+    literal = {
+        name: sum(
+            1
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in (b"%08d", "%08d")
+        )
+        for name, tree in trees.items()
+    }
+    formatted = {
+        name: sum(
+            1
+            for node in ast.walk(tree)
+            if isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Mod)
+            and isinstance(node.left, ast.Constant)
+            and "%08d" in str(node.left.value)
+        )
+        for name, tree in trees.items()
+    }
+    assert _homes(literal) == ["mnist2db.formats.datum"]
+    assert _homes(formatted) == ["mnist2db.formats.image_list"]

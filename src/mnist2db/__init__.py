@@ -9,8 +9,7 @@ from __future__ import annotations
 import importlib
 
 from mnist2db.fastpath import TYPE_CHECKING  # not typing's: see fastpath.py
-
-__version__ = "0.1.0"
+from mnist2db.version import __version__
 
 _LAZY = {
     "ArgumentError": "errors",

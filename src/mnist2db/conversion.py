@@ -26,7 +26,7 @@ from mnist2db.formats.idx import LABELS_MAGIC, check_pair
 from mnist2db.formats.idx_reader import IdxReader, open_idx
 from mnist2db.formats.png import DEFAULT_PNG_COMPRESSION, check_encoding, check_png_compression
 from mnist2db.progress import Progress, reporting
-from mnist2db.records import iter_records
+from mnist2db.records import check_label_column, check_range, fresh_seed, iter_records, seed_note
 from mnist2db.storage.backends import (
     DEFAULT_BACKEND,
     DEFAULT_BATCH_SIZE,
@@ -71,7 +71,7 @@ class ConvertResult(_ConvertResultFields):
 
     def summary(self) -> str:
         """What Caffe's convert_mnist_data logs, then where the database went and how fast."""
-        extra = "" if self.seed is None else f"Shuffled with seed {self.seed}.\n"
+        extra = "" if self.seed is None else f"{seed_note(self.seed)}\n"
         if self.transposed:
             extra += "Images transposed (height and width swapped).\n"
         return (
@@ -154,7 +154,7 @@ def convert(
     if seed is not None and not shuffle:
         raise ArgumentError("a seed orders a shuffle: ask for shuffle too")
     if shuffle and seed is None:
-        seed = int.from_bytes(os.urandom(8), "little")
+        seed = fresh_seed()
     if encoded is not None:
         check_encoding(encoded)
     check_png_compression(png_compression, encoded)
@@ -224,7 +224,6 @@ def _convert_recipe(
     """The pipeline with options: numpy batches from :func:`mnist2db.records.iter_records`."""
     from mnist2db.formats.datum import encode_batch
     from mnist2db.formats.png import check_png_shape, encode_png_batch
-    from mnist2db.records import check_label_column, check_range
 
     header = image_reader.header
     check_label_column(label_reader.header, recipe.label_column)

@@ -19,6 +19,7 @@ from mnist2db.fetch.manifest import read_manifest, verified_present
 from mnist2db.fetch.sink import MAX_UNPACKED, packed_bound
 from mnist2db.formats.png import DEFAULT_PNG_COMPRESSION
 from mnist2db.progress import NamedProgress, labelled, named_reporting
+from mnist2db.records import fresh_seed
 from mnist2db.storage.backends import DEFAULT_BACKEND, DEFAULT_BATCH_SIZE
 
 
@@ -117,7 +118,7 @@ def create_databases(
     if transpose is None:
         transpose = spec.stored_transposed
     if shuffle and seed is None:
-        seed = int.from_bytes(os.urandom(8), "little")
+        seed = fresh_seed()
     data = os.fspath(data_dir) if data_dir is not None else default_data_dir(spec)
     out = os.fspath(out_dir) if out_dir is not None else default_out_dir(spec)
     inputs = []

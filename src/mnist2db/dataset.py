@@ -46,6 +46,7 @@ from mnist2db.errors import (
     RecordIndexError,
 )
 from mnist2db.formats.datum import (
+    KEY_FORMAT,
     KEY_LIMIT,
     datum_to_array,
     decode_datum,
@@ -297,7 +298,7 @@ class DatumDataset:
         # None), takes the general path below.
         fast = self._fast
         if fast is not None and index.__class__ is int:
-            key = b"%08d" % (index + self._length if index < 0 else index)  # record_key, inlined
+            key = KEY_FORMAT % (index + self._length if index < 0 else index)  # record_key, inlined
             try:
                 value = self._local.txn.get(key)
                 if (
@@ -315,7 +316,7 @@ class DatumDataset:
         # read() for any record not exactly in that layout.
         png = self._fast_png
         if png is not None and index.__class__ is int:
-            key = b"%08d" % (index + self._length if index < 0 else index)
+            key = KEY_FORMAT % (index + self._length if index < 0 else index)
             try:
                 record = png.read(self._local.txn.get(key))
                 if record is not None:
@@ -349,7 +350,7 @@ class DatumDataset:
         if self._fast is not None or self._fast_png is not None:
             length = self._length
             if -length <= min(indices) and max(indices) < length:
-                keys = [b"%08d" % (i + length if i < 0 else i) for i in indices]
+                keys = [KEY_FORMAT % (i + length if i < 0 else i) for i in indices]
                 try:
                     get = self._local.txn.get
                 except AttributeError:  # no transaction in this thread yet, or closed

@@ -58,6 +58,7 @@ FAST_PATH = frozenset(
         "mnist2db.storage.metadata",
         "mnist2db.storage.staging",
         "mnist2db.storage.targets",
+        "mnist2db.version",
     }
 )
 

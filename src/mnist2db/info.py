@@ -14,10 +14,9 @@ from mnist2db.errors import DatumError, printable
 from mnist2db.formats.datum import datum_shape, decode_datum, key_text, record_key
 from mnist2db.formats.idx import (
     QMNIST_LABELS_MAGIC,
-    IdxHeader,
     magic_kind,
 )
-from mnist2db.formats.idx_reader import scan_idx
+from mnist2db.formats.idx_reader import IdxScan, scan_idx
 from mnist2db.formats.image import image_format
 from mnist2db.formats.png import datum_encoding as _datum_encoding
 from mnist2db.formats.png import decode_image
@@ -37,17 +36,11 @@ from mnist2db.storage.metadata import (
 from mnist2db.storage.readers import DbReader, shared_reader
 
 
-@dataclass
-class IdxInfo:
-    """What ``info`` reports on an IDX file."""
+class IdxInfo(IdxScan):
+    """What ``info`` reports on an IDX file: the fields of
+    :class:`~mnist2db.formats.idx_reader.IdxScan` (declared there once), and their lines."""
 
-    header: IdxHeader
-    file_size: int
-    data_size: int  # bytes of data found after the header (decompressed for gzip)
-    problem: str | None
-    label_counts: dict[int, int] | None = None
-    at_least: bool = False  # reading stopped one chunk past the declared size
-    streaming: bool = False  # a pipe: no size known beforehand
+    __slots__ = ()
 
     @property
     def expected_size(self) -> int:
@@ -98,7 +91,7 @@ def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
     Raises:
         IdxFormatError: the file cannot be read or its header cannot be parsed at all.
     """
-    return IdxInfo(*scan_idx(path))
+    return IdxInfo._make(scan_idx(path))
 
 
 @dataclass

@@ -89,12 +89,33 @@ def check_label_column(header: IdxHeader, column: int) -> None:
         )
 
 
+#: Seeds are unsigned 64-bit: PCG64 takes any, and ``mnist2db.json`` records them exactly.
+SEED_LIMIT = 1 << 64
+
+
+def check_seed(seed: int) -> None:
+    """A seed must be an unsigned 64-bit integer."""
+    if not 0 <= seed < SEED_LIMIT:
+        raise ArgumentError(f"seed must be between 0 and 2**64-1, got {seed}")
+
+
+def fresh_seed(limit: int = SEED_LIMIT) -> int:
+    """A seed drawn from the operating system's randomness, below ``limit`` (a power of two:
+    Caffe's drop-ins take a signed 64-bit ``--seed``, so theirs stop at ``1 << 63``)."""
+    return int.from_bytes(os.urandom(8), "little") % limit
+
+
+def seed_note(seed: int, flag: str = "--seed ") -> str:
+    """The one phrasing of the seed a shuffle used, and how to repeat it (``flag``: the
+    front end's spelling of the option, ``"--seed="`` for the gflags drop-ins)."""
+    return f"Shuffled with seed {seed} ({flag}{seed} repeats it)."
+
+
 def permutation(seed: int, count: int) -> np.ndarray:
     """The shuffled order: record ``k`` holds selected item ``permutation(seed, count)[k]``."""
     import numpy as np
 
-    if not 0 <= seed < 1 << 64:
-        raise ArgumentError(f"seed must be between 0 and 2**64-1, got {seed}")
+    check_seed(seed)
     words = np.asarray(np.random.PCG64(seed).random_raw(count), dtype=np.uint64)
     order: np.ndarray = np.argsort(words, kind="stable")
     return order

@@ -37,6 +37,7 @@ from mnist2db.formats.datum import check_record_count, datum_prefix, splitter
 from mnist2db.formats.idx import INT32_MAX, IdxHeader, check_pair
 from mnist2db.formats.idx_reader import open_idx
 from mnist2db.progress import Progress, reporting
+from mnist2db.records import check_seed, fresh_seed
 from mnist2db.storage.backends import (
     DEFAULT_BATCH_SIZE,
     SIAMESE_BACKEND,
@@ -50,17 +51,6 @@ from mnist2db.storage.staging import staged_database
 
 if TYPE_CHECKING:
     from mnist2db.storage.files import PathArg
-
-
-class _SiameseResultFields(NamedTuple):
-    path: str
-    backend: str
-    count: int  # type: ignore[assignment]  # the field hides tuple.count
-    positives: int
-    rows: int
-    cols: int
-    seed: int
-    seconds: float
 
 
 #: How the pairs are drawn from the seed, by balance (recorded in ``mnist2db.json``).
@@ -206,9 +196,9 @@ def convert_siamese(
     if pairs is not None:
         check_record_count(pairs, out, "pairs")
     if seed is None:
-        seed = int.from_bytes(os.urandom(8), "little")
-    elif not 0 <= seed < 1 << 64:
-        raise ArgumentError(f"seed must be between 0 and 2**64-1, got {seed}")
+        seed = fresh_seed()
+    else:
+        check_seed(seed)
 
     with staged_database(out, backend, overwrite=overwrite, inputs=(images, labels)) as staging:
         pixels, label_array, image_header, label_header = _load(images, labels, staging)

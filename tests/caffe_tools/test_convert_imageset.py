@@ -154,7 +154,7 @@ def test_tabs_and_trailing_spaces_are_read_as_meant(images: Path, tmp_path: Path
 def test_seeded_shuffle_repeats(images: Path, tmp_path: Path) -> None:
     (tmp_path / "list.txt").write_text("".join(f"{i}.png {i}\n" for i in range(3)))
     first = run(["--shuffle", "--seed=5", "imgs/", "list.txt", "a"], tmp_path)
-    assert "Shuffle seed 5 (--seed=5 repeats this order)" in first.stderr
+    assert "Shuffled with seed 5 (--seed=5 repeats it)." in first.stderr
     assert run(["--shuffle", "--seed=5", "imgs/", "list.txt", "b"], tmp_path).returncode == 0
     assert records(tmp_path / "a") == records(tmp_path / "b")
     assert sorted(k[9:] for k in records(tmp_path / "a")) == [b"0.png", b"1.png", b"2.png"]
@@ -185,7 +185,7 @@ def test_a_refused_target_is_refused_before_opened(
     assert done.returncode == 1
     messages = [line.split("] ", 1)[1] for line in done.stderr.splitlines()]
     assert messages == [
-        *(["Shuffling data", "Shuffle seed 1 (--seed=1 repeats this order)"] if shuffle else []),
+        *(["Shuffling data", "Shuffled with seed 1 (--seed=1 repeats it)."] if shuffle else []),
         "A total of 2 images.",
         "nodir/../db: no directory nodir/.. to write it in (nodir does not exist, and '..' "
         "after it would leave it again: create it first, or name the path without '..')",

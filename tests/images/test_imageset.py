@@ -85,7 +85,7 @@ def tree(tmp_path: Path) -> Path:
 def test_class_folders_to_a_database_with_a_seed(tree: Path, tmp_path: Path) -> None:
     result = run("imageset", "--shuffle", "--seed", "7", tree, tmp_path / "db")
     assert result.exit_code == 0, result.stderr
-    assert "shuffled with seed 7 (--seed 7 repeats it)" in result.stderr
+    assert "Shuffled with seed 7 (--seed 7 repeats it)." in result.stderr
     meta = json.loads((tmp_path / "db" / "mnist2db.json").read_text())
     assert meta["imageset"]["shuffle"]["seed"] == 7 and meta["source"]["items"] == 7
     db = open_db(tmp_path / "db")

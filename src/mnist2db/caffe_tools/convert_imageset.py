@@ -10,12 +10,12 @@ nothing without a word, this refuses in one line and leaves nothing behind. Exte
 
 from __future__ import annotations
 
-import os
 import sys
 
 from mnist2db.caffe_tools.drop_ins import OPENED_AT, log_here, run_tool, tool_main
 from mnist2db.caffe_tools.gflags import Flag, ParsedArgs
 from mnist2db.caffe_tools.glog import Logger
+from mnist2db.records import fresh_seed, seed_note
 from mnist2db.storage.backends import DEFAULT_BACKEND
 
 PROG = "convert_imageset"
@@ -90,11 +90,11 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
 
         seed = int(parsed["seed"])  # type: ignore[call-overload]
         if seed == -1:
-            seed = int.from_bytes(os.urandom(8), "little") >> 1
+            seed = fresh_seed(1 << 63)
         if not 0 <= seed < 1 << 63:
             raise ArgumentError(f"--seed must be between 0 and 2**63-1, got {seed}")
         logger.log("I", "convert_imageset.cpp:86", "Shuffling data")
-        logger.log("I", log_here(), f"Shuffle seed {seed} (--seed={seed} repeats this order)")
+        logger.log("I", log_here(), seed_note(seed, "--seed="))
         listed = list(read_image_list(listing))
         picks = np.argsort(np.random.PCG64(seed).random_raw(len(listed)), kind="stable")
         order = [

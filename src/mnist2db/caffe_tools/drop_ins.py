@@ -18,10 +18,10 @@ import stat
 import sys
 from collections.abc import Callable
 
-from mnist2db import __version__
 from mnist2db.caffe_tools.gflags import Flag, FlagError, ParsedArgs, parse_command_line, usage_text
 from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.storage.backends import BACKENDS, DEFAULT_BACKEND, DEFAULT_BATCH_SIZE, SIAMESE_BACKEND
+from mnist2db.version import __version__
 
 if TYPE_CHECKING:
     from mnist2db.caffe_tools.glog import Logger

@@ -14,8 +14,8 @@ import sys
 
 import click
 
-from mnist2db import __version__
 from mnist2db.interrupt import run
+from mnist2db.version import __version__
 
 #: Every command, in the order ``mnist2db --help`` lists them: the module that defines it
 #: (in this package) and the summary that ``--help`` shows without importing it.

@@ -22,6 +22,7 @@ from mnist2db.cli.options import (
 )
 from mnist2db.create import create_databases, orientation_note
 from mnist2db.fetch.fetcher import fetch as run_fetch
+from mnist2db.records import seed_note
 
 MIRROR_ENVVAR = "MNIST2DB_MIRROR"
 # The transport's defaults, repeated here: importing it at start-up would load urllib and ssl
@@ -211,7 +212,7 @@ def create(
             echo(
                 f"Wrote {result.path} ({result.backend}): {result.count} records of "
                 f"{result.rows}x{result.cols} in {result.seconds:.2f} s."
-                + ("" if result.seed is None else f" Shuffled with seed {result.seed}."),
+                + ("" if result.seed is None else f" {seed_note(result.seed)}"),
                 err=True,
             )
 

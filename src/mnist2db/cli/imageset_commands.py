@@ -7,6 +7,7 @@ import click
 
 from mnist2db.cli.common import check_seed, echo, library_errors, progress_reporter
 from mnist2db.cli.options import Path, backend_option, quiet_option, shuffle_options
+from mnist2db.records import seed_note
 
 
 def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
@@ -78,7 +79,7 @@ def imageset(
         echo(f"{len(done.classes)} classes: {', '.join(done.classes[:10])}"
              + (" …" if len(done.classes) > 10 else ""), err=True)  # fmt: skip
     if done.seed is not None:
-        echo(f"shuffled with seed {done.seed} (--seed {done.seed} repeats it)", err=True)
+        echo(seed_note(done.seed), err=True)
     echo(done.result.summary(), err=True)
     for path in done.extra:
         echo(f"Wrote {path}.", err=True)

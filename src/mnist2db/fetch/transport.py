@@ -28,12 +28,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from mnist2db import __version__
 from mnist2db.errors import DownloadError
 from mnist2db.fetch.connections import HeadWatch, opener
 from mnist2db.fetch.sink import CHUNK, SourceFailed, Transient
 from mnist2db.fetch.untrusted import clean, open_regular, shown_url
 from mnist2db.progress import NamedProgress
+from mnist2db.version import __version__
 
 #: ``progress(file_name, bytes_done, bytes_total)``; total is 0 when unknown.
 FetchProgress = NamedProgress

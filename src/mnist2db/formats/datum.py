@@ -129,6 +129,9 @@ def encode_batch(images: np.ndarray, labels: np.ndarray) -> list[bytes]:
 #: in index order, so LMDB's append mode, and reading record ``i`` under ``record_key(i)``,
 #: hold only up to this many records.
 KEY_LIMIT = 10**8
+#: Caffe's key format, for code that formats keys inline (the dataset's hot path); everything
+#: else calls :func:`record_key` or :func:`record_keys`.
+KEY_FORMAT = b"%08d"
 
 
 def check_record_count(count: int, where: str, unit: str = "records") -> None:
@@ -171,7 +174,7 @@ def raw_layout(value: bytes) -> tuple[int, bytes, tuple[int, int, int], int] | N
 
 def record_key(index: int) -> bytes:
     """Caffe's key for record ``index``: ``b"%08d" % index``."""
-    return b"%08d" % index
+    return KEY_FORMAT % index
 
 
 def key_text(key: bytes) -> str:
@@ -192,7 +195,7 @@ def record_keys(start: int, count: int) -> Sequence[bytes]:
     """
     end = start + count
     if end > KEY_LIMIT:
-        return [b"%08d" % i for i in range(start, end)]
+        return [KEY_FORMAT % i for i in range(start, end)]
     parts = []
     i = start
     while i < end:

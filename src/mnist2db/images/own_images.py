@@ -66,7 +66,7 @@ def convert_images(
         Mnist2dbError: see :func:`mnist2db.images.imageset.write_imageset` and
             :func:`mnist2db.images.imageset.write_imageset_idx`; nothing is then written.
     """
-    from mnist2db.records import permutation
+    from mnist2db.records import fresh_seed, permutation
     from mnist2db.storage.metadata import imageset_metadata
     from mnist2db.storage.placement import check_file_target
 
@@ -94,7 +94,7 @@ def convert_images(
         where = listing
     if shuffle:
         if seed is None:
-            seed = int.from_bytes(os.urandom(8), "little")
+            seed = fresh_seed()
         listed = entries if entries is not None else list(read_image_list(listing or ""))
         order = permutation(seed, len(listed)).tolist()
         entries = [ListEntry(k, listed[i].path, listed[i].label) for k, i in enumerate(order)]
