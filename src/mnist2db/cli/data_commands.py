@@ -206,12 +206,12 @@ def verify(
     database written with --transpose, --shuffle, --offset/--count or --label-column is
     compared with what those options (recorded in DB/mnist2db.json) make of the source.
     With --label-db, DB and its label database are checked to be a pair (IMAGES and
-    LABELS may then be left out), the first key that breaks it named.
+    LABELS may then be left out), the first key that breaks it named (see
+    docs/labels.md: mnist2db verify photos_lmdb --label-db photos_lmdb_labels).
 
     \b
     Examples:
       mnist2db verify examples/mnist/mnist_train_lmdb data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte
-      mnist2db verify celeba_lmdb --label-db celeba_lmdb_labels
     """
     if (images is None) != (labels is None) or (images is None and label_db is None):
         raise click.UsageError("give IMAGES and LABELS (the IDX files), or --label-db, or both")
