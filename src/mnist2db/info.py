@@ -17,7 +17,7 @@ from mnist2db.formats.idx import (
     magic_kind,
 )
 from mnist2db.formats.idx_reader import IdxScan, scan_idx
-from mnist2db.formats.image import image_format
+from mnist2db.formats.image_input import image_format
 from mnist2db.formats.png import datum_encoding as _datum_encoding
 from mnist2db.formats.png import decode_image
 from mnist2db.progress import Progress, reporting

@@ -30,6 +30,12 @@ import zlib
 from typing import TYPE_CHECKING, Any
 
 from mnist2db.errors import ImageError
+from mnist2db.formats.image_input import (
+    check_declared_size,
+    image_format,
+    open_with_pillow,
+    read_image_file,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,24 +57,6 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _IDAT_SIZE = 8192
 
 
-def image_format(data: bytes) -> str | None:
-    """The format of encoded image bytes from their signature (``"PNG"``, ``"JPEG"``, ...)."""
-    head = bytes(data[:12])
-    if head.startswith(_PNG_SIGNATURE):
-        return "PNG"
-    if head.startswith(b"\xff\xd8\xff"):
-        return "JPEG"
-    if head.startswith(b"BM"):
-        return "BMP"
-    if head[:4] in (b"II*\x00", b"MM\x00*"):
-        return "TIFF"
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "WEBP"
-    if len(head) >= 2 and head[0:1] == b"P" and head[1:2] in b"123456":
-        return "PPM"
-    return None
-
-
 def read_image(path: str | bytes, *, color: bool) -> np.ndarray:
     """The pixels of the image file at ``path`` as ``cv::imread`` returns them: ``(h, w, 3)``
     BGR when ``color``, else ``(h, w)`` grey; uint8.
@@ -77,13 +65,7 @@ def read_image(path: str | bytes, *, color: bool) -> np.ndarray:
         ImageError: the file cannot be opened, or is not an image OpenCV reads (the message
             names the path and why).
     """
-    shown = os.fsdecode(path)
-    try:
-        with open(path, "rb") as stream:
-            data = stream.read()
-    except OSError as exc:
-        raise ImageError(f"{shown}: cannot read it: {exc.strerror}") from None
-    return decode_image(data, color=color, where=shown)
+    return decode_image(read_image_file(path), color=color, where=os.fsdecode(path))
 
 
 def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
@@ -95,7 +77,8 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
     Raises:
         ImageError: not an image OpenCV reads, or damaged (naming ``where``).
     """
-    from PIL import Image, UnidentifiedImageError
+    from PIL import UnidentifiedImageError
+    from PIL.Image import DecompressionBombError, DecompressionBombWarning
 
     kind = image_format(data)
     if kind == "PNG":
@@ -111,14 +94,16 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
             return _convert(pixels, "grey" if grey else "rgb", kind, want, None)
     if kind is None:
         raise ImageError(f"{where}: not an image OpenCV reads (PNG, JPEG, BMP, PPM, TIFF, WebP)")
+    check_declared_size(data, kind, where)
     try:
-        with Image.open(io.BytesIO(data), formats=[kind]) as opened:
+        with open_with_pillow(data, kind) as opened:
             pixels, model = _samples(opened, kind, color, data)
             gamma = _png_gamma(dict(opened.info)) if kind == "PNG" else None
             orientation = 1
             if _may_orient(kind, data, opened) and color is not None:
                 orientation = int(opened.getexif().get(_EXIF_ORIENTATION, 1) or 1)
-    except (OSError, UnidentifiedImageError, ValueError, SyntaxError, struct.error) as exc:
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError, struct.error,
+            DecompressionBombError, DecompressionBombWarning) as exc:  # fmt: skip
         raise ImageError(f"{where}: {kind} image cannot be decoded: {exc}") from None
     if color is None:
         color = model != "grey"

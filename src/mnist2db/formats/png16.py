@@ -4,7 +4,8 @@ libpng converts colour to grey (OpenCV's ``IMREAD_GRAYSCALE``) on the 16-bit sam
 only then keeps the high byte, so the grey value of a 16-bit colour PNG depends on the low
 bytes too. This reads the samples itself: the ``IDAT`` chunks inflated, the rows
 unfiltered (Sub and Up vectorised; Average and Paeth pixel by pixel, across the channels at
-once). Interlaced images are left to Pillow (``None``).
+once), inflated no further than the header's size declares. Interlaced images are left to
+Pillow (``None``).
 """
 
 from __future__ import annotations
@@ -60,10 +61,16 @@ def decode_png16(fp: IO[bytes], size: tuple[int, int]) -> np.ndarray:
     channels = 3 if colour == 2 else 4
     bpp = 2 * channels
     stride = width * bpp
-    raw = np.frombuffer(zlib.decompress(data), dtype=np.uint8)
-    if len(raw) < height * (stride + 1):
+    expected = height * (stride + 1)
+    try:
+        # Inflated up to what the header declares, never past it: a small header may hide
+        # gigabytes of data (libpng, too, stops at the last row and ignores the rest).
+        raw = np.frombuffer(zlib.decompressobj().decompress(data, expected), dtype=np.uint8)
+    except zlib.error as exc:
+        raise ValueError(f"PNG image data is damaged: {exc}") from None
+    if len(raw) < expected:
         raise ValueError("PNG image data is cut short")
-    rows = raw[: height * (stride + 1)].reshape(height, stride + 1)
+    rows = raw.reshape(height, stride + 1)
     out = np.zeros((height, stride), dtype=np.uint8)
     previous = np.zeros(stride, dtype=np.uint8)
     for y in range(height):

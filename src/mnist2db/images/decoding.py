@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from mnist2db.errors import ImageError, printable
 from mnist2db.formats.datum import datum_prefix
-from mnist2db.formats.image import encode_image, png_planes, read_image, to_chw
+from mnist2db.formats.image import decode_image, encode_image, png_planes, read_image, to_chw
+from mnist2db.formats.image_input import read_image_file
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.formats.protowire import encode_varint
 from mnist2db.formats.resize import resize_linear
@@ -55,20 +56,16 @@ def image_record(
 
     Raises:
         ImageError: the image cannot be read (Caffe skips it).
-        OSError: the file cannot be read again (an encoded record's own bytes).
     """
     filename = root + entry.path
     label = b"\x28" + encode_varint(entry.label)
+    contents = read_image_file(filename)
     if resize is None and encoding is None:
-        try:
-            with open(filename, "rb") as stream:
-                planes = png_planes(stream.read(), color)
-        except OSError:
-            planes = None  # read_image names the file and the reason
+        planes = png_planes(contents, color)
         if planes is not None:
             data, shape = planes
             return datum_prefix(*shape, len(data)) + data + label + b"\x38\x00", shape
-    image = read_image(filename, color=color)
+    image = decode_image(contents, color=color, where=os.fsdecode(filename))
     if resize is not None:
         image = resize_linear(image, resize[0], resize[1])
     pixels = to_chw(image)
@@ -77,8 +74,7 @@ def image_record(
         data = pixels.tobytes()
         return datum_prefix(*shape, len(data)) + data + label + b"\x38\x00", shape
     if resize is None and matches_ext(filename, encoding):
-        with open(filename, "rb") as stream:
-            data = stream.read()
+        data = contents
     else:
         data = encode_image(image, encoding)
     return b"\x22" + encode_varint(len(data)) + data + label + b"\x38\x01", shape
