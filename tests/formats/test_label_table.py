@@ -110,6 +110,9 @@ def test_value_list_refusals(tmp_path: Path, text: bytes, kwargs: dict, message:
          "'path,name1,name2,…' (or a CelebA count line, then the names)"),
         (b"path,,b\n", "labels.txt:1: the header 'path,,b' names no label columns: expected "
          "'path,name1,name2,…' (or a CelebA count line, then the names)"),
+        (b"a.jpg 0 1\n", "labels.txt:1: the first line ends in a number, not a column name: a "
+         "label table begins with a header row (a list of PATH V1 … VN lines: --list with "
+         "--values)"),
         (b"p,a,b\nx.jpg,1\n", "labels.txt:2: 1 values after the path, expected 2: every line "
          "holds a path and the same number of values"),
         (b"p,a\n,1\n", "labels.txt:2: no path before the values"),

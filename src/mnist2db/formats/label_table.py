@@ -191,6 +191,11 @@ def open_label_table(
             "expected 'path,name1,name2,…' (or a CelebA count line, then the names)"
         )
     check_width(len(fields) - 1, f"{where}:1")
+    if _is_number(fields[-1]):  # a row of values, not a header of names
+        raise ImageError(
+            f"{where}:1: the first line ends in a number, not a column name: a label table "
+            "begins with a header row (a list of PATH V1 … VN lines: --list with --values)"
+        )
     names = tuple(os.fsdecode(n) for n in fields[1:])
     return LabelTable(where, layout, len(names), names, 1, None)
 

@@ -228,6 +228,7 @@ def staged_database(
     out = os.fspath(out)
     check_backend(backend)
     inputs = list(inputs)
+    recover_databases(out)  # a killed pair's half is rolled back before ``out`` is judged
     check_destination(out, backend, overwrite, inputs)
     # As the kernel resolves it (through links and '..'), where the rename will put it.
     written = os.path.dirname(out.rstrip(os.sep) or out) or os.curdir
@@ -352,6 +353,8 @@ def staged_databases(
         return
     check_backend(backend)
     inputs = list(inputs)
+    for out in names:
+        recover_databases(out)  # a killed pair's half is rolled back before it is judged
     for i, out in enumerate(names):
         others: list[str | os.PathLike[str]] = [o for j, o in enumerate(names) if j != i]
         check_destination(out, backend, overwrite, inputs + others)
