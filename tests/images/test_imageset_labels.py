@@ -113,7 +113,7 @@ def test_a_csv_table_and_celeba_layout(work: Path) -> None:
     celeba = f"{COUNT}\nA B C\n" + "".join(
         f"{n.replace(' ', '_')}  {' '.join(map(repr, values_of(i)))}\n" for i, n in enumerate(names)
     )
-    for i, n in enumerate(names):
+    for n in names:
         os.link(work / "photos" / n, work / "photos" / n.replace(" ", "_"))
     (work / "list_attr_celeba.txt").write_text(celeba)
     assert run("imageset", "--labels", "list_attr_celeba.txt", "photos", "celeba").exit_code == 0
