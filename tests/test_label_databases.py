@@ -19,10 +19,11 @@ from mnist2db.errors import OutputExistsError
 from mnist2db.formats.datum import encode_datum
 from mnist2db.formats.label_table import open_label_table
 from mnist2db.formats.target_datum import decode_targets, encode_targets
-from mnist2db.label_databases import TargetSource, labels_path, write_label_database
+from mnist2db.label_databases import TargetSource, write_label_database
 from mnist2db.records import permutation
 from mnist2db.storage.readers import open_reader
 from mnist2db.storage.staging import recover_databases, remove_stale_staging, staged_databases
+from mnist2db.storage.targets import labels_path
 
 ROWS = b"".join(b"img %d.png %d %.3f -2.5\n" % (i, i % 2, i / 8) for i in range(10))
 

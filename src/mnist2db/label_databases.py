@@ -30,15 +30,8 @@ from mnist2db.progress import Progress
 from mnist2db.storage.readers import open_reader
 from mnist2db.storage.spill import spill_to_map
 
-#: The suffix of a label database's name: ``OUT`` and ``OUT_labels``.
-LABELS_SUFFIX = "_labels"
 #: Label records per transaction at most (also bounded by bytes: 64 MiB a batch).
 _BATCH_BYTES = 64 << 20
-
-
-def labels_path(out: str | os.PathLike[str]) -> str:
-    """Where the label database of the image database ``out`` goes: ``OUT_labels``."""
-    return os.path.normpath(os.fspath(out)) + LABELS_SUFFIX
 
 
 class TargetSource:

@@ -41,13 +41,14 @@ from mnist2db.images.decoding import (
     encoding_of,
     matches_ext,
 )
-from mnist2db.label_databases import labels_path, write_label_database
+from mnist2db.label_databases import write_label_database
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE, check_backend, check_batch_size
 from mnist2db.storage.files import AtomicFile
 from mnist2db.storage.metadata import write_metadata
 from mnist2db.storage.placement import check_file_target, place_together
 from mnist2db.storage.staging import staged_databases
+from mnist2db.storage.targets import labels_path
 
 if TYPE_CHECKING:
     from mnist2db.label_databases import LabelsResult, TargetSource
