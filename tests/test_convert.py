@@ -432,3 +432,28 @@ def test_batch_sizes_give_the_same_records(mnist_pair, tmp_path: Path, batch_siz
     assert records == [
         (b"%08d" % i, serialize(images[i].tobytes(), 5, 4, int(labels[i]))) for i in range(2003)
     ]
+
+
+def test_on_start_sees_both_headers_once_the_checks_pass_and_may_stop_the_work(
+    tmp_path: Path,
+) -> None:
+    images = write_idx(tmp_path / "i", make_images(3, 2, 4))
+    labels = write_idx(tmp_path / "l", make_labels(3))
+    seen: list[tuple[tuple[int, ...], tuple[int, ...], bool]] = []
+
+    def started(image_header, label_header) -> None:  # type: ignore[no-untyped-def]
+        seen.append((image_header.dims, label_header.dims, (tmp_path / "db").exists()))
+
+    convert(images, labels, tmp_path / "db", on_start=started)
+    assert seen == [((3, 2, 4), (3,), False)]
+    # a refusal there leaves nothing behind; a refused destination never reaches it
+    with pytest.raises(IdxFormatError, match="stop"):
+        convert(images, labels, tmp_path / "b", on_start=lambda *_: _stop())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["db", "i", "l"]
+    with pytest.raises(OutputExistsError):
+        convert(images, labels, tmp_path / "db", on_start=started)
+    assert len(seen) == 1
+
+
+def _stop() -> None:
+    raise IdxFormatError("stop")

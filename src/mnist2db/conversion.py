@@ -42,8 +42,10 @@ from mnist2db.storage.staging import staged_database, staged_databases
 from mnist2db.storage.targets import labels_path
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
+    from mnist2db.formats.idx import IdxHeader
     from mnist2db.storage.files import PathArg
 
 
@@ -106,6 +108,7 @@ def convert(
     encoded: str | None = None,
     png_compression: str = DEFAULT_PNG_COMPRESSION,
     label_db: bool = False,
+    on_start: Callable[[IdxHeader, IdxHeader], None] | None = None,
 ) -> ConvertResult:
     """Convert an MNIST image file and label file into a Caffe Datum database.
 
@@ -141,6 +144,10 @@ def convert(
         label_db: also write ``OUT_labels``, each record's every label column (QMNIST's
             eight) as a float_data label record under the same key
             (:mod:`mnist2db.label_databases`); the two are placed together.
+        on_start: called as ``on_start(images_header, labels_header)`` once the inputs and
+            the options and the destination are checked, before anything is written
+            (the drop-in logs Caffe's opening lines there; whatever it raises stops the
+            conversion, nothing written).
 
     Returns:
         A :class:`ConvertResult`.
@@ -176,18 +183,24 @@ def convert(
     )
     with open_idx(images) as image_reader, open_idx(labels) as label_reader:
         check_pair(image_reader.header, label_reader.header, label_rows=True)
+
+        def started() -> None:
+            if on_start is not None:
+                on_start(image_reader.header, label_reader.header)
+
         if not recipe.plain or label_reader.header.magic != LABELS_MAGIC or label_db:
             return _convert_recipe(
                 image_reader, label_reader, out, backend, recipe, batch_size, overwrite,
-                progress, label_db,
+                progress, started, label_db,
             )._replace(seconds=time.perf_counter() - start)  # fmt: skip
         count = image_reader.header.count
         check_record_count(count, images, "items")
         rows, cols = image_reader.header.dims[1], image_reader.header.dims[2]
         value_size = raw_value_size(rows, cols)
         batch = batch_records(batch_size, value_size)
-        inputs = (images, labels)
-        with staged_database(out, backend, overwrite=overwrite, inputs=inputs) as staging:
+        with staged_database(
+            out, backend, overwrite=overwrite, inputs=(images, labels), on_checked=started
+        ) as staging:
             # Raw bytes in, bytes out: no numpy and no per-record message objects.
             batches = zip(
                 image_reader.iter_raw_batches(batch),
@@ -228,6 +241,7 @@ def _convert_recipe(
     batch_size: int,
     overwrite: bool,
     progress: Progress,
+    started: Callable[[], None],
     label_db: bool = False,
 ) -> ConvertResult:
     """The pipeline with options: numpy batches from :func:`mnist2db.records.iter_records`
@@ -250,7 +264,9 @@ def _convert_recipe(
     batch = batch_records(batch_size, value_size)
     inputs = (image_reader.path, label_reader.path)
     outs = [out, labels_path(out)] if label_db else [out]
-    with staged_databases(outs, backend, overwrite=overwrite, inputs=inputs) as stagings:
+    with staged_databases(
+        outs, backend, overwrite=overwrite, inputs=inputs, on_checked=started
+    ) as stagings:
         staging = stagings[0]
         label_rows = _LabelRows(stagings[1]) if label_db else None
         batches = iter_records(

@@ -37,6 +37,7 @@ FAST_PATH = frozenset(
         "mnist2db.__main__",
         "mnist2db.caffe_tools",
         "mnist2db.caffe_tools.drop_ins",
+        "mnist2db.caffe_tools.frame",
         "mnist2db.caffe_tools.gflags",
         "mnist2db.caffe_tools.glog",
         "mnist2db.conversion",

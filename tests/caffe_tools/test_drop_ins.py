@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mnist2db.caffe_tools.drop_ins import FlagError, parse_flags, run
+from mnist2db.caffe_tools.drop_ins import parse_flags, run
+from mnist2db.caffe_tools.gflags import FlagError
 from mnist2db.storage.backends import detect_backend
 from mnist2db.storage.readers import open_reader
 

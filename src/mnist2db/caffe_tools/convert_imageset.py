@@ -10,10 +10,9 @@ nothing without a word, this refuses in one line and leaves nothing behind. Exte
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING
 
-from mnist2db.caffe_tools.drop_ins import OPENED_AT, log_here, run_tool, tool_main
+from mnist2db.caffe_tools.frame import OPENED_AT, log_here, run_tool, tool_main
 from mnist2db.caffe_tools.gflags import Flag, ParsedArgs
 from mnist2db.caffe_tools.glog import Logger
 from mnist2db.records import fresh_seed, seed_note
@@ -217,4 +216,3 @@ def main() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     main()
-    sys.exit(0)

@@ -12,19 +12,14 @@ the usage on stderr and exits 2; a failure of the work is one ``E…`` line and 
 
 from __future__ import annotations
 
-import contextlib
-import os
-import stat
-import sys
-from collections.abc import Callable
-
-from mnist2db.caffe_tools.gflags import Flag, FlagError, ParsedArgs, parse_command_line, usage_text
+from mnist2db.caffe_tools.frame import OPENED_AT, log_here, run_tool, tool_main
+from mnist2db.caffe_tools.gflags import Flag, ParsedArgs, parse_command_line
 from mnist2db.fastpath import TYPE_CHECKING
-from mnist2db.storage.backends import BACKENDS, DEFAULT_BACKEND, DEFAULT_BATCH_SIZE, SIAMESE_BACKEND
-from mnist2db.version import __version__
+from mnist2db.storage.backends import DEFAULT_BACKEND, DEFAULT_BATCH_SIZE, SIAMESE_BACKEND
 
 if TYPE_CHECKING:
     from mnist2db.caffe_tools.glog import Logger
+    from mnist2db.formats.idx import IdxHeader
 
 PROG = "convert_mnist_data"
 
@@ -113,69 +108,10 @@ SIAMESE_FLAGS: dict[str, Flag] = {
     ),
 }
 
-#: Where Caffe logs each line it shares with the drop-ins (glog's file:line).
-OPENED_AT = {"lmdb": "db_lmdb.cpp:35", "leveldb": "db_leveldb.cpp:18"}
-
 
 def parse_flags(argv: list[str], argv0: str = PROG) -> ParsedArgs:
     """Parse a convert_mnist_data command line as gflags does (see :mod:`mnist2db.caffe_tools.gflags`)."""
     return parse_command_line(argv, FLAGS, argv0)
-
-
-def _here() -> str:
-    """The caller's ``file:line``, for mnist2db's own log lines (as glog records its own)."""
-    frame = sys._getframe(1)
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
-
-
-def _run_tool(
-    argv: list[str],
-    argv0: str,
-    flags: dict[str, Flag],
-    usage: str,
-    source: str,
-    arity: tuple[int, ...],
-    work: Callable[[ParsedArgs, Logger], None],
-    alsologtostderr: bool,
-) -> int:
-    """Parse, handle help/version/usage, then run ``work(parsed, logger)``; the exit code."""
-    from mnist2db.caffe_tools.glog import Logger as GlogLogger
-
-    # Caffe's convert_mnist_data and compute_image_mean set FLAGS_alsologtostderr = 1 before
-    # parsing their command line, which may still turn it off.
-    preset: dict[str, object] = {"alsologtostderr": True} if alsologtostderr else {}
-    try:
-        parsed = parse_command_line(argv, flags, argv0, preset=preset)
-    except FlagError as exc:
-        sys.stderr.write(f"{exc}\n")
-        return 1
-    if parsed.help:
-        sys.stdout.write(usage_text(argv0, usage, source, flags))
-        return 0
-    if parsed.version:
-        sys.stdout.write(f"{os.path.basename(argv0)} (mnist2db) version {__version__}\n")
-        return 0
-    if len(parsed.positional) not in arity:
-        sys.stderr.write(usage_text(argv0, usage, source, flags))
-        return 2
-    logger = GlogLogger(parsed)
-    from mnist2db.errors import Mnist2dbError
-
-    try:
-        work(parsed, logger)
-    except Mnist2dbError as exc:
-        logger.log("E", _here(), str(exc))
-        if not logger.enabled("E"):
-            sys.stderr.write(f"{exc}\n")
-        return 1
-    return 0
-
-
-def _regular(path: str) -> bool:
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return False
 
 
 # -- convert_mnist_data -------------------------------------------------------------------
@@ -183,77 +119,37 @@ def _regular(path: str) -> bool:
 
 def _convert_mnist_data(parsed: ParsedArgs, logger: Logger) -> None:
     from mnist2db.conversion import convert
-    from mnist2db.errors import Mnist2dbError
-    from mnist2db.formats.datum import check_record_count
     from mnist2db.formats.idx import check_pair
-    from mnist2db.formats.idx_reader import read_header
-    from mnist2db.storage.targets import check_destination
 
     backend = str(parsed["backend"])
     image_file, label_file, db_path = parsed.positional
-    overwrite = bool(parsed["overwrite"])
-    batch_size = int(parsed["batch_size"])  # type: ignore[call-overload]
 
-    def log_start(count: int, rows: int, cols: int) -> None:
+    def log_start(images: IdxHeader, labels: IdxHeader) -> None:
+        # Caffe's reader takes only magic 2049 labels (convert also takes QMNIST's idx2-int
+        # rows): refused here, before Caffe's lines, which follow once the database is open
+        # and precede the first record.
+        check_pair(images, labels)
         logger.log("I", OPENED_AT[backend], f"Opened {backend} {db_path}")
-        logger.log("I", "convert_mnist_data.cpp:88", f"A total of {count} items.")
-        logger.log("I", "convert_mnist_data.cpp:89", f"Rows: {rows} Cols: {cols}")
+        logger.log("I", "convert_mnist_data.cpp:88", f"A total of {images.count} items.")
+        logger.log(
+            "I", "convert_mnist_data.cpp:89", f"Rows: {images.dims[1]} Cols: {images.dims[2]}"
+        )
 
-    # Caffe logs these lines once the database is open, before the first record, and
-    # refuses a pair its reader would not take (an idx2-int label file among them) before
-    # writing anything. A pipe's header is read ahead for that and its bytes relayed on
-    # (:mod:`mnist2db.formats.idx_pipe`): a pipe can be read only once.
-    early = backend in BACKENDS and (overwrite or not os.path.lexists(db_path))
-    with contextlib.ExitStack() as stack:
-        sources: list[str] = []
-        relays: dict[str, str] = {}
-        headers = []
-        for path in (image_file, label_file):
-            if not early or _regular(path):
-                sources.append(path)
-                if early:
-                    headers.append(read_header(path))
-                continue
-            from mnist2db.formats.idx_pipe import (
-                peek_pipe,  # only for a pipe: threading stays off the fast path
-            )
-
-            header, relayed = stack.enter_context(peek_pipe(path))
-            headers.append(header)
-            sources.append(relayed)
-            relays[relayed] = path
-        try:
-            if early:
-                # What Caffe checks before it opens the database (the headers), then what
-                # opening it would find (the target) and what convert refuses up front:
-                # Caffe's lines follow only then, as its mkdir precedes them.
-                check_pair(headers[0], headers[1])
-                count, rows, cols = headers[0].count, headers[0].dims[1], headers[0].dims[2]
-                check_record_count(count, image_file, "items")
-                check_destination(db_path, backend, overwrite, (image_file, label_file))
-                log_start(count, rows, cols)
-            result = convert(
-                sources[0],
-                sources[1],
-                db_path,
-                backend=backend,
-                batch_size=batch_size,
-                overwrite=overwrite,
-            )
-        except Mnist2dbError as exc:
-            message = str(exc)
-            for relayed, path in relays.items():
-                message = message.replace(relayed, path)
-            exc.args = (message,)
-            raise
-    if not early:
-        log_start(result.count, result.rows, result.cols)
+    result = convert(
+        image_file,
+        label_file,
+        db_path,
+        backend=backend,
+        batch_size=int(parsed["batch_size"]),  # type: ignore[call-overload]
+        overwrite=bool(parsed["overwrite"]),
+        on_start=log_start,
+    )
     logger.log("I", "convert_mnist_data.cpp:108", f"Processed {result.count} files.")
 
 
 def run(argv: list[str], argv0: str = PROG) -> int:
     """Run convert_mnist_data on ``argv`` (without the program name); the exit code."""
-    return _run_tool(
+    return run_tool(
         argv,
         argv0,
         FLAGS,
@@ -313,7 +209,7 @@ def _mean_of_opened(parsed: ParsedArgs, logger: Logger, db_path: str, backend: s
 
 def compute_image_mean(argv: list[str], argv0: str = "compute_image_mean") -> int:
     """Run compute_image_mean on ``argv`` (without the program name); the exit code."""
-    return _run_tool(
+    return run_tool(
         argv,
         argv0,
         MEAN_FLAGS,
@@ -352,14 +248,14 @@ def _convert_mnist_siamese_data(parsed: ParsedArgs, logger: Logger) -> None:
     )
     logger.log(
         "I",
-        _here(),
+        log_here(),
         f"Wrote {result.count} pairs ({result.positives} same-class), seed {result.seed}.",
     )
 
 
 def convert_mnist_siamese_data(argv: list[str], argv0: str = "convert_mnist_siamese_data") -> int:
     """Run convert_mnist_siamese_data on ``argv`` (without the program name); the exit code."""
-    return _run_tool(
+    return run_tool(
         argv,
         argv0,
         SIAMESE_FLAGS,
@@ -374,29 +270,16 @@ def convert_mnist_siamese_data(argv: list[str], argv0: str = "convert_mnist_siam
 # -- entry points -------------------------------------------------------------------------
 
 
-def _main(tool: Callable[[list[str], str], int], name: str) -> None:
-    from mnist2db.interrupt import run
-
-    argv0 = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else name
-    sys.exit(run(lambda: tool(sys.argv[1:], argv0)))
-
-
-#: For the drop-ins in other modules (convert_imageset): the same frame and entry point.
-run_tool = _run_tool
-tool_main = _main
-log_here = _here
-
-
 def main() -> None:
     """Entry point of the ``convert_mnist_data`` console script."""
-    _main(run, PROG)
+    tool_main(run, PROG)
 
 
 def mean_main() -> None:
     """Entry point of the ``compute_image_mean`` console script."""
-    _main(compute_image_mean, "compute_image_mean")
+    tool_main(compute_image_mean, "compute_image_mean")
 
 
 def siamese_main() -> None:
     """Entry point of the ``convert_mnist_siamese_data`` console script."""
-    _main(convert_mnist_siamese_data, "convert_mnist_siamese_data")
+    tool_main(convert_mnist_siamese_data, "convert_mnist_siamese_data")

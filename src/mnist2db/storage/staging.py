@@ -211,12 +211,14 @@ def staged_database(
     *,
     overwrite: bool = False,
     inputs: Iterable[str | os.PathLike[str]] = (),
+    on_checked: Callable[[], None] | None = None,
 ) -> Iterator[str]:
     """Yield a fresh staging directory for a ``backend`` database; on success move it to ``out``.
 
     Every check happens before the body runs: an existing ``out`` is refused unless
     ``overwrite`` and :func:`check_replaceable` allow it, and an input inside ``out`` is
-    refused always. On any exception (KeyboardInterrupt included) the staging directory
+    refused always. ``on_checked`` is called once they pass, before anything is made (a
+    drop-in logs Caffe's "Opened" line there; what it raises leaves nothing behind). On any exception (KeyboardInterrupt included) the staging directory
     and the parent directories this call created are removed, and the destination is
     untouched. Staging directories of killed runs for the same destination are removed
     first (see :func:`remove_stale_staging`).
@@ -230,6 +232,8 @@ def staged_database(
     inputs = list(inputs)
     recover_databases(out)  # a killed pair's half is rolled back before ``out`` is judged
     check_destination(out, backend, overwrite, inputs)
+    if on_checked is not None:
+        on_checked()
     # As the kernel resolves it (through links and '..'), where the rename will put it.
     written = os.path.dirname(out.rstrip(os.sep) or out) or os.curdir
     made = _make_parent(out, written)
@@ -331,10 +335,12 @@ def staged_databases(
     *,
     overwrite: bool = False,
     inputs: Iterable[str | os.PathLike[str]] = (),
+    on_checked: Callable[[], None] | None = None,
 ) -> Iterator[list[str]]:
     """:func:`staged_database` for databases that appear together or not at all (an image
     database and its label database): a staging directory for each of ``outs``, every check
-    made before the body runs, and on success all of them placed.
+    made before the body runs (``on_checked`` called once they pass), and on success all of
+    them placed.
 
     Two renames are not one step, so a journal beside the first destination names every
     database and its staging directory before the first is placed, and is removed once all
@@ -348,7 +354,9 @@ def staged_databases(
     """
     names = [os.fspath(out) for out in outs]
     if len(names) == 1:
-        with staged_database(names[0], backend, overwrite=overwrite, inputs=inputs) as one:
+        with staged_database(
+            names[0], backend, overwrite=overwrite, inputs=inputs, on_checked=on_checked
+        ) as one:
             yield [one]
         return
     check_backend(backend)
@@ -358,6 +366,8 @@ def staged_databases(
     for i, out in enumerate(names):
         others: list[str | os.PathLike[str]] = [o for j, o in enumerate(names) if j != i]
         check_destination(out, backend, overwrite, inputs + others)
+    if on_checked is not None:
+        on_checked()
     made: list[str] = []
     stagings: list[str] = []
     swapped: list[bool] = []
