@@ -30,6 +30,9 @@ from mnist2db.formats.protowire import encode_varint
 #: ``float_data``'s tag: field 6, wire type 5 (32-bit).
 FLOAT_TAG = 0x35
 _CELL = np.dtype([("tag", "u1"), ("value", "<f4")])  # 5 bytes, no padding
+_FLOAT32 = np.dtype("<f4")
+#: ``width -> (prefix, tags)`` of the layouts read (a database has one width).
+_layouts: dict[int, tuple[bytes, bytes]] = {}
 
 
 def target_prefix(width: int) -> bytes:
@@ -91,12 +94,17 @@ def decode_targets(value: bytes, where: str = "", width: int | None = None) -> n
     Raises:
         DatumError: naming ``where``: not a Datum, or one without ``float_data``.
     """
-    if width is not None and len(value) == 4 + len(encode_varint(width)) + 5 * width:
-        prefix = target_prefix(width)
-        if value.startswith(prefix):
-            cells = np.frombuffer(value, _CELL, width, len(prefix))
-            if (cells["tag"] == FLOAT_TAG).all():
-                return cells["value"].copy()
+    if width is not None:
+        layout = _layouts.get(width)
+        if layout is None:
+            if len(_layouts) > 8:
+                _layouts.clear()
+            layout = _layouts[width] = (target_prefix(width), bytes([FLOAT_TAG]) * width)
+        prefix, tags = layout
+        start = len(prefix)
+        # One tag before each float: the layout, checked by one slice.
+        if len(value) == start + 5 * width and value.startswith(prefix) and value[start::5] == tags:
+            return np.ndarray((width,), _FLOAT32, value, start + 1, (5,)).copy()
     prefix_where = f"{where}: " if where else ""
     datum = decode_datum(value)
     if datum.encoded or len(datum.data) or not len(datum.float_data):
