@@ -320,7 +320,7 @@ def test_a_truncated_pipe_is_one_line(tmp_path: Path) -> None:
     [
         (["convert", "{i}", "{l}", ""], "OUT_DB"),
         (["convert", "", "{l}", "db"], "IMAGES"),
-        (["export", "db", ""], "OUT_DIR"),
+        (["export", "db", ""], "OUT"),
         (["show", "{i}", "--png", ""], "--png"),
         (["info", ""], "PATH"),
         (["mean", ""], "DB"),

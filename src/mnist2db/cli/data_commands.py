@@ -237,28 +237,66 @@ def verify(
 
 @click.command()
 @click.argument("db", type=Path(path_type=str))
-@click.argument("out_dir", type=Path(file_okay=False, path_type=str))
+@click.argument("out_dir", metavar="OUT", type=Path(path_type=str))
+@click.option(
+    "--to",
+    type=click.Choice(["idx", "files"]),
+    default="idx",
+    show_default=True,
+    help="idx: an IDX image and label pair in OUT; files: one image file per record and "
+    "OUT/list.txt (PATH LABEL), as convert_imageset reads them back.",
+)
 @click.option(
     "--prefix",
     default=None,
-    help="File name stem: PREFIX-images-idx3-ubyte, PREFIX-labels-idx1-ubyte "
+    help="--to idx: file name stem, PREFIX-images-idx3-ubyte, PREFIX-labels-idx1-ubyte "
     "(default: t10k for a test database, train for a training one).",
 )
-@overwrite_option("existing files of the same names")
+@click.option(
+    "--classes",
+    type=Path(dir_okay=False, path_type=str),
+    default=None,
+    help="--to files: class names, one a line in label order, written to OUT/classes.txt "
+    "(default: DB.classes.txt beside DB, which imageset writes, if present).",
+)
+@overwrite_option("existing files of the same names (idx), or an earlier export (files)")
 @quiet_option
-def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bool) -> None:
-    """Write the IDX image and label files back from database DB into OUT_DIR.
+def export(
+    db: str,
+    out_dir: str,
+    to: str,
+    prefix: str | None,
+    classes: str | None,
+    overwrite: bool,
+    quiet: bool,
+) -> None:
+    """Write database DB back out: as IDX image and label files (--to idx, into directory
+    OUT), or as image files and a Caffe list (--to files, directory OUT).
 
-    For a database made by convert, the files equal the originals byte for byte; one made
-    with options (DB/mnist2db.json) is mapped back to its source items: a shuffle and a
-    transposition are undone, and the labels are the Datum labels as uint8 (idx1). The
-    files appear only when both are complete.
+    --to idx: for a database made by convert, the files equal the originals byte for
+    byte; one made with options (DB/mnist2db.json) is mapped back to its source items: a
+    shuffle and a transposition are undone, and the labels are the Datum labels as uint8
+    (idx1). The files appear only when both are complete.
+
+    --to files: an encoded record is written as its stored bytes (JPEG, PNG, ..., never
+    re-encoded), a raw one as a lossless PNG (grey, or colour with Caffe's BGR as RGB);
+    convert_imageset's keys (%08d_PATH) give back their paths, so that convert_imageset
+    --encoded OUT/ OUT/list.txt NEW remakes the database; other records go to LABEL/KEY.EXT.
+    OUT appears only when complete.
 
     \b
     Examples:
       mnist2db export examples/mnist/mnist_train_lmdb out/
       mnist2db export --prefix val examples/mnist/mnist_val_lmdb out/
+      mnist2db export --to files examples/mnist/mnist_val_lmdb val_images/
     """
+    if to != "idx" and prefix is not None:
+        raise click.UsageError("--prefix names IDX files: it is for --to idx")
+    if to != "files" and classes is not None:
+        raise click.UsageError("--classes is for --to files")
+    if to == "files":
+        _export_files(db, out_dir, classes, overwrite, quiet)
+        return
     with library_errors(), progress_reporter("Exporting", quiet) as progress:
         result = export_db(db, out_dir, prefix=prefix, overwrite=overwrite, progress=progress)
     if not quiet:
@@ -269,3 +307,26 @@ def export(db: str, out_dir: str, prefix: str | None, overwrite: bool, quiet: bo
         )
         for note in result.notes:
             echo(f"  {note}", err=True)
+
+
+def _export_files(db: str, out: str, classes: str | None, overwrite: bool, quiet: bool) -> None:
+    from mnist2db.exporting.folder import export_files
+
+    with library_errors(), progress_reporter("Exporting", quiet) as progress:
+        result = export_files(db, out, classes=classes, overwrite=overwrite, progress=progress)
+    if quiet:
+        return
+    echo(
+        f"Wrote {result.out}: {result.count} records as {result.files} files, "
+        f"{result.bytes} bytes ({result.encoded} stored bytes as they are, {result.raw} raw "
+        "as PNG), and list.txt.",
+        err=True,
+    )
+    if result.restored or result.shared:
+        echo(f"  {result.restored + result.shared} at the paths of their convert_imageset keys",
+             err=True)  # fmt: skip
+    if result.mapped:
+        echo(f"  {result.mapped} keys not safe as paths, renamed (renamed.tsv): "
+             + "; ".join(result.examples), err=True)  # fmt: skip
+    if result.classes:
+        echo(f"  {len(result.classes)} class names in classes.txt", err=True)

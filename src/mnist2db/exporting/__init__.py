@@ -1,0 +1,1 @@
+"""A database's records out of Caffe: image files and a list (``export --to files``), WebDataset shards."""

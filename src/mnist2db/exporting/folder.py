@@ -1,0 +1,312 @@
+"""``export --to files``: a database as one image file per record and Caffe's list file.
+
+``OUT/list.txt`` holds ``PATH LABEL`` lines in key order, ``PATH`` relative to ``OUT``: what
+``convert_imageset OUT/ OUT/list.txt NEW`` reads back. A record's file is, in this order:
+
+1. the path its key names when ``convert_imageset`` wrote it (``%08d_PATH``,
+   :func:`~mnist2db.exporting.samples.caffe_path`), with ``.png`` added for a raw record
+   (whose pixels become a PNG): Caffe's tree is restored, so that ``convert_imageset
+   --encoded`` on ``OUT/list.txt`` makes the same keys and values again. Two records of one
+   path (a list that names a file twice) share the file when their bytes are equal;
+   A gap in the keys' numbers (a line ``convert_imageset`` skipped, an image it could not
+   read) is kept by a list line naming a file that does not exist (``.skipped/N``), so
+   that the numbers of the keys made again are the same;
+2. else ``LABEL/KEY.EXT`` (class folders, ImageFolder's layout), the key mapped to a safe
+   name when it is not a plain one (:func:`~mnist2db.exporting.samples.file_stem`);
+
+every file created with ``O_EXCL`` inside ``OUT``: nothing is ever followed out of it nor
+written twice. Mapped names are listed in ``OUT/renamed.tsv`` (path, the key in hex and
+as text). Class names, when known (``--classes``, or the ``DB.classes.txt`` that
+``imageset`` writes beside a database made from class folders), go to ``OUT/classes.txt``;
+``OUT/export.json`` records what was written (and marks ``OUT`` as an export's, which
+``--overwrite`` checks). The tree appears complete or not at all
+(:mod:`mnist2db.exporting.tree`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass
+
+from mnist2db.errors import OutputError
+from mnist2db.exporting.samples import (
+    Sample,
+    caffe_path,
+    file_stem,
+    iter_samples,
+    read_class_names,
+)
+from mnist2db.exporting.tree import MARKER, MARKER_FORMAT, staged_tree
+from mnist2db.formats.datum import key_text
+from mnist2db.progress import Progress, reporting
+from mnist2db.storage.readers import shared_reader
+
+LIST_NAME = "list.txt"
+CLASSES_NAME = "classes.txt"
+RENAMED_NAME = "renamed.tsv"
+#: Float targets beside the list (the label databases of issue 28), when a database has them.
+TARGETS_NAME = "targets.csv"
+#: What a list line names for a line ``convert_imageset`` skipped (a gap in its keys' numbers:
+#: an image it could not read): a path that is never written, so that it skips it again and
+#: numbers the next keys as before.
+SKIPPED_NAME = ".skipped"
+#: The most such lines written in all (a gap of millions is not a skipped image).
+SKIPPED_LIMIT = 1_000_000
+#: The export's own files at the top of ``OUT``: a restored path may not begin with one.
+RESERVED = (LIST_NAME, CLASSES_NAME, MARKER, RENAMED_NAME, TARGETS_NAME, SKIPPED_NAME)
+_PROGRESS_EVERY = 1000
+#: Directories known to exist, remembered (a bounded number) to spare a makedirs per file.
+_DIRS_REMEMBERED = 4096
+
+
+@dataclass(frozen=True)
+class FilesResult:
+    """What :func:`export_files` wrote: ``count`` records, of which ``restored`` at the path
+    their ``convert_imageset`` key names, ``named`` at ``LABEL/KEY.EXT``, ``mapped`` under a
+    safe name (listed in ``renamed.tsv``), ``shared`` sharing an equal file of the same
+    path; ``encoded`` stored bytes as they are, ``raw`` written as PNG; ``files`` and
+    ``bytes`` on disk; ``classes`` the class names written (none: not known)."""
+
+    out: str
+    count: int
+    restored: int
+    named: int
+    mapped: int
+    shared: int
+    encoded: int
+    raw: int
+    files: int
+    bytes: int
+    classes: tuple[str, ...]
+    examples: tuple[str, ...]
+
+
+class _Tree:
+    """Files created inside ``root`` only, each once (``O_EXCL``), counted."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.dirs: set[str] = {root}
+        self.files = 0
+        self.bytes = 0
+
+    def _directory(self, path: str) -> bool:
+        if path in self.dirs:
+            return True
+        try:
+            os.makedirs(path, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            return False  # a file of that name is already there
+        if len(self.dirs) >= _DIRS_REMEMBERED:
+            self.dirs = {self.root}
+        self.dirs.add(path)
+        return True
+
+    def create(self, relative: str, data: bytes) -> str | None:
+        """Write ``data`` at ``relative``: "new"; "shared" when an equal file is there;
+        None when the name is taken (another file, or a directory)."""
+        path = os.path.join(self.root, relative)
+        if not self._directory(os.path.dirname(path)):
+            return None
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except FileExistsError:
+            return "shared" if _holds(path, data) else None
+        except (NotADirectoryError, IsADirectoryError):
+            return None
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, path) from None
+        finally:
+            os.close(fd)
+        self.files += 1
+        self.bytes += len(data)
+        return "new"
+
+
+def _holds(path: str, data: bytes) -> bool:
+    """True when ``path`` is a regular file holding exactly ``data``."""
+    try:
+        if os.path.islink(path) or os.path.getsize(path) != len(data):
+            return False
+        with open(path, "rb") as stream:
+            return stream.read() == data
+    except OSError:
+        return False
+
+
+def _place(tree: _Tree, sample: Sample, index: int) -> tuple[str, str]:
+    """Write ``sample``; returns its path and how it was named ("restored", "shared",
+    "named", "mapped")."""
+    path = caffe_path(sample.key, RESERVED)
+    if path is not None:
+        if not sample.encoded and not path.lower().endswith(".png"):
+            path += ".png"
+        made = tree.create(path, sample.data)
+        if made is not None:
+            return path, "restored" if made == "new" else "shared"
+    stem, mapped = file_stem(sample.key)
+    how = "mapped" if mapped or path is not None or _caffe_key(sample.key) else "named"
+    path = f"{sample.label}/{stem}.{sample.ext}"
+    if tree.create(path, sample.data) == "new":
+        return path, how
+    # Taken by a file of another key (a plain key equal to a mapped name): the record's place.
+    path = f"{sample.label}/{stem}~{index}.{sample.ext}"
+    if tree.create(path, sample.data) != "new":
+        raise OutputError(f"{tree.root}: cannot find a free name for key {key_text(sample.key)}")
+    return path, "mapped"
+
+
+def _caffe_number(key: bytes) -> int | None:
+    """The line number in a ``convert_imageset`` key (``%08d_PATH``), else None."""
+    head, sep, rest = key.partition(b"_")
+    if sep and rest and len(head) >= 8 and head.isdigit():
+        return int(head)
+    return None
+
+
+def _caffe_key(key: bytes) -> bool:
+    """A ``convert_imageset`` key whose path could not be restored (unsafe)."""
+    head, _, rest = key.partition(b"_")
+    return len(head) >= 8 and head.isdigit() and bool(rest)
+
+
+def export_files(
+    db: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    classes: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> FilesResult:
+    """Write every record of ``db`` as an image file under ``out``, with ``out/list.txt``.
+
+    One pass in key order, a batch of records in memory at a time. ``classes``: a file of
+    class names, one a line in label order (default: ``DB.classes.txt`` beside ``db`` when
+    it exists).
+
+    Raises:
+        OutputExistsError: ``out`` exists (without ``overwrite``, or is not an export's), or
+            is, holds or lies inside the database.
+        DatumError: a record is not a Datum, or is raw with other than 1 or 3 channels.
+        OutputError: a file cannot be written (a full disk: nothing is left under ``out``).
+        BackendError: ``db`` is not a database.
+    """
+    progress = reporting(progress)
+    db_path = os.fsdecode(db)
+    out_path = os.fsdecode(out)
+    beside = os.path.normpath(db_path) + ".classes.txt"
+    classes_path = os.fsdecode(classes) if classes is not None else None
+    if classes_path is None and os.path.isfile(beside):
+        classes_path = beside
+    names = read_class_names(classes_path) if classes_path is not None else ()
+    inputs = [db_path] + ([classes_path] if classes_path else [])
+    counts = dict.fromkeys(("restored", "shared", "named", "mapped", "encoded", "raw"), 0)
+    examples: list[str] = []
+    with shared_reader(db_path) as reader:
+        total = len(reader)
+        with staged_tree(out_path, inputs, overwrite) as staging:
+            tree = _Tree(staging)
+            try:
+                count = _write_tree(reader, db_path, tree, counts, examples, total, progress)
+                if names:
+                    text = "".join(f"{name}\n" for name in names).encode("utf-8")
+                    _write_file(os.path.join(staging, CLASSES_NAME), text, tree)
+                marker = {
+                    "format": MARKER_FORMAT,
+                    "version": 1,
+                    "to": "files",
+                    "source": db_path,
+                    "records": count,
+                    **counts,
+                    "files": tree.files,
+                    "bytes": tree.bytes,
+                }
+                data = (json.dumps(marker, indent=1) + "\n").encode()
+                with open(os.path.join(staging, MARKER), "wb") as stream:
+                    stream.write(data)
+            except OSError as exc:
+                where = exc.filename or out_path
+                if isinstance(where, str) and where.startswith(staging):
+                    where = out_path + where[len(staging) :]
+                raise OutputError(f"{where}: cannot write: {exc.strerror or exc}") from None
+    progress(count, total)
+    return FilesResult(
+        out_path, count, counts["restored"], counts["named"], counts["mapped"], counts["shared"],
+        counts["encoded"], counts["raw"], tree.files, tree.bytes, names, tuple(examples),
+    )  # fmt: skip
+
+
+def _write_file(path: str, data: bytes, tree: _Tree) -> None:
+    with open(path, "wb") as stream:
+        stream.write(data)
+    tree.files += 1
+    tree.bytes += len(data)
+
+
+def _write_tree(
+    reader: object,
+    db_path: str,
+    tree: _Tree,
+    counts: dict[str, int],
+    examples: list[str],
+    total: int,
+    progress: Progress,
+) -> int:
+    """Every record's file and its list line; returns the count."""
+    listing = open(os.path.join(tree.root, LIST_NAME), "wb", buffering=1 << 20)  # noqa: SIM115
+    renamed = None
+    count = 0
+    list_bytes = 0
+    line_number = 0  # the list's next line: convert_imageset numbers its keys by line
+    fillers = 0
+    try:
+        for sample in iter_samples(db_path, reader):  # type: ignore[arg-type]
+            number = _caffe_number(sample.key)
+            if number is not None and line_number < number <= line_number + SKIPPED_LIMIT - fillers:
+                gap = b"".join(
+                    b"%s/%d 0\n" % (SKIPPED_NAME.encode(), n) for n in range(line_number, number)
+                )
+                listing.write(gap)
+                list_bytes += len(gap)
+                fillers += number - line_number
+                line_number = number
+            line_number += 1
+            path, how = _place(tree, sample, count)
+            counts[how] += 1
+            counts["encoded" if sample.encoded else "raw"] += 1
+            line = f"{path} {sample.label}\n".encode()
+            listing.write(line)
+            list_bytes += len(line)
+            if how == "mapped":
+                if renamed is None:
+                    renamed = open(os.path.join(tree.root, RENAMED_NAME), "wb")  # noqa: SIM115
+                    renamed.write(b"path\tkey_hex\tkey\n")
+                    tree.files += 1
+                    tree.bytes += len(b"path\tkey_hex\tkey\n")
+                row = f"{path}\t{sample.key.hex()}\t{key_text(sample.key)}\n".encode()
+                renamed.write(row)
+                tree.bytes += len(row)
+                if len(examples) < 5:
+                    examples.append(f"{key_text(sample.key)} -> {path}")
+            count += 1
+            if count % _PROGRESS_EVERY == 0:
+                progress(count, total)
+        listing.close()
+    except OSError as exc:
+        # A buffered write names no file: the list's (the image files name theirs).
+        raise OSError(exc.errno, exc.strerror, exc.filename or listing.name) from None
+    finally:
+        if not listing.closed:
+            with contextlib.suppress(OSError):
+                listing.close()
+        if renamed is not None:
+            renamed.close()
+    tree.files += 1
+    tree.bytes += list_bytes
+    return count

@@ -1,0 +1,264 @@
+"""One database record as the file an export writes: its bytes, its extension, its name.
+
+* An encoded record (``Datum.encoded``: what ``convert_imageset --encoded`` and
+  ``convert --encoded png`` store) is written as its stored bytes, never decoded nor
+  re-encoded; the extension comes from the bytes' signature (:data:`EXTENSIONS`).
+* A raw record becomes a lossless PNG: 1 channel grey, 3 channels colour, Caffe's BGR
+  stored as the PNG's RGB, so ``cv::imread`` (BGR) and Pillow (RGB) give back the record's
+  pixels. Other channel counts and ``float_data`` records are not images: refused in one line.
+
+Names: a key ``convert_imageset`` wrote (``%08d_PATH``) gives back ``PATH`` when it is a
+safe relative path (:func:`caffe_path`); any other key is used as a file name when it is a
+plain one, else mapped to a safe name that keeps a readable part and a digest of the key
+(:func:`file_stem`, :func:`sample_key`: a WebDataset sample key has no dot).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from mnist2db.errors import DatumError
+from mnist2db.formats.datum import check_datum, decode_datum, key_text
+from mnist2db.formats.image import encode_png as encode_colour_png
+from mnist2db.formats.image_input import image_format
+from mnist2db.formats.png import encode_png_batch
+
+#: The extension written for each format :func:`mnist2db.formats.image.image_format` names.
+EXTENSIONS = {"PNG": "png", "JPEG": "jpg", "BMP": "bmp", "TIFF": "tif", "WEBP": "webp"}
+#: PNM's magic digit -> extension (PBM, PGM, PPM).
+_PNM = {"1": "pbm", "4": "pbm", "2": "pgm", "5": "pgm", "3": "ppm", "6": "ppm"}
+#: The extension of encoded bytes of no format OpenCV reads (kept as they are).
+UNKNOWN_EXTENSION = "bin"
+#: Records decoded and encoded together, and the bytes a batch may hold (memory's bound).
+BATCH_RECORDS = 1000
+BATCH_BYTES = 8 << 20
+#: The longest restored path (bytes) and path component; longer ones are mapped.
+PATH_LIMIT = 1024
+NAME_LIMIT = 200
+
+_CAFFE_KEY = re.compile(rb"[0-9]{8,}_(.+)", re.DOTALL)
+_PLAIN_FILE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.+=,@-]{0,127}")
+_PLAIN_SAMPLE = re.compile(r"[A-Za-z0-9_-]{1,96}")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+class Sample(NamedTuple):
+    """A record as a file: ``key`` (the database's), ``label``, ``data`` (the file's bytes),
+    ``ext`` (its extension, without the dot), ``encoded`` (the stored bytes as they are;
+    False: a PNG of raw pixels)."""
+
+    key: bytes
+    label: int
+    data: bytes
+    ext: str
+    encoded: bool
+
+
+def extension(data: bytes) -> str:
+    """The extension of encoded image bytes, from their signature (``bin`` when unknown)."""
+    kind = image_format(data)
+    if kind == "PPM":
+        return _PNM.get(chr(data[1]), "ppm")
+    return EXTENSIONS.get(kind or "", UNKNOWN_EXTENSION)
+
+
+def _raw_image(datum: Any, where: str) -> np.ndarray:
+    """A raw record's pixels as ``(h, w)`` grey or ``(h, w, 3)`` BGR."""
+    channels, height, width = (int(datum.channels), int(datum.height), int(datum.width))
+    if not len(datum.data):
+        raise DatumError(
+            f"{where}: float_data pixels, not an image an image file can hold "
+            "(export --to idx writes uint8 records only as well)"
+        )
+    if channels not in (1, 3) or height == 0 or width == 0:
+        raise DatumError(
+            f"{where}: Datum {channels} × {height} × {width}: an image file holds 1 channel "
+            "(grey) or 3 (colour) of at least 1 × 1 pixels"
+        )
+    planes = np.frombuffer(datum.data, dtype=np.uint8).reshape(channels, height, width)
+    return planes[0] if channels == 1 else planes.transpose(1, 2, 0)
+
+
+def _grey_pngs(images: np.ndarray) -> list[bytes]:
+    """PNGs of ``(n, rows, cols)`` grey images, by the batch encoder ``convert --encoded png``
+    uses: each Datum it makes is cut back to its PNG (field 4), whose length precedes it."""
+    n, rows, cols = images.shape
+    head = 1 + 1 + 1 + len(_varint(rows)) + 1 + len(_varint(cols)) + 1
+    out = []
+    for record in encode_png_batch(images, np.zeros(n, dtype=np.int64)):
+        size, shift, at = 0, 0, head
+        while True:
+            byte = record[at]
+            size |= (byte & 0x7F) << shift
+            at += 1
+            if byte < 0x80:
+                break
+            shift += 7
+        out.append(record[at : at + size])
+    return out
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def _decode(db_path: str, key: bytes, value: bytes) -> Any:
+    where = f"{db_path}: key {key_text(key)}"
+    try:
+        datum = decode_datum(value)
+        check_datum(datum, where)
+    except DatumError as exc:
+        text = str(exc)
+        raise DatumError(text if text.startswith(where) else f"{where}: {text}") from None
+    return datum
+
+
+def _raw_samples(db_path: str, batch: list[tuple[bytes, Any]]) -> list[Sample]:
+    """The samples of raw records, in order: grey records of one shape encoded together."""
+    made: list[Sample | None] = [None] * len(batch)
+    grey: dict[tuple[int, int], list[int]] = {}
+    for i, (key, datum) in enumerate(batch):
+        image = _raw_image(datum, f"{db_path}: key {key_text(key)}")
+        if image.ndim == 2:
+            grey.setdefault(image.shape, []).append(i)
+        else:
+            made[i] = Sample(key, int(datum.label), encode_colour_png(image), "png", False)
+    for (rows, cols), where in grey.items():
+        images = np.empty((len(where), rows, cols), dtype=np.uint8)
+        for j, i in enumerate(where):
+            images[j] = _raw_image(batch[i][1], "")
+        for i, data in zip(where, _grey_pngs(images), strict=True):
+            key, datum = batch[i]
+            made[i] = Sample(key, int(datum.label), data, "png", False)
+    return [sample for sample in made if sample is not None]
+
+
+def iter_samples(db_path: str, records: Iterable[tuple[bytes, bytes]]) -> Iterator[Sample]:
+    """The samples of ``records`` (``(key, value)`` in key order), in the same order.
+
+    An encoded record is passed on at once (its bytes are the file's); raw records are
+    gathered, up to :data:`BATCH_RECORDS` and :data:`BATCH_BYTES`, to be encoded together.
+
+    Raises:
+        DatumError: a value is not a Datum, or a raw one is not an image a file can hold.
+    """
+    batch: list[tuple[bytes, Any]] = []
+    size = 0
+    for key, value in records:
+        key = bytes(key)
+        datum = _decode(db_path, key, value)
+        del value
+        if datum.encoded:
+            if batch:
+                yield from _raw_samples(db_path, batch)
+                batch, size = [], 0
+            label, data = int(datum.label), datum.data
+            del datum  # the record's one copy is the sample's
+            yield Sample(key, label, data, extension(data), True)
+            continue
+        batch.append((key, datum))
+        size += len(datum.data)
+        if len(batch) >= BATCH_RECORDS or size >= BATCH_BYTES:
+            yield from _raw_samples(db_path, batch)
+            batch, size = [], 0
+    yield from _raw_samples(db_path, batch)
+
+
+# -- names ---------------------------------------------------------------------------------
+
+
+def caffe_path(key: bytes, reserved: Iterable[str] = ()) -> str | None:
+    """The relative path a ``convert_imageset`` key (``%08d_PATH``) names, when safe to
+    restore under the output: UTF-8, printable, relative, no empty, ``.`` or ``..`` part,
+    at most :data:`PATH_LIMIT` bytes and :data:`NAME_LIMIT` a part, not beginning with one
+    of ``reserved`` (the export's own files). None otherwise (or not such a key)."""
+    match = _CAFFE_KEY.fullmatch(key)
+    if match is None:
+        return None
+    raw = match.group(1)
+    if len(raw) > PATH_LIMIT:
+        return None
+    try:
+        path = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if not path.isprintable() or path.startswith("/"):
+        return None
+    parts = path.split("/")
+    if any(p in ("", ".", "..") or len(p.encode()) > NAME_LIMIT for p in parts):
+        return None
+    if parts[0] in reserved:
+        return None
+    return path
+
+
+def _mapped(text: str, key: bytes) -> str:
+    readable = _UNSAFE.sub("_", text)[:64].strip("_") or "key"
+    return f"{readable}_{hashlib.sha256(key).hexdigest()[:12]}"
+
+
+def file_stem(key: bytes) -> tuple[str, bool]:
+    """A file name (without extension) for ``key``: the key itself when a plain name
+    (ASCII letters, digits, ``_-.+=,@``, not beginning with a dot, ≤ 128 characters), else a
+    mapped one; and whether it was mapped."""
+    text = key.decode("ascii", errors="replace")
+    if _PLAIN_FILE.fullmatch(text):
+        return text, False
+    return _mapped(text, key), True
+
+
+def sample_key(key: bytes) -> tuple[str, bool]:
+    """A WebDataset sample key for ``key`` (no dot, no ``/``: a loader cuts a member's name
+    at its first dot): the key itself when plain (ASCII letters, digits, ``_-``, ≤ 96),
+    else a mapped one; and whether it was mapped."""
+    text = key.decode("ascii", errors="replace")
+    if _PLAIN_SAMPLE.fullmatch(text):
+        return text, False
+    return _mapped(text, key), True
+
+
+def key_fields(key: bytes) -> dict[str, str]:
+    """The source key as JSON holds it: ``{"key": text}``, or ``{"key_hex": ...}`` when it
+    is not UTF-8."""
+    try:
+        return {"key": key.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"key_hex": key.hex()}
+
+
+#: The largest class-name file read (one name a line).
+CLASSES_LIMIT = 1 << 20
+
+
+def read_class_names(path: str) -> tuple[str, ...]:
+    """The class names of a ``classes.txt`` (one a line, in label order: what ``imageset``
+    writes beside a database made from class folders, ``DB.classes.txt``).
+
+    Raises:
+        DatumError: the file cannot be read, is larger than :data:`CLASSES_LIMIT`, or is not UTF-8.
+    """
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read(CLASSES_LIMIT + 1)
+    except OSError as exc:
+        raise DatumError(f"{path}: cannot read the class names: {exc.strerror}") from None
+    if len(data) > CLASSES_LIMIT:
+        raise DatumError(f"{path}: more than {CLASSES_LIMIT} bytes: not a list of class names")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DatumError(f"{path}: class names are not UTF-8 text") from None
+    return tuple(text.splitlines())
