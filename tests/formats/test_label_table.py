@@ -176,3 +176,19 @@ def test_written_rows_read_back(
     path = tmp_path_factory.mktemp("t") / "v.txt"
     path.write_bytes(b"".join(b"i %d.png %r %r\n" % (i, *row) for i, row in enumerate(table)))
     assert [r[2] for r in rows(path, header=False, width=2)] == table
+
+
+def test_a_pipe_or_a_directory_is_refused_without_blocking(tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ImageError) as caught:
+        open_label_table(fifo, header=False)
+    assert str(caught.value) == (
+        f"{fifo}: not a regular file (a pipe or device): a label table is read more than "
+        "once; save it to a file first"
+    )
+    with pytest.raises(ImageError) as caught:
+        open_label_table(tmp_path)
+    assert str(caught.value).startswith(f"{tmp_path}: not a regular file (a directory)")

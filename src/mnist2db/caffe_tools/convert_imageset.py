@@ -84,7 +84,7 @@ FLAGS: dict[str, Flag] = {
 
 def _convert(parsed: ParsedArgs, logger: Logger) -> None:
     from mnist2db.errors import ArgumentError
-    from mnist2db.formats.image_list import ListEntry, read_image_list
+    from mnist2db.formats.image_list import ImageList, ListEntry
     from mnist2db.images.imageset import Skipped, write_imageset
     from mnist2db.storage.targets import check_destination
 
@@ -118,17 +118,19 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
             picks = np.argsort(np.random.PCG64(seed).random_raw(count), kind="stable")
             targets = type(targets)(targets.table, picks)  # the same rows, shuffled
         else:
-            listed = list(read_image_list(listing))
+            listed = list(ImageList(listing)())
             picks = np.argsort(np.random.PCG64(seed).random_raw(len(listed)), kind="stable")
             order = [
                 ListEntry(position, listed[i].path, listed[i].label)
                 for position, i in enumerate(picks.tolist())
             ]
 
+    listed_once = ImageList(listing)  # a pipe is read once, whatever the passes
+
     def entries() -> list[ListEntry] | object:
         if targets is not None:
             return targets.entries()
-        return order if order is not None else read_image_list(listing)
+        return order if order is not None else listed_once()
 
     def started(total: int) -> None:
         logger.log("I", "convert_imageset.cpp:89", f"A total of {total} images.")

@@ -89,6 +89,9 @@ def imageset(
     if done.hidden:
         shown = ", ".join(done.hidden[:5]) + (" …" if len(done.hidden) > 5 else "")
         echo(f"skipped {len(done.hidden)} hidden folders and files: {shown}", err=True)
+    if done.repeated:
+        shown = ", ".join(done.repeated[:5]) + (" …" if len(done.repeated) > 5 else "")
+        echo(f"skipped {len(done.repeated)} links to folders already walked: {shown}", err=True)
     if done.classes:
         echo(f"{len(done.classes)} classes: {', '.join(done.classes[:10])}"
              + (" …" if len(done.classes) > 10 else ""), err=True)  # fmt: skip

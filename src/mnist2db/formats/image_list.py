@@ -14,7 +14,13 @@ one line naming the list and the line:
 * the label is a whole number (an optional sign, digits) within int32, else refused
   (``atoi`` would make ``"cat"`` 0 and ``"3.5"`` 3);
 * a blank line names no image: skipped, its number still counted, as Caffe counts it;
-* a line with no label, or a path holding a NUL byte, is refused.
+* a line with no label, or a path holding a NUL byte, is refused;
+* a line longer than :data:`MAX_LINE` bytes is refused when that much has been read (a
+  list that is one endless line, ``/dev/zero``, is never held in memory).
+
+A list may be a pipe (``<(...)``, ``/dev/stdin``): :class:`ImageList` reads it once and keeps
+its lines in an unlinked temporary file for the passes after the first. What mnist2db
+writes as a list (:func:`list_line`) reads back as the same entries, or is refused.
 
 Every line Caffe reads as a path and a label, this reads the same way (the same path,
 the same label, the same number), so the keys are Caffe's byte for byte.
@@ -24,8 +30,10 @@ from __future__ import annotations
 
 import os
 import re
+import stat
+import tempfile
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import IO, NamedTuple
 
 from mnist2db.errors import ImageError, printable
 
@@ -34,6 +42,10 @@ KEY_LIMIT_LMDB = 511
 _LABEL = re.compile(rb"[+-]?[0-9]+")
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _BLANKS = b" \t"
+#: The longest line read: far past any path the system opens (PATH_MAX, 4096 bytes).
+MAX_LINE = 1 << 16
+#: The most lines a list may have: Caffe's keys (``%08d_``) hold 10^8.
+MAX_LINES = 10**8
 
 
 class ListEntry(NamedTuple):
@@ -102,26 +114,128 @@ def parse_line(raw: bytes, number: int, where: str) -> ListEntry | None:
 
 def read_image_list(path: str | os.PathLike[str]) -> Iterator[ListEntry]:
     """The entries of the list file at ``path``, in order, read as :func:`parse_line` reads
-    each line. Streamed: one line in memory at a time.
+    each line. Streamed: one line (at most :data:`MAX_LINE` bytes) in memory at a time.
+    Read once; :class:`ImageList` reads a list as often as asked, a pipe included.
 
     Raises:
         ImageError: the file cannot be read, or a line is refused (see :func:`parse_line`).
     """
     where = os.fspath(path)
+    with _open_list(where) as stream:
+        yield from _entries(stream, where)
+
+
+def _open_list(where: str) -> IO[bytes]:
     try:
-        stream = open(where, "rb")  # noqa: SIM115 (closed below, also when abandoned)
+        return open(where, "rb")  # noqa: SIM115 (closed by the caller)
     except OSError as exc:
         raise ImageError(f"{where}: cannot read the list: {exc.strerror}") from None
-    with stream:
-        number = 0
-        while True:
+
+
+def _lines(stream: IO[bytes], where: str) -> Iterator[bytes]:
+    """The lines of ``stream``, ``\n`` kept, each at most :data:`MAX_LINE` bytes."""
+    number = 0
+    while True:
+        try:
+            raw = stream.readline(MAX_LINE + 1)
+        except OSError as exc:
+            raise ImageError(f"{where}: cannot read the list: {exc.strerror}") from None
+        if not raw:
+            return
+        number += 1
+        if len(raw) > MAX_LINE:
+            raise ImageError(
+                f"{where}:{number}: longer than {MAX_LINE} bytes: not a 'PATH LABEL' line "
+                "(is it a list?)"
+            )
+        if number > MAX_LINES:
+            raise ImageError(
+                f"{where}: more than {MAX_LINES} lines: Caffe's keys (%08d_PATH) hold {MAX_LINES}"
+            )
+        yield raw
+
+
+def _entries(stream: IO[bytes], where: str) -> Iterator[ListEntry]:
+    for number, raw in enumerate(_lines(stream, where)):
+        entry = parse_line(raw[:-1] if raw.endswith(b"\n") else raw, number, where)
+        if entry is not None:
+            yield entry
+
+
+class ImageList:
+    """The list file at ``path`` as a source of its entries, read as often as it is called
+    (a conversion reads its list to check it, then to write it). A regular file is read
+    again each time, streamed; anything else (a pipe, ``<(...)``, ``/dev/stdin``, a FIFO),
+    which a second read would find empty, is read once, its lines copied to an unlinked
+    temporary file (nothing left behind, even after a kill) that later calls read."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.where = os.fspath(path)
+        self._copy: IO[bytes] | None = None
+
+    def __call__(self) -> Iterator[ListEntry]:
+        if self._copy is None:
+            stream = _open_list(self.where)
             try:
-                raw = stream.readline()
-            except OSError as exc:
-                raise ImageError(f"{where}: cannot read the list: {exc.strerror}") from None
-            if not raw:
-                return
-            entry = parse_line(raw[:-1] if raw.endswith(b"\n") else raw, number, where)
-            if entry is not None:
-                yield entry
-            number += 1
+                regular = stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+                if regular:
+                    stream.close()
+                    return read_image_list(self.where)
+                self._copy = self._keep(stream)
+            finally:
+                stream.close()
+        return self._reread(self._copy)
+
+    def _keep(self, stream: IO[bytes]) -> IO[bytes]:
+        copy = tempfile.TemporaryFile()  # noqa: SIM115 (held until this list is dropped)
+        try:
+            for raw in _lines(stream, self.where):
+                copy.write(raw)
+            copy.flush()
+        except OSError as exc:
+            copy.close()
+            raise ImageError(
+                f"{self.where}: cannot keep a copy of the list ({tempfile.gettempdir()}): "
+                f"{exc.strerror}"
+            ) from None
+        except BaseException:
+            copy.close()
+            raise
+        return copy
+
+    def _reread(self, copy: IO[bytes]) -> Iterator[ListEntry]:
+        copy.seek(0)
+        yield from _entries(copy, self.where)
+
+    def close(self) -> None:
+        """Drop the temporary copy (also when this list is garbage collected)."""
+        if self._copy is not None:
+            self._copy.close()
+            self._copy = None
+
+
+def listable(path: bytes) -> bool:
+    """Whether a list line can name ``path``: :func:`parse_line` reads ``PATH 0`` back as
+    ``path`` (no newline, NUL, or space or tab at an end)."""
+    if b"\n" in path:
+        return False
+    try:
+        back = parse_line(path + b" 0", 0, "")
+    except ImageError:
+        return False
+    return back is not None and back.path == path
+
+
+def list_line(entry: ListEntry) -> bytes:
+    """The line of a list that names ``entry``: ``PATH LABEL\n``, read back by
+    :func:`parse_line` as the same path and label.
+
+    Raises:
+        ImageError: no list line can name the path (see :func:`listable`), naming it.
+    """
+    if not listable(entry.path):
+        raise ImageError(
+            f"{_shown(entry.path)}: a name no list line can hold (a newline, or a space or "
+            "tab at an end): rename it, or hide it with a leading '.'"
+        )
+    return entry.path + b" %d\n" % entry.label

@@ -130,6 +130,23 @@ def _lines(where: str, skip: int = 0) -> Iterator[tuple[int, bytes]]:
             number += 1
 
 
+def _check_regular(where: str) -> None:
+    """Refuse, without opening it (a FIFO would block), anything but a regular file: a
+    table is read more than once (its head, a check, the records)."""
+    import stat
+
+    try:
+        mode = os.stat(where).st_mode
+    except OSError as exc:
+        raise ImageError(f"{where}: cannot read the labels: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a pipe or device"
+        raise ImageError(
+            f"{where}: not a regular file ({kind}): a label table is read more than once; "
+            "save it to a file first"
+        )
+
+
 def _split_header(line: bytes) -> list[bytes]:
     if b"," in line:
         return [field.strip(_BLANKS) for field in line.split(b",")]
@@ -154,6 +171,7 @@ def open_label_table(
     where = os.fspath(path)
     if width is not None:
         check_width(width, where)
+    _check_regular(where)
     head: list[tuple[int, bytes]] = []
     for number, line in _lines(where):
         if line.strip(_BLANKS) or header:

@@ -29,10 +29,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mnist2db.conversion import write_database
-from mnist2db.errors import ArgumentError, ImageError, Mnist2dbError, OutputError, printable
+from mnist2db.errors import ImageError, Mnist2dbError, OutputError, printable
 from mnist2db.formats.datum import KEY_LIMIT
 from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
 from mnist2db.formats.image import ENCODE_TYPES
+from mnist2db.formats.image_input import check_resize
 from mnist2db.formats.image_list import KEY_LIMIT_LMDB, ListEntry, image_key
 from mnist2db.images.decoding import (
     PixelWork,
@@ -48,7 +49,7 @@ from mnist2db.storage.files import AtomicFile
 from mnist2db.storage.metadata import write_metadata
 from mnist2db.storage.placement import check_file_target, place_together
 from mnist2db.storage.staging import staged_databases
-from mnist2db.storage.targets import labels_path
+from mnist2db.storage.targets import check_apart, labels_path
 
 if TYPE_CHECKING:
     from mnist2db.label_databases import LabelsResult, TargetSource
@@ -204,8 +205,7 @@ def write_imageset(
     root_bytes = os.fsencode(root)
     check_backend(backend)
     check_batch_size(batch_size)
-    if resize is not None and min(resize) < 1:
-        raise ArgumentError(f"cannot resize to {resize[0]} × {resize[1]}: both must be ≥ 1")
+    check_resize(resize, 1 if gray else 3)
     if encode_type and encode_type.lower() not in ENCODE_TYPES:
         raise ImageError(
             f"cannot encode images as {encode_type!r}: the types written as Caffe writes "
@@ -344,10 +344,12 @@ def write_imageset_idx(
     targets = (f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte")
     for target in targets:
         check_file_target(target, overwrite, list(inputs))
-    if resize is not None and min(resize) < 1:
-        raise ArgumentError(f"cannot resize to {resize[0]} × {resize[1]}: both must be ≥ 1")
+    check_resize(resize, 1)
     total = check_entries(entries(), root=root_bytes, backend="idx", encoded=False,
                           encode_type=None, resize=resize, where=where)  # fmt: skip
+    if overwrite:  # a target replaced may not be one of the images (a list may name ../)
+        for target in (t for t in targets if os.path.lexists(t)):
+            check_apart(target, (os.fsdecode(root_bytes + e.path) for e in entries()))
     for entry in entries():
         if not 0 <= entry.label <= 255:
             raise Mnist2dbError(

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mnist2db.errors import ArgumentError, OutputError
-from mnist2db.formats.image_list import ListEntry, read_image_list
+from mnist2db.formats.image_list import ImageList, ListEntry, list_line
 from mnist2db.images.imageset import ImagesetResult, Skipped, write_imageset, write_imageset_idx
 from mnist2db.progress import Progress
 
@@ -30,13 +30,15 @@ TARGETS = ("db", "idx")
 class OwnImagesResult(NamedTuple):
     """What :func:`convert_images` wrote: the records' ``result``, the ``seed`` of the
     shuffle (None: list order), the class names and the ``extra`` files written beside (a
-    class-folder tree), and the ``hidden`` folders and files skipped in it."""
+    class-folder tree), and the ``hidden`` folders and files skipped in it, and the links to
+    folders already walked (``repeated``)."""
 
     result: ImagesetResult
     seed: int | None
     classes: tuple[str, ...]
     extra: tuple[str, ...]
     hidden: tuple[str, ...]
+    repeated: tuple[str, ...] = ()
 
 
 def convert_images(
@@ -92,6 +94,7 @@ def convert_images(
     prefix = base if not base or base.endswith(b"/") else base + b"/"
     classes: tuple[str, ...] = ()
     hidden: tuple[str, ...] = ()
+    repeated: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()
     entries: list[ListEntry] | None = None
     if targets is not None:
@@ -100,7 +103,7 @@ def convert_images(
         from mnist2db.formats.image_folders import scan_class_folders
 
         tree = scan_class_folders(root)
-        classes, hidden = tree.classes, tree.hidden
+        classes, hidden, repeated = tree.classes, tree.hidden, tree.repeated
         entries = list(tree.entries)
         extra = (f"{os.path.normpath(out)}.classes.txt", f"{os.path.normpath(out)}.list.txt")
         for path in extra:
@@ -114,17 +117,18 @@ def convert_images(
     elif shuffle:
         if seed is None:
             seed = fresh_seed()
-        listed = entries if entries is not None else list(read_image_list(listing or ""))
+        listed = entries if entries is not None else list(ImageList(listing or "")())
         order = permutation(seed, len(listed)).tolist()
         entries = [ListEntry(k, listed[i].path, listed[i].label) for k, i in enumerate(order)]
     else:
         seed = None
     fixed = entries
+    listed_once = ImageList(listing or "")  # a pipe is read once, whatever the passes
 
     def source() -> Any:
         if targets is not None:
             return targets.source.entries()
-        return fixed if fixed is not None else read_image_list(listing or "")
+        return fixed if fixed is not None else listed_once()
 
     inputs = [root] + ([listing] if listing else []) + ([labels] if labels else [])
     if to == "idx":
@@ -146,7 +150,7 @@ def convert_images(
         )  # fmt: skip
     if fixed is not None and listing is None:
         _write_beside(extra, classes, fixed)
-    return OwnImagesResult(result, seed, classes, extra, hidden)
+    return OwnImagesResult(result, seed, classes, extra, hidden, repeated)
 
 
 class _Targets(NamedTuple):
@@ -193,7 +197,7 @@ def _write_beside(
 
     texts = (
         "".join(f"{name}\n" for name in classes).encode("utf-8", "surrogateescape"),
-        b"".join(e.path + b" %d\n" % e.label for e in sorted(entries, key=lambda e: e.line)),
+        b"".join(list_line(e) for e in sorted(entries, key=lambda e: e.line)),
     )
     for path, text in zip(paths, texts, strict=True):
         try:
