@@ -146,3 +146,81 @@ def test_the_two_pipelines_of_docs_performance_run_as_written(
         assert batch.shape == (256, 28, 28, 1) and batch.dtype == np.uint8
         for image, label in zip(batch, found_labels.as_array(), strict=True):
             assert sources[image[:, :, 0].tobytes()] == int(label[0])
+
+
+def dali_webdataset(
+    manifest: Path, ext: str, decode: bool, batch_size: int = 250
+) -> tuple[list, list]:
+    """Every sample of the shards ``manifest`` lists as DALI's ``fn.readers.webdataset``
+    gives it, in order: (the image, decoded grey or its file's bytes; the label's text)."""
+    import json
+
+    from nvidia.dali import fn, pipeline_def, types
+
+    listed = json.loads(manifest.read_text())
+    paths = [str(manifest.parent / entry["name"]) for entry in listed["shards"]]
+
+    @pipeline_def(batch_size=batch_size, num_threads=2, device_id=None, prefetch_queue_depth=1)
+    def pipeline():  # type: ignore[no-untyped-def]
+        image, label = fn.readers.webdataset(
+            paths=paths, ext=[ext, "cls"], missing_component_behavior="error",
+            random_shuffle=False, pad_last_batch=True, name="reader",
+        )  # fmt: skip
+        if decode:
+            image = fn.decoders.image(image, device="cpu", output_type=types.GRAY)
+        return image, label
+
+    pipe = pipeline()
+    pipe.build()
+    total = pipe.epoch_size("reader")
+    images: list[np.ndarray] = []
+    labels: list[bytes] = []
+    while len(images) < total:
+        data, label = pipe.run()
+        for i in range(len(data)):
+            images.append(np.array(data.at(i)))
+            labels.append(np.array(label.at(i)).tobytes())
+    del pipe
+    return images[:total], labels[:total]
+
+
+@pytest.mark.parametrize("encoded", [None, "png"])
+def test_dali_reads_exported_webdataset_shards(tmp_path: Path, encoded: str | None) -> None:
+    """export --to webdataset of Fashion-MNIST's test set (raw records as PNGs, or the
+    stored PNGs): DALI's webdataset reader gives back every image and label."""
+    images_gz = fashion_file("t10k-images-idx3-ubyte.gz")
+    labels_gz = fashion_file("t10k-labels-idx1-ubyte.gz")
+    db = tmp_path / "db"
+    mnist2db.convert(images_gz, labels_gz, db, count=2345, encoded=encoded)
+    from mnist2db.exporting.shards import export_webdataset
+
+    result = export_webdataset(db, tmp_path / "shards" / "fashion", shard_size=1000)
+    assert len(result.shards) == 3
+    found, labels = dali_webdataset(Path(result.manifest), "png", decode=True)
+    with mnist2db.open_db(db) as dataset:
+        assert len(found) == len(dataset) == 2345
+        for index, ((image, label), got, text) in enumerate(
+            zip(dataset, found, labels, strict=True)
+        ):
+            assert got.shape == (28, 28, 1) and np.array_equal(got[:, :, 0], image[0]), index
+            assert text == b"%d" % label, index
+
+
+def test_dali_reads_the_stored_bytes_of_a_caffe_database(tmp_path: Path) -> None:
+    """A convert_imageset --encoded database of JPEGs: DALI's webdataset reader hands out
+    each record's stored bytes, unchanged."""
+    from mnist2db.caffe_tools.convert_imageset import convert_imageset
+    from mnist2db.exporting.shards import export_webdataset
+
+    corpus = Path(__file__).parent / "data" / "imageset"
+    db = tmp_path / "db"
+    listing = tmp_path / "jpegs.txt"
+    lines = [line for line in (corpus / "all.txt").read_text().splitlines() if ".jpg " in line]
+    listing.write_text("\n".join(lines) + "\n")
+    assert convert_imageset(["--encoded", f"{corpus}/images/", str(listing), str(db)]) == 0
+    result = export_webdataset(db, tmp_path / "jpegs")
+    found, labels = dali_webdataset(Path(result.manifest), "jpg", decode=False, batch_size=4)
+    records = list(mnist2db.iter_db(db))
+    assert len(found) == len(records) == len(lines)
+    for (_, datum), data, text in zip(records, found, labels, strict=True):
+        assert data.tobytes() == datum.data and text == b"%d" % datum.label

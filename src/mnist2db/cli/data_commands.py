@@ -240,11 +240,12 @@ def verify(
 @click.argument("out_dir", metavar="OUT", type=Path(path_type=str))
 @click.option(
     "--to",
-    type=click.Choice(["idx", "files"]),
+    type=click.Choice(["idx", "files", "webdataset"]),
     default="idx",
     show_default=True,
     help="idx: an IDX image and label pair in OUT; files: one image file per record and "
-    "OUT/list.txt (PATH LABEL), as convert_imageset reads them back.",
+    "OUT/list.txt (PATH LABEL), as convert_imageset reads them back; webdataset: tar shards "
+    "OUT-000000.tar, ... and OUT.shards.json.",
 )
 @click.option(
     "--prefix",
@@ -259,7 +260,26 @@ def verify(
     help="--to files: class names, one a line in label order, written to OUT/classes.txt "
     "(default: DB.classes.txt beside DB, which imageset writes, if present).",
 )
-@overwrite_option("existing files of the same names (idx), or an earlier export (files)")
+@click.option(
+    "--shard-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="--to webdataset: records a shard holds at most.  [default: 10000]",
+)
+@click.option(
+    "--shard-bytes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="--to webdataset: bytes a shard holds at most (a shard holds at least one record).",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="--to webdataset: finish a killed export, after the shards its manifest lists.",
+)
+@overwrite_option(
+    "existing files of the same names (idx), or an earlier export (files, webdataset)"
+)
 @quiet_option
 def export(
     db: str,
@@ -267,6 +287,9 @@ def export(
     to: str,
     prefix: str | None,
     classes: str | None,
+    shard_size: int | None,
+    shard_bytes: int | None,
+    resume: bool,
     overwrite: bool,
     quiet: bool,
 ) -> None:
@@ -284,18 +307,31 @@ def export(
     --encoded OUT/ OUT/list.txt NEW remakes the database; other records go to LABEL/KEY.EXT.
     OUT appears only when complete.
 
+    --to webdataset: the same files as samples KEY.EXT with KEY.cls (the label) and KEY.json
+    (the source key, when KEY is not the key) in shards OUT-000000.tar, ...; each shard
+    appears complete or not at all, and OUT.shards.json lists their names, counts and
+    SHA-256.
+
     \b
     Examples:
       mnist2db export examples/mnist/mnist_train_lmdb out/
       mnist2db export --prefix val examples/mnist/mnist_val_lmdb out/
       mnist2db export --to files examples/mnist/mnist_val_lmdb val_images/
+      mnist2db export --to webdataset --shard-size 5000 examples/mnist/mnist_val_lmdb shards/val
     """
     if to != "idx" and prefix is not None:
         raise click.UsageError("--prefix names IDX files: it is for --to idx")
-    if to != "files" and classes is not None:
-        raise click.UsageError("--classes is for --to files")
+    if to == "idx" and classes is not None:
+        raise click.UsageError("--classes is for --to files and --to webdataset")
+    shard_options = {"--shard-size": shard_size, "--shard-bytes": shard_bytes, "--resume": resume}
+    for name, value in shard_options.items():
+        if to != "webdataset" and value:
+            raise click.UsageError(f"{name} is for --to webdataset")
     if to == "files":
         _export_files(db, out_dir, classes, overwrite, quiet)
+        return
+    if to == "webdataset":
+        _export_shards(db, out_dir, classes, shard_size, shard_bytes, resume, overwrite, quiet)
         return
     with library_errors(), progress_reporter("Exporting", quiet) as progress:
         result = export_db(db, out_dir, prefix=prefix, overwrite=overwrite, progress=progress)
@@ -330,3 +366,34 @@ def _export_files(db: str, out: str, classes: str | None, overwrite: bool, quiet
              + "; ".join(result.examples), err=True)  # fmt: skip
     if result.classes:
         echo(f"  {len(result.classes)} class names in classes.txt", err=True)
+
+
+def _export_shards(
+    db: str,
+    out: str,
+    classes: str | None,
+    shard_size: int | None,
+    shard_bytes: int | None,
+    resume: bool,
+    overwrite: bool,
+    quiet: bool,
+) -> None:
+    from mnist2db.exporting.shards import DEFAULT_SHARD_SIZE, export_webdataset
+
+    with library_errors(), progress_reporter("Exporting", quiet) as progress:
+        result = export_webdataset(
+            db, out, shard_size=shard_size or DEFAULT_SHARD_SIZE, shard_bytes=shard_bytes,
+            classes=classes, overwrite=overwrite, resume=resume, progress=progress,
+        )  # fmt: skip
+    if quiet:
+        return
+    shards = len(result.shards)
+    echo(
+        f"Wrote {shards} shard{'s' if shards != 1 else ''} ({result.count} records, "
+        f"{result.bytes} bytes) and {result.manifest}.",
+        err=True,
+    )
+    if result.resumed:
+        echo(f"  {result.resumed} records were in the shards of the killed export", err=True)
+    if result.mapped:
+        echo(f"  {result.mapped} keys are not sample names: mapped, the key in KEY.json", err=True)

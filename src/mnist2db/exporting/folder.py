@@ -34,9 +34,9 @@ from mnist2db.errors import OutputError
 from mnist2db.exporting.samples import (
     Sample,
     caffe_path,
+    class_names,
     file_stem,
     iter_samples,
-    read_class_names,
 )
 from mnist2db.exporting.tree import MARKER, MARKER_FORMAT, staged_tree
 from mnist2db.formats.datum import key_text
@@ -200,11 +200,7 @@ def export_files(
     progress = reporting(progress)
     db_path = os.fsdecode(db)
     out_path = os.fsdecode(out)
-    beside = os.path.normpath(db_path) + ".classes.txt"
-    classes_path = os.fsdecode(classes) if classes is not None else None
-    if classes_path is None and os.path.isfile(beside):
-        classes_path = beside
-    names = read_class_names(classes_path) if classes_path is not None else ()
+    names, classes_path = class_names(db_path, classes)
     inputs = [db_path] + ([classes_path] if classes_path else [])
     counts = dict.fromkeys(("restored", "shared", "named", "mapped", "encoded", "raw"), 0)
     examples: list[str] = []

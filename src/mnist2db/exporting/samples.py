@@ -16,6 +16,7 @@ plain one, else mapped to a safe name that keeps a readable part and a digest of
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
@@ -43,7 +44,7 @@ NAME_LIMIT = 200
 
 _CAFFE_KEY = re.compile(rb"[0-9]{8,}_(.+)", re.DOTALL)
 _PLAIN_FILE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.+=,@-]{0,127}")
-_PLAIN_SAMPLE = re.compile(r"[A-Za-z0-9_-]{1,96}")
+_PLAIN_SAMPLE = re.compile(r"[A-Za-z0-9_-]{1,90}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -222,7 +223,7 @@ def file_stem(key: bytes) -> tuple[str, bool]:
 
 def sample_key(key: bytes) -> tuple[str, bool]:
     """A WebDataset sample key for ``key`` (no dot, no ``/``: a loader cuts a member's name
-    at its first dot): the key itself when plain (ASCII letters, digits, ``_-``, ≤ 96),
+    at its first dot): the key itself when plain (ASCII letters, digits, ``_-``, ≤ 90),
     else a mapped one; and whether it was mapped."""
     text = key.decode("ascii", errors="replace")
     if _PLAIN_SAMPLE.fullmatch(text):
@@ -262,3 +263,15 @@ def read_class_names(path: str) -> tuple[str, ...]:
     except UnicodeDecodeError:
         raise DatumError(f"{path}: class names are not UTF-8 text") from None
     return tuple(text.splitlines())
+
+
+def class_names(
+    db_path: str, classes: str | os.PathLike[str] | None
+) -> tuple[tuple[str, ...], str | None]:
+    """The class names of ``db_path``'s labels and the file they come from: ``classes``, else
+    the ``DB.classes.txt`` beside the database (``imageset``'s), else none."""
+    path = os.fsdecode(classes) if classes is not None else None
+    beside = os.path.normpath(db_path) + ".classes.txt"
+    if path is None and os.path.isfile(beside):
+        path = beside
+    return (read_class_names(path) if path is not None else ()), path
