@@ -334,7 +334,7 @@ class _LabelRows:
         with self.spill:
             self.spill.flush()
             size = target_value_size(self.width or 1)
-            per = max(1, min(DEFAULT_BATCH_SIZE, (64 << 20) // size))
+            per = batch_records(DEFAULT_BATCH_SIZE, size)
             rows = (
                 np.memmap(self.spill, np.float32, "r", shape=(self.count, self.width))
                 if self.count and self.width

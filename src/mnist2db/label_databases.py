@@ -27,11 +27,9 @@ from mnist2db.formats.image_list import ListEntry, image_key
 from mnist2db.formats.label_table import LabelTable, first_label, iter_rows
 from mnist2db.formats.target_datum import encode_target_batch, target_value_size
 from mnist2db.progress import Progress
+from mnist2db.storage.backends import batch_records
 from mnist2db.storage.readers import open_reader
 from mnist2db.storage.spill import spill_to_map
-
-#: Label records per transaction at most (also bounded by bytes: 64 MiB a batch).
-_BATCH_BYTES = 64 << 20
 
 
 class TargetSource:
@@ -120,7 +118,7 @@ def write_label_database(
 
     width = source.width
     value_size = target_value_size(width)
-    per_batch = max(1, min(batch_size, _BATCH_BYTES // value_size))
+    per_batch = batch_records(batch_size, value_size)  # bounded by bytes too
     state = {"count": 0}
 
     def batches() -> Iterator[list[tuple[bytes, bytes]]]:
@@ -190,12 +188,13 @@ class PairCheck(NamedTuple):
 
 
 def verify_label_db(
-    images: str | os.PathLike[str],
-    labels: str | os.PathLike[str],
+    db: str | os.PathLike[str],
+    label_db: str | os.PathLike[str],
     progress: Progress | None = None,
 ) -> PairCheck:
-    """Check that ``labels`` is the label database of ``images``: the same keys in the same
-    order, as many records, each a label record of the first one's width.
+    """Check that ``label_db`` is the label database of the database ``db``: the same keys
+    in the same order, as many records, each a label record of the first one's width
+    (``mnist2db verify DB --label-db LABEL_DB``).
 
     Raises:
         VerifyError: naming the first key that breaks it.
@@ -209,12 +208,12 @@ def verify_label_db(
     from mnist2db.progress import reporting
 
     report = reporting(progress)
-    images, labels = os.fsdecode(images), os.fsdecode(labels)
+    images, labels = os.fsdecode(db), os.fsdecode(label_db)
     count = 0
     width: int | None = None
-    with open_reader(images) as image_db, open_reader(labels) as label_db:
-        total = len(image_db)
-        pairs = zip_longest(image_db.iter_keys(), label_db)
+    with open_reader(images) as image_reader, open_reader(labels) as label_reader:
+        total = len(image_reader)
+        pairs = zip_longest(image_reader.iter_keys(), label_reader)
         for image_key, label in pairs:
             if label is None:
                 raise VerifyError(
