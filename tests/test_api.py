@@ -20,29 +20,51 @@ def test_all_is_pinned() -> None:
         "ConvertResult",
         "DatumDataset",
         "DatumError",
+        "DbInfo",
         "DownloadError",
+        "ExportResult",
+        "FetchedFile",
+        "FilesResult",
         "IdxFormatError",
         "IdxHeader",
+        "IdxInfo",
+        "ImageError",
         "MeanResult",
+        "MissingKeyError",
         "Mnist2dbError",
         "OutputError",
         "OutputExistsError",
+        "OwnImagesResult",
+        "RecordIndexError",
+        "RenderError",
+        "ShardsResult",
         "SiameseResult",
+        "VerifyError",
+        "VerifyResult",
         "__version__",
         "array_to_datum",
         "compute_mean",
         "convert",
+        "convert_images",
         "convert_siamese",
+        "create_databases",
         "datum_to_array",
         "decode_datum",
+        "describe",
         "detect_backend",
         "encode_datum",
+        "export_db",
+        "export_files",
+        "export_webdataset",
+        "fetch_dataset",
         "iter_db",
+        "mean_image",
         "open_db",
         "open_idx",
         "open_reader",
         "read_header",
         "read_idx",
+        "verify_db",
         "write_mean",
     ]
 
@@ -115,3 +137,82 @@ def test_the_version_is_the_one_pyproject_declares() -> None:
     declared = re.search(r'^version = "([^"]+)"$', pyproject, re.MULTILINE)
     assert declared is not None
     assert __version__ == declared.group(1) == mnist2db.__version__
+
+
+#: Every command and its Python twin; ``show`` draws to the terminal and has none (its
+#: records: ``open_db``). The twin takes the command's option names as keywords.
+TWINS: dict[str, str | tuple[str, ...]] = {
+    "convert": "convert",
+    "create": "create_databases",
+    "fetch": "fetch_dataset",
+    "imageset": "convert_images",
+    "info": "describe",
+    "verify": "verify_db",
+    "export": ("export_db", "export_files", "export_webdataset"),  # by --to
+    "mean": "mean_image",
+    "siamese": "convert_siamese",
+}
+#: Command-line names the twin spells otherwise: OUT_DB is ``out``; ``--as-stored`` is
+#: ``transpose=False`` (None: as the dataset needs); ``--quiet`` is the front end's own.
+SPELLED_OTHERWISE = {"out_db": "out", "as_stored": "transpose", "quiet": None}
+
+
+def test_every_command_has_its_python_twin_with_the_same_keywords() -> None:
+    import inspect
+
+    from mnist2db.cli.app import COMMANDS, cli
+
+    assert sorted(COMMANDS) == sorted([*TWINS, "show"])
+    for command, twins in TWINS.items():
+        named = (twins,) if isinstance(twins, str) else twins
+        assert set(named) <= set(mnist2db.__all__)
+        click_command = cli.get_command(None, command)  # type: ignore[arg-type]
+        assert click_command is not None
+        keywords = {k for t in named for k in inspect.signature(getattr(mnist2db, t)).parameters}
+        # a command with several twins picks one by --to
+        skipped = {"to"} if len(named) > 1 else set()
+        for param in click_command.params:
+            name = SPELLED_OTHERWISE.get(param.name or "", param.name)
+            if name is not None and name not in skipped:
+                assert name in keywords, f"{command}: {param.name} is not a keyword of {twins}"
+
+
+def test_every_error_a_function_may_raise_is_exported() -> None:
+    import inspect
+
+    from mnist2db import errors
+
+    declared = {
+        name
+        for name, value in vars(errors).items()
+        if inspect.isclass(value) and issubclass(value, errors.Mnist2dbError)
+    }
+    assert declared <= set(mnist2db.__all__)
+
+
+def test_the_annotations_ship_with_the_package() -> None:
+    root = Path(__file__).resolve().parents[1]
+    assert (root / "src" / "mnist2db" / "py.typed").is_file()
+    assert 'mnist2db = ["py.typed"]' in (root / "pyproject.toml").read_text()
+
+
+def test_the_commands_twins_run_from_python(tmp_path: Path) -> None:
+    images = write_idx(tmp_path / "images", make_images(6, 4, 3))
+    labels = write_idx(tmp_path / "labels", make_labels(6))
+    db = tmp_path / "db"
+    mnist2db.convert(images, labels, db)
+    assert mnist2db.verify_db(db, images, labels).count == 6
+    described = mnist2db.describe(db)
+    assert isinstance(described, mnist2db.DbInfo) and described.problem is None
+    header = mnist2db.describe(images)
+    assert isinstance(header, mnist2db.IdxInfo) and header.header.dims == (6, 4, 3)
+    exported = mnist2db.export_db(db, tmp_path / "out", prefix="x")
+    assert Path(exported.images).read_bytes() == images.read_bytes()
+    mean = mnist2db.mean_image(db, tmp_path / "mean.binaryproto")
+    assert mean.count == 6 and (tmp_path / "mean.binaryproto").stat().st_size > 0
+    with pytest.raises(mnist2db.OutputExistsError):
+        mnist2db.mean_image(db, tmp_path / "mean.binaryproto")
+    pairs = mnist2db.convert_siamese(images, labels, tmp_path / "pairs", seed=1)
+    assert pairs.count == 6 and pairs.seed == 1
+    with pytest.raises(mnist2db.RecordIndexError):
+        mnist2db.open_db(db)[6]

@@ -217,3 +217,55 @@ def test_caffe_keys_are_formatted_in_one_home() -> None:
     }
     assert _homes(literal) == ["mnist2db.formats.datum"]
     assert _homes(formatted) == ["mnist2db.formats.image_list"]
+
+
+def _backend_compares(tree: ast.Module) -> int:
+    names = {"lmdb", "leveldb"}
+    return sum(
+        1
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        and any(
+            isinstance(side, ast.Constant) and side.value in names
+            for side in [node.left, *node.comparators]
+        )
+    )
+
+
+#: Modules that still choose by a backend's name, each with its reason (to move to
+#: storage/backends' ``Backend`` when their owners' work has landed).
+BACKEND_COMPARES_LEFT = {
+    "mnist2db.dataset": "the LMDB-only hot path reaches the handle's transaction",
+    "mnist2db.images.imageset": "LMDB's key limit (Backend.key_limit)",
+}
+
+
+def test_a_backend_is_chosen_by_name_in_one_home() -> None:
+    """What differs between LMDB and LevelDB is written in ``storage/backends.py``
+    (:class:`~mnist2db.storage.backends.Backend`) and the read handles, not decided by
+    ``backend == "lmdb"`` wherever it matters."""
+    found = {
+        name
+        for name, tree in modules().items()
+        if _backend_compares(tree) and not name.startswith("mnist2db.storage.")
+    }
+    assert found <= set(BACKEND_COMPARES_LEFT)
+
+
+def test_the_batch_byte_bound_has_one_home() -> None:
+    """One 64 MiB bound for every batch (``storage.backends.BATCH_BYTES_LIMIT``): no module
+    declares a batch constant of its own with that value."""
+    found = sorted(
+        f"{name}.{target.id}"
+        for name, tree in modules().items()
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+        and "BATCH" in target.id
+        and ast.unparse(node.value) in ("64 << 20", "64 * 2 ** 20", "67108864")
+    )
+    assert set(found) <= {
+        "mnist2db.storage.backends.BATCH_BYTES_LIMIT",
+        "mnist2db.images.imageset.BATCH_BYTES",
+    }

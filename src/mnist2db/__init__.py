@@ -11,16 +11,24 @@ import importlib
 from mnist2db.fastpath import TYPE_CHECKING  # not typing's: see fastpath.py
 from mnist2db.version import __version__
 
-_LAZY = {
+#: name -> the module that defines it (a pair: the module and the name there)
+_LAZY: dict[str, str | tuple[str, str]] = {
+    # the errors, every one a public function may raise
     "ArgumentError": "errors",
     "BackendError": "errors",
     "ChecksumError": "errors",
+    "DatumError": "errors",
     "DownloadError": "errors",
     "IdxFormatError": "errors",
+    "ImageError": "errors",
+    "MissingKeyError": "errors",
     "Mnist2dbError": "errors",
     "OutputError": "errors",
     "OutputExistsError": "errors",
-    "DatumError": "errors",
+    "RecordIndexError": "errors",
+    "RenderError": "errors",
+    "VerifyError": "errors",
+    # Datum bytes and IDX files
     "array_to_datum": "formats.datum",
     "datum_to_array": "formats.datum",
     "decode_datum": "formats.datum",
@@ -29,18 +37,37 @@ _LAZY = {
     "open_idx": "formats.idx_reader",
     "read_header": "formats.idx_reader",
     "read_idx": "formats.idx_reader",
-    "ConvertResult": "conversion",
-    "convert": "conversion",
+    # reading databases
     "detect_backend": "storage.backends",
     "iter_db": "storage.readers",
     "open_reader": "storage.readers",
     "DatumDataset": "dataset",
     "open_db": "dataset",
+    # the commands' twins: mnist2db CMD ... <-> mnist2db.FUNCTION(...), the same keywords
+    "ConvertResult": "conversion",
+    "convert": "conversion",  # convert
+    "create_databases": "create",  # create
+    "FetchedFile": "fetch.results",
+    "fetch_dataset": ("fetch.fetcher", "fetch"),  # fetch
+    "OwnImagesResult": "images.own_images",
+    "convert_images": "images.own_images",  # imageset
+    "DbInfo": "info",
+    "IdxInfo": "info",
+    "describe": "info",  # info
+    "VerifyResult": "verify",
+    "verify_db": "verify",  # verify
+    "ExportResult": "export",
+    "export_db": "export",  # export (--to idx)
+    "FilesResult": "exporting.folder",
+    "export_files": "exporting.folder",  # export --to files
+    "ShardsResult": "exporting.shards",
+    "export_webdataset": "exporting.shards",  # export --to webdataset
     "MeanResult": "mean",
     "compute_mean": "mean",
+    "mean_image": "mean",  # mean
     "write_mean": "mean",
     "SiameseResult": "siamese",
-    "convert_siamese": "siamese",
+    "convert_siamese": "siamese",  # siamese
 }
 
 __all__ = sorted([*_LAZY, "__version__"])
@@ -51,6 +78,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from mnist2db.conversion import ConvertResult, convert
+    from mnist2db.create import create_databases
     from mnist2db.dataset import DatumDataset, open_db
     from mnist2db.errors import (
         ArgumentError,
@@ -59,24 +87,38 @@ if TYPE_CHECKING:
         DatumError,
         DownloadError,
         IdxFormatError,
+        ImageError,
+        MissingKeyError,
         Mnist2dbError,
         OutputError,
         OutputExistsError,
+        RecordIndexError,
+        RenderError,
+        VerifyError,
     )
+    from mnist2db.export import ExportResult, export_db
+    from mnist2db.exporting.folder import FilesResult, export_files
+    from mnist2db.exporting.shards import ShardsResult, export_webdataset
+    from mnist2db.fetch.fetcher import fetch as fetch_dataset
+    from mnist2db.fetch.results import FetchedFile
     from mnist2db.formats.datum import array_to_datum, datum_to_array, decode_datum, encode_datum
     from mnist2db.formats.idx import IdxHeader
     from mnist2db.formats.idx_reader import open_idx, read_header, read_idx
-    from mnist2db.mean import MeanResult, compute_mean, write_mean
+    from mnist2db.images.own_images import OwnImagesResult, convert_images
+    from mnist2db.info import DbInfo, IdxInfo, describe
+    from mnist2db.mean import MeanResult, compute_mean, mean_image, write_mean
     from mnist2db.siamese import SiameseResult, convert_siamese
     from mnist2db.storage.backends import detect_backend
     from mnist2db.storage.readers import iter_db, open_reader
+    from mnist2db.verify import VerifyResult, verify_db
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    where = _LAZY.get(name)
+    if where is None:
         raise AttributeError(f"module 'mnist2db' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    module, attribute = where if isinstance(where, tuple) else (where, name)
+    value = getattr(importlib.import_module(f".{module}", __name__), attribute)
     globals()[name] = value
     return value
 

@@ -16,7 +16,7 @@ from mnist2db.formats.idx import (
     QMNIST_LABELS_MAGIC,
     magic_kind,
 )
-from mnist2db.formats.idx_reader import IdxScan, scan_idx
+from mnist2db.formats.idx_scan import IdxScan, scan_idx
 from mnist2db.formats.image_input import image_format
 from mnist2db.formats.png import datum_encoding as _datum_encoding
 from mnist2db.formats.png import decode_image
@@ -86,7 +86,7 @@ class IdxInfo(IdxScan):
 
 def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
     """Describe an IDX file: header, sizes, gzip or not, whether it is valid
-    (:func:`mnist2db.formats.idx_reader.scan_idx` reads it).
+    (:func:`mnist2db.formats.idx_scan.scan_idx` reads it).
 
     Raises:
         IdxFormatError: the file cannot be read or its header cannot be parsed at all.
@@ -308,3 +308,15 @@ def describe_db(db: DbReader | str | os.PathLike[str]) -> list[tuple[str, str]]:
             )
         )
     return lines
+
+
+def describe(path: str | os.PathLike[str], progress: Progress | None = None) -> IdxInfo | DbInfo:
+    """What ``mnist2db info PATH`` reports: a database directory's :class:`DbInfo`, else an
+    IDX file's :class:`IdxInfo`. Neither raises for what is wrong inside: ``problem`` says
+    it (None: valid), and ``rows()`` gives ``info``'s lines.
+
+    Raises:
+        IdxFormatError: an IDX file cannot be read, or its header cannot be parsed at all.
+        BackendError: a directory that is not a database, or that cannot be opened.
+    """
+    return db_info(path, progress) if os.path.isdir(path) else idx_info(path)

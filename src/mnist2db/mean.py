@@ -27,7 +27,12 @@ from mnist2db.formats.datum import key_text
 from mnist2db.formats.png import decoded_datum
 from mnist2db.formats.protowire import encode_varint
 from mnist2db.progress import Progress, reporting
-from mnist2db.storage.backends import DEFAULT_BATCH_SIZE, check_batch_size, detect_backend
+from mnist2db.storage.backends import (
+    DEFAULT_BATCH_SIZE,
+    batch_full,
+    check_batch_size,
+    detect_backend,
+)
 from mnist2db.storage.files import AtomicFile
 from mnist2db.storage.placement import check_file_target
 from mnist2db.storage.readers import iter_db
@@ -36,9 +41,6 @@ if TYPE_CHECKING:
     from mnist2db.storage.files import PathArg
 
 
-#: Pixel bytes held before they are summed: a batch is at most ``batch_size`` records and
-#: about this many bytes, whatever the size of a record.
-BATCH_BYTES = 64 << 20
 #: Bytes of numpy work arrays per summing step (a slice of the pixels of a batch).
 _WORK_BYTES = 64 << 20
 
@@ -109,7 +111,7 @@ def compute_mean(
     Args:
         path: an LMDB or LevelDB database of Datums (backend detected when None).
         batch_size: records summed per step, at most (a step also holds at most
-            :data:`BATCH_BYTES` of pixels: memory does not grow with the record size).
+            :data:`~mnist2db.storage.backends.BATCH_BYTES_LIMIT` of pixels: memory does not grow with the record size).
         progress: called as ``progress(records_done, 0)`` every ``batch_size`` records
             and at the end.
 
@@ -179,9 +181,9 @@ def compute_mean(
         pending_bytes += values.nbytes
         del datum, values  # a large record is held once, in pending, not twice
         count += 1
-        # A batch is at most batch_size records and BATCH_BYTES of pixels: records of any
+        # A batch is at most batch_size records and BATCH_BYTES_LIMIT of pixels: records of any
         # size (a 9000 × 9000 PNG decodes to 81 MB) are summed a few at a time.
-        if len(pending) >= batch_size or pending_bytes >= BATCH_BYTES:
+        if batch_full(len(pending), pending_bytes, batch_size):
             flush()
             pending_bytes = 0
         if count % batch_size == 0:
@@ -200,6 +202,31 @@ def compute_mean(
         for q, m in zip(squares, means, strict=True)
     )
     return MeanResult(path, backend, count, mean, means, stds)
+
+
+def mean_image(
+    db: PathArg,
+    out: PathArg | None = None,
+    *,
+    backend: str | None = None,
+    overwrite: bool = False,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: Progress | None = None,
+) -> MeanResult:
+    """``mnist2db mean DB [OUT]``: :func:`compute_mean` of ``db``, written to ``out`` by
+    :func:`write_mean` (Caffe's BlobProto, or ``.npy``) when given; ``out`` is checked
+    before the database is read, so a bad target fails at once.
+
+    Raises:
+        OutputExistsError: ``out`` may not be written (see :func:`check_mean_target`).
+        Mnist2dbError: see :func:`compute_mean` and :func:`write_mean`.
+    """
+    if out is not None:
+        check_mean_target(out, overwrite, [db])
+    result = compute_mean(db, backend, batch_size=batch_size, progress=progress)
+    if out is not None:
+        write_mean(result, out, overwrite=overwrite)
+    return result
 
 
 def blobproto_bytes(mean: np.ndarray) -> bytes:

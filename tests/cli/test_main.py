@@ -234,3 +234,44 @@ def test_launcher_prints_a_non_utf8_path_as_its_bytes(mnist_pair, tmp_path: Path
         lines.append(done.stderr.decode().splitlines()[-1].rsplit(" in ", 1)[0])
         assert os.path.isdir(os.path.join(os.fsencode(tmp_path), b"caf\xe9_" + name))
     assert lines == [r"Wrote caf\xe9_fast (lmdb)", r"Wrote caf\xe9_click (lmdb)"]
+
+
+def _samples(param: object) -> list[list[str]]:
+    """Command-line spellings of one of convert's click options, valid for click."""
+    import click
+
+    assert isinstance(param, click.Option)
+    names = [n for n in param.opts + param.secondary_opts]
+    if param.is_flag:
+        return [[n] for n in names]
+    if isinstance(param.type, click.Choice):
+        values = [str(c) for c in param.type.choices] + [str(param.type.choices[0]).upper()]
+    elif isinstance(param.type, click.IntRange | click.types.IntParamType):
+        values = ["7", "1"]
+    else:
+        values = ["x"]
+    return [[n, v] for n in names for v in values] + [[f"{n}={v}"] for n in names for v in values]
+
+
+def test_the_fast_path_parses_every_option_as_click_does_or_leaves_it_to_click() -> None:
+    """Over every option click declares for ``convert`` (cli/options.py): a command line
+    the fast path takes gives the keyword arguments click gives; any other is left to click."""
+    from mnist2db.cli.app import cli
+
+    command = cli.get_command(None, "convert")  # type: ignore[arg-type]
+    assert command is not None
+    taken = set()
+    for param in command.params:
+        if param.param_type_name != "option":
+            continue
+        for spelled in _samples(param):
+            args = ["convert", *spelled, "a", "b", "c"]
+            fast = parse_convert(args)
+            if fast is None:
+                continue
+            taken.add(param.name)
+            ctx = command.make_context("convert", args[1:])
+            from_click = {**ctx.params, "out": ctx.params["out_db"]}
+            assert {k: from_click[k] for k in fast} == fast, args
+    # what the fast path knows is declared for click too, under the same names
+    assert taken == {"backend", "batch_size", "overwrite", "quiet"}

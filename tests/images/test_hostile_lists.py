@@ -245,3 +245,33 @@ def test_idx_overwrite_never_lands_on_an_image_its_list_names(tmp_path: Path) ->
         "ok.png",
         "victim-images-idx3-ubyte",
     ]
+
+
+@pytest.mark.parametrize("front_end", ["imageset", "convert_imageset"])
+def test_a_list_fifo_without_a_writer_waits_and_sigterm_ends_it(
+    images: Path, tmp_path: Path, front_end: str
+) -> None:
+    """A FIFO list waits for its writer, as Caffe's ifstream waits; SIGTERM ends the wait
+    within a second: exit 143, "Interrupted", nothing written."""
+    import signal
+    import time
+
+    os.mkfifo(tmp_path / "list.fifo")
+    command = {
+        "imageset": f"exec {MNIST2DB} --list list.fifo imgs/ out",
+        "convert_imageset": f"exec {CONVERT_IMAGESET} imgs/ list.fifo out",
+    }[front_end]
+    child = subprocess.Popen(
+        ["bash", "-c", command], cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        time.sleep(1.5)
+        assert child.poll() is None  # waiting for a writer
+        child.send_signal(signal.SIGTERM)
+        _, stderr = child.communicate(timeout=5)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == 143, stderr
+    assert "Interrupted" in stderr and "Traceback" not in stderr
+    assert sorted(os.listdir(tmp_path)) == ["imgs", "list.fifo"]

@@ -84,11 +84,13 @@ FLAGS: dict[str, Flag] = {
 
 def _convert(parsed: ParsedArgs, logger: Logger) -> None:
     from mnist2db.errors import ArgumentError
+    from mnist2db.formats.image_input import ignore_decoder_warnings
     from mnist2db.formats.image_list import ImageList, ListEntry
     from mnist2db.images.imageset import Skipped, write_imageset
     from mnist2db.storage.targets import check_destination
 
     root, listing, db_path = parsed.positional
+    ignore_decoder_warnings()
     backend = str(parsed["backend"])
     overwrite = bool(parsed["overwrite"])
     encode_type = str(parsed["encode_type"])

@@ -15,7 +15,12 @@ from __future__ import annotations
 from mnist2db.caffe_tools.frame import OPENED_AT, log_here, run_tool, tool_main
 from mnist2db.caffe_tools.gflags import Flag, ParsedArgs, parse_command_line
 from mnist2db.fastpath import TYPE_CHECKING
-from mnist2db.storage.backends import DEFAULT_BACKEND, DEFAULT_BATCH_SIZE, SIAMESE_BACKEND
+from mnist2db.storage.backends import (
+    BATCH_BYTES_LIMIT,
+    DEFAULT_BACKEND,
+    DEFAULT_BATCH_SIZE,
+    SIAMESE_BACKEND,
+)
 
 if TYPE_CHECKING:
     from mnist2db.caffe_tools.glog import Logger
@@ -64,7 +69,7 @@ FLAGS: dict[str, Flag] = {
         "batch_size",
         "int32",
         DEFAULT_BATCH_SIZE,
-        "Records per transaction, fewer above 64 MiB (mnist2db extension)",
+        f"Records per transaction, fewer above {BATCH_BYTES_LIMIT >> 20} MiB (mnist2db extension)",
         _at_least_one,
     ),
     "overwrite": Flag(

@@ -12,10 +12,13 @@ import click
 
 from mnist2db.cli.common import echo, library_errors, progress_reporter
 from mnist2db.cli.options import (
-    Path,
     backend_option,
+    batch_size_option,
     check_record_options,
+    images_argument,
     label_column_option,
+    labels_argument,
+    out_db_argument,
     overwrite_option,
     quiet_option,
     range_options,
@@ -23,21 +26,14 @@ from mnist2db.cli.options import (
     transpose_option,
 )
 from mnist2db.conversion import convert as run_convert
-from mnist2db.storage.backends import DEFAULT_BATCH_SIZE
 
 
 @click.command()
-@click.argument("images", type=Path(dir_okay=True, path_type=str))
-@click.argument("labels", type=Path(dir_okay=True, path_type=str))
-@click.argument("out_db", type=Path(path_type=str))
+@images_argument
+@labels_argument
+@out_db_argument
 @backend_option
-@click.option(
-    "--batch-size",
-    type=click.IntRange(min=1),
-    default=DEFAULT_BATCH_SIZE,
-    show_default=True,
-    help="Records per transaction (Caffe: 1000); fewer where they would hold more than 64 MiB.",
-)
+@batch_size_option
 @overwrite_option("OUT_DB if it is an existing database")
 @transpose_option
 @label_column_option
@@ -78,7 +74,7 @@ def convert(
             images,
             labels,
             out_db,
-            backend=backend.lower(),
+            backend=backend,
             batch_size=batch_size,
             overwrite=overwrite,
             progress=progress,

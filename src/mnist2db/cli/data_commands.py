@@ -11,6 +11,7 @@ import click
 from mnist2db.cli.common import echo, library_errors, progress_reporter
 from mnist2db.cli.options import (
     Path,
+    db_argument,
     label_column_option,
     overwrite_option,
     quiet_option,
@@ -20,7 +21,7 @@ from mnist2db.cli.options import (
 from mnist2db.errors import RenderError
 from mnist2db.export import export_db
 from mnist2db.formats.datum import key_text
-from mnist2db.info import db_info, idx_info
+from mnist2db.info import describe
 from mnist2db.render import (
     check_canvas,
     check_text_size,
@@ -179,7 +180,7 @@ def info(path: str) -> None:
       mnist2db info data/mnist/t10k-labels-idx1-ubyte
     """
     with library_errors():
-        described = db_info(path) if os.path.isdir(path) else idx_info(path)
+        described = describe(path)
         for name, value in described.rows():
             echo(f"{name:<12}{value}")
         problem = described.problem
@@ -189,7 +190,9 @@ def info(path: str) -> None:
 
 
 @click.command()
-@click.argument("db", type=Path(path_type=str))
+@db_argument
+# IMAGES and LABELS as images_argument/labels_argument declare them, but optional here:
+# with --label-db alone, verify checks a pair.
 @click.argument("images", type=Path(path_type=str), required=False)
 @click.argument("labels", type=Path(path_type=str), required=False)
 @click.option("--label-db", type=Path(file_okay=False, path_type=str), default=None,
@@ -236,7 +239,7 @@ def verify(
 
 
 @click.command()
-@click.argument("db", type=Path(path_type=str))
+@db_argument
 @click.argument("out_dir", metavar="OUT", type=Path(path_type=str))
 @click.option(
     "--to",

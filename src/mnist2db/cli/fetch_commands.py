@@ -222,7 +222,7 @@ def create(
                 dataset,
                 data_dir,
                 out_dir,
-                backend.lower(),
+                backend,
                 overwrite=overwrite,
                 progress=bar,
                 on_database=done,

@@ -6,7 +6,13 @@ from __future__ import annotations
 import click
 
 from mnist2db.cli.common import check_seed, echo, library_errors, progress_reporter
-from mnist2db.cli.options import Path, backend_option, quiet_option, shuffle_options
+from mnist2db.cli.options import (
+    Path,
+    backend_option,
+    overwrite_option,
+    quiet_option,
+    shuffle_options,
+)
 from mnist2db.records import seed_note
 
 
@@ -43,7 +49,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> tupl
                    "path,name1,…, or CelebA's list_attr_celeba.txt): the values go to a label "
                    "database OUT_labels beside OUT.")  # fmt: skip
 @shuffle_options
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it is what this writes.")
+@overwrite_option("OUT if it is what this writes")
 @quiet_option
 def imageset(
     root: str, out: str, listing: str | None, to: str, backend: str, gray: bool,
@@ -71,13 +77,15 @@ def imageset(
       mnist2db imageset --list train.txt --gray --shuffle --seed 1 photos/ train_lmdb
       mnist2db imageset --labels list_attr_celeba.txt img_align_celeba/ celeba_lmdb
     """
+    from mnist2db.formats.image_input import ignore_decoder_warnings
     from mnist2db.images.own_images import convert_images
 
+    ignore_decoder_warnings()
     check_seed({"seed": seed, "shuffle": shuffle})
     skipped: list[str] = []
     with library_errors(), progress_reporter("Converting", quiet) as progress:
         done = convert_images(
-            root, out, listing=listing, to=to, backend=backend.lower(), gray=gray,
+            root, out, listing=listing, to=to, backend=backend, gray=gray,
             resize=resize, encoded=encoded, check_size=check_size, shuffle=shuffle,
             seed=seed, overwrite=overwrite, progress=progress,
             on_skip=lambda gone: skipped.append(gone.reason), labels=labels, values=values,

@@ -13,7 +13,13 @@ import click
 
 from mnist2db.cli.common import check_seed
 from mnist2db.fetch.catalog import DATASET_NAMES, DEFAULT_DATASET
-from mnist2db.storage.backends import BACKENDS, DEFAULT_BACKEND
+from mnist2db.formats.png import ENCODINGS, PNG_COMPRESSIONS
+from mnist2db.storage.backends import (
+    BACKENDS,
+    BATCH_BYTES_LIMIT,
+    DEFAULT_BACKEND,
+    DEFAULT_BATCH_SIZE,
+)
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -27,18 +33,32 @@ class Path(click.Path):
         return super().convert(value, param, ctx)
 
 
+def _lower(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    return value.lower()
+
+
 def backend_choice(default: str, help_text: str) -> Decorator:
-    """``--backend lmdb|leveldb`` (any case), with the command's default."""
+    """``--backend lmdb|leveldb`` (any case), with the command's default; the command gets
+    the name in lower case (the one place the CLI lower-cases it)."""
     return click.option(
         "--backend",
         type=click.Choice(BACKENDS, case_sensitive=False),
         default=default,
         show_default=True,
+        callback=_lower,
         help=help_text,
     )
 
 
 backend_option = backend_choice(DEFAULT_BACKEND, "Database to write.")
+batch_size_option = click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=DEFAULT_BATCH_SIZE,
+    show_default=True,
+    help="Records per transaction (Caffe: 1000); fewer where they would hold more than "
+    f"{BATCH_BYTES_LIMIT >> 20} MiB.",
+)
 quiet_option = click.option(
     "-q", "--quiet", is_flag=True, help="Print nothing but errors (no progress bar, no summary)."
 )
@@ -47,6 +67,26 @@ quiet_option = click.option(
 def overwrite_option(what: str) -> Decorator:
     """``--overwrite``: replace ``what`` (a phrase naming the command's output)."""
     return click.option("--overwrite", is_flag=True, help=f"Replace {what}.")
+
+
+def images_argument(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``IMAGES``: an IDX image file (plain, gzip or xz; a pipe too)."""
+    return click.argument("images", type=Path(path_type=str))(func)
+
+
+def labels_argument(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``LABELS``: an IDX label file."""
+    return click.argument("labels", type=Path(path_type=str))(func)
+
+
+def db_argument(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``DB``: a database directory to read."""
+    return click.argument("db", type=Path(path_type=str))(func)
+
+
+def out_db_argument(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``OUT_DB``: the database directory to write."""
+    return click.argument("out_db", type=Path(path_type=str))(func)
 
 
 def seed_option(help_text: str) -> Decorator:
@@ -124,7 +164,7 @@ def shuffle_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 encoded_option = click.option(
     "--encoded",
-    type=click.Choice(["png"]),  # mnist2db.formats.png.ENCODINGS (not imported: keeps --help fast)
+    type=click.Choice(ENCODINGS),
     default=None,
     help="Store each image as a PNG in Datum.data (encoded: true; Caffe's data layer decodes "
     "it).  [default: raw pixels]",
@@ -133,8 +173,7 @@ encoded_option = click.option(
 
 png_compression_option = click.option(
     "--png-compression",
-    # mnist2db.formats.png.PNG_COMPRESSIONS (not imported: keeps --help fast)
-    type=click.Choice(["fast", "small"]),
+    type=click.Choice(PNG_COMPRESSIONS),
     default=None,
     help="With --encoded png: fast (fixed-code deflate: quick to write and to read, the "
     "same bytes on every machine) or small (zlib: ~12% smaller, slower both ways).  "

@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import IO, Any
 
-from mnist2db.fetch.sink import SourceFailed
+from mnist2db.fetch.failures import SourceFailed
 from mnist2db.fetch.untrusted import clean, shown_url
 
 #: Redirects followed for one request (curl's default is 50; browsers stop at about 20).

@@ -31,15 +31,13 @@ from mnist2db.fetch.catalog import (
     default_data_dir,
     get_dataset,
 )
+from mnist2db.fetch.failures import SourceFailed
 from mnist2db.fetch.manifest import (
     read_manifest,
     write_manifest,
 )
 from mnist2db.fetch.results import FetchedFile, create_directory, fetch_failure, present, record
-from mnist2db.fetch.sink import (
-    DownloadSink,
-    SourceFailed,
-)
+from mnist2db.fetch.sink import DownloadSink
 from mnist2db.fetch.transport import (
     DEFAULT_SPEED_LIMIT,
     DEFAULT_SPEED_TIME,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import lzma
 import os
 import struct
 import zlib
@@ -21,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import IO, Any
 
 from mnist2db.fetch.catalog import PACKING_SUFFIX, Resource
+from mnist2db.fetch.failures import Rejected
 from mnist2db.fetch.untrusted import clean
 from mnist2db.formats.idx import GZIP_MAGIC, IDX_TYPES, XZ_MAGIC
 from mnist2db.storage.files import AtomicFile, remove_stale, temp_prefix
@@ -51,18 +53,6 @@ def packed_bound(unpacked: int) -> int:
     cost 5 bytes per 64 KiB, xz's uncompressed chunks 3 per 64 KiB; 1/256 and 1 MiB of
     headroom cover several members or streams and their headers."""
     return unpacked + unpacked // 256 + (1 << 20)
-
-
-class SourceFailed(Exception):
-    """This source cannot deliver the file; the reason goes into the final error line."""
-
-
-class Transient(SourceFailed):
-    """Worth retrying on the same source (connection cut, timeout, 5xx)."""
-
-
-class Rejected(SourceFailed):
-    """Delivered, but the bytes are not the file (no digest matches, damaged packing)."""
 
 
 #: The longest IDX header: the magic and 255 dimensions.
@@ -104,8 +94,6 @@ def handle_digests(handle: IO[bytes], algorithms: Iterable[str]) -> dict[str, st
 
 def _unpacker(packing: str) -> Any:
     if packing == "xz":
-        import lzma  # only for the xz files (QMNIST's NIST extension)
-
         return lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=XZ_MEMLIMIT)
     return zlib.decompressobj(wbits=31)
 
@@ -113,8 +101,6 @@ def _unpacker(packing: str) -> Any:
 def _corrupt_errors(packing: str) -> tuple[type[Exception], ...]:
     """What the unpacker raises for damaged data (anything else is not the source's fault)."""
     if packing == "xz":
-        import lzma
-
         return (lzma.LZMAError, EOFError)
     return (zlib.error,)
 

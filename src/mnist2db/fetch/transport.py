@@ -30,7 +30,8 @@ from typing import Protocol
 
 from mnist2db.errors import DownloadError
 from mnist2db.fetch.connections import HeadWatch, opener
-from mnist2db.fetch.sink import CHUNK, SourceFailed, Transient
+from mnist2db.fetch.failures import SourceFailed, Transient
+from mnist2db.fetch.sink import CHUNK
 from mnist2db.fetch.untrusted import clean, open_regular, shown_url
 from mnist2db.progress import NamedProgress
 from mnist2db.version import __version__

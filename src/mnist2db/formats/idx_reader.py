@@ -5,7 +5,8 @@ file must hold exactly what the header declares: neither less (truncated) nor mo
 (trailing bytes). Compression is told by content, not by name: gzip and xz. Pipes, FIFOs,
 ``/dev/stdin`` and process substitution are read as streams, without seeking. Every way of
 opening and reading IDX bytes is here (:func:`open_raw`, :func:`open_data`,
-:func:`parse_header`, :func:`scan_idx`); the format itself is :mod:`mnist2db.formats.idx`'s.
+:func:`parse_header`; :mod:`mnist2db.formats.idx_scan` measures a file with them); the format
+itself is :mod:`mnist2db.formats.idx`'s.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ import zlib
 from collections.abc import Iterator
 
 from mnist2db.errors import ArgumentError, IdxFormatError
-from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.idx import (
     GZIP_MAGIC,
     IDX_TYPES,
-    LABELS_MAGIC,
     XZ_MAGIC,
     IdxHeader,
     size_error,
@@ -425,65 +425,3 @@ def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
     """
     with open_idx(path) as reader:
         return reader.read_all()
-
-
-class IdxScan(NamedTuple):
-    """What one pass over an IDX file finds (:func:`scan_idx`)."""
-
-    header: IdxHeader
-    file_size: int
-    data_size: int  # bytes of data found after the header (decompressed for gzip)
-    problem: str | None
-    label_counts: dict[int, int] | None = None
-    at_least: bool = False  # reading stopped one chunk past the declared size
-    streaming: bool = False  # a pipe: no size known beforehand
-
-
-def scan_idx(path: str | os.PathLike[str]) -> IdxScan:
-    """Measure an IDX file without failing on what is wrong after its header (``info``).
-
-    The file is read through once (a chunk at a time) when it is compressed, a label file
-    or a pipe, to measure its data and count labels; a plain image file is measured by its
-    size. Reading stops one chunk past the declared size, as ``convert`` does, so a
-    decompression bomb is reported as holding "at least" that much.
-
-    Raises:
-        IdxFormatError: the file cannot be read or its header cannot be parsed at all.
-    """
-    import numpy as np
-
-    path = os.fspath(path)
-    with open_raw(path) as raw:
-        file_size = os.fstat(raw.fileno()).st_size
-        stream, packing, streaming = open_data(raw, path)
-        header = parse_header(stream, path, packing)
-        compressed = packing != "plain"
-        counts = np.zeros(256, dtype=np.int64) if header.magic == LABELS_MAGIC else None
-        problem = None
-        at_least = False
-        if not compressed and counts is None and not streaming:
-            data_size = file_size - header.header_size
-        else:
-            data_size = 0
-            limit = header.payload_size + READ_CHUNK
-            try:
-                while chunk := stream.read(min(READ_CHUNK, limit - data_size)):
-                    if counts is not None:
-                        room = max(0, header.payload_size - data_size)
-                        counts += np.bincount(
-                            np.frombuffer(chunk[:room], dtype=np.uint8), minlength=256
-                        )
-                    data_size += len(chunk)
-                    if data_size >= limit:
-                        at_least = True
-                        break
-            except (*CORRUPT_ERRORS, OSError) as exc:
-                problem = f"{corrupt_stream(stream)} after {data_size} bytes of data: {exc}"
-        if streaming and not compressed:
-            file_size = header.header_size + data_size
-    if problem is None and data_size != header.payload_size:
-        problem = str(size_error(header, data_size, at_least=at_least)).removeprefix(f"{path}: ")
-    label_counts = (
-        {int(v): int(n) for v, n in enumerate(counts) if n} if counts is not None else None
-    )
-    return IdxScan(header, file_size, data_size, problem, label_counts, at_least, streaming)

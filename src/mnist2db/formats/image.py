@@ -78,7 +78,7 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
         ImageError: not an image OpenCV reads, or damaged (naming ``where``).
     """
     from PIL import UnidentifiedImageError
-    from PIL.Image import DecompressionBombError, DecompressionBombWarning
+    from PIL.Image import DecompressionBombError
 
     kind = image_format(data)
     if kind == "PNG":
@@ -102,8 +102,9 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
             orientation = 1
             if _may_orient(kind, data, opened) and color is not None:
                 orientation = int(opened.getexif().get(_EXIF_ORIENTATION, 1) or 1)
+    # A Warning: one a caller's filter made an error (a corrupt EXIF, ...).
     except (OSError, UnidentifiedImageError, ValueError, SyntaxError, struct.error,
-            DecompressionBombError, DecompressionBombWarning) as exc:  # fmt: skip
+            DecompressionBombError, Warning) as exc:  # fmt: skip
         raise ImageError(f"{where}: {kind} image cannot be decoded: {exc}") from None
     if color is None:
         color = model != "grey"

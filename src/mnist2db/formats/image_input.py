@@ -16,7 +16,8 @@ skips what it cannot read):
 * the width and height its header declares (:func:`declared_size`) within OpenCV's
   limits, before any decoder allocates for them.
 
-:func:`check_resize` refuses up front a resize to what no record can hold.
+:func:`check_resize` refuses up front a resize to what no record can hold, and
+:func:`check_fits_a_record` an image whose pixels no record can hold.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import io
 import os
 import struct
+import warnings
 from typing import Any
 
 from mnist2db.errors import ArgumentError, ImageError, printable
@@ -119,6 +121,24 @@ def check_declared_size(data: bytes, kind: str | None, where: str) -> None:
         f"{where}: its header declares {width} × {height} pixels; OpenCV reads at most "
         f"{MAX_SIDE} a side and {MAX_PIXELS} pixels (CV_IO_MAX_IMAGE_PIXELS)"
     )
+
+
+def check_fits_a_record(data: bytes, channels: int, where: str) -> None:
+    """Refuse, before it is decoded, an image whose raw record (``channels`` × height ×
+    width bytes, not resized) would be more than protobuf's 2 GiB: no reader parses it.
+
+    Raises:
+        ImageError: naming ``where`` and the size (a resize makes it a record).
+    """
+    size = declared_size(data, image_format(data))
+    if size is None:
+        return
+    width, height = size
+    if channels * width * height + _RECORD_FIELDS > MAX_FILE_BYTES:
+        raise ImageError(
+            f"{where}: {channels} × {height} × {width} is {channels * width * height} bytes, "
+            "more than a record holds (protobuf's 2 GiB); give a resize"
+        )
 
 
 def declared_size(data: bytes, kind: str | None) -> tuple[int, int] | None:
@@ -229,12 +249,25 @@ def open_with_pillow(data: bytes, kind: str) -> Any:
     plugin of ``kind`` itself: OpenCV's limits stand in for Pillow's lower ones
     (``MAX_IMAGE_PIXELS``, a warning past 89 million pixels and an error past twice that),
     which would refuse images OpenCV reads, and would do it with a warning."""
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     if kind not in Image.OPEN:
         Image.init()
     factory, _ = Image.OPEN[kind]
-    return factory(io.BytesIO(data), "")
+    try:
+        return factory(io.BytesIO(data), "")
+    except (SyntaxError, IndexError, TypeError, struct.error) as exc:
+        # What Image.open turns into UnidentifiedImageError: a header the plugin cannot read.
+        raise UnidentifiedImageError(f"cannot identify the image: {exc}") from None
+
+
+def ignore_decoder_warnings() -> None:
+    """For a front end's process, before its decoding threads start: the warnings Pillow
+    gives about the files it reads (corrupt EXIF, a TIFF tag past the end of the file, ...)
+    ignored, as OpenCV ignores them: the image decodes as it would without them, and the
+    front end's lines stay one a line (Caffe's log, one error). A library caller's own
+    filters stand; one that makes them errors gets the image refused in one line."""
+    warnings.filterwarnings("ignore", module=r"PIL\.")
 
 
 def check_resize(resize: tuple[int, int] | None, channels: int) -> None:

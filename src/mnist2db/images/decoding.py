@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from mnist2db.errors import ImageError, printable
 from mnist2db.formats.datum import datum_prefix
 from mnist2db.formats.image import decode_image, encode_image, png_planes, read_image, to_chw
-from mnist2db.formats.image_input import read_image_file
+from mnist2db.formats.image_input import check_fits_a_record, read_image_file
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.formats.protowire import encode_varint
 from mnist2db.formats.resize import resize_linear
@@ -61,6 +61,7 @@ def image_record(
     label = b"\x28" + encode_varint(entry.label)
     contents = read_image_file(filename)
     if resize is None and encoding is None:
+        check_fits_a_record(contents, 3 if color else 1, printable(os.fsdecode(filename)))
         planes = png_planes(contents, color)
         if planes is not None:
             data, shape = planes

@@ -17,12 +17,13 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 
 from mnist2db.errors import ArgumentError, BackendError
-from mnist2db.fastpath import TYPE_CHECKING, Protocol
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from typing import Any
 
-#: The databases mnist2db writes and reads, the default first.
+#: The databases mnist2db writes and reads, the default first (:data:`BACKEND` holds what
+#: it knows of each).
 BACKENDS = ("lmdb", "leveldb")
 #: The backend every writer uses unless told (Caffe's convert_mnist_data: ``--backend=lmdb``).
 DEFAULT_BACKEND = BACKENDS[0]
@@ -217,7 +218,9 @@ class LeveldbWriter:
     """Writes a LevelDB database with Caffe's options, one write batch per batch, its
     memtable sized by :func:`leveldb_write_buffer` (memory bounded at any size)."""
 
-    def __init__(self, path: str, size_hint: int = 0) -> None:
+    def __init__(self, path: str, size_hint: int = 0, append: bool = True) -> None:
+        # append: LevelDB sorts what it is given; the keys' order is the caller's promise
+        # only to LMDB.
         import plyvel
 
         self._plyvel = plyvel
@@ -292,6 +295,13 @@ def check_batch_size(batch_size: int) -> None:
 BATCH_BYTES_LIMIT = 64 << 20
 
 
+def batch_full(count: int, nbytes: int, batch_size: int) -> bool:
+    """True once a batch being gathered of ``count`` items and ``nbytes`` bytes is full: at
+    ``batch_size`` items or :data:`BATCH_BYTES_LIMIT` bytes (for items whose size is known
+    only one at a time: the mean's pixels, convert_imageset's records)."""
+    return count >= batch_size or nbytes >= BATCH_BYTES_LIMIT
+
+
 def batch_records(batch_size: int, value_size: int) -> int:
     """The records one batch (one transaction) holds: ``batch_size``, or fewer when that
     many ``value_size``-byte values under Caffe's 8-byte keys would take more than
@@ -316,6 +326,56 @@ def size_hint(records: int, value_size: int, *, streaming: bool = False) -> int:
     return min(hint, 1 << 30) if streaming else hint
 
 
+class Backend(NamedTuple):
+    """What mnist2db knows of one backend, in one place (:data:`BACKEND`): its ``name``,
+    the ``marker`` file that tells its databases apart (:func:`detect_backend`), the
+    ``files`` it creates (a regular expression for whole names: what ``--overwrite`` may
+    remove), how messages name its databases (``article``: "an LMDB"), the longest key it
+    stores (``key_limit``; None: no limit below Caffe's), and its ``writer``."""
+
+    name: str
+    marker: str
+    files: str
+    article: str
+    key_limit: int | None
+    writer: Any
+
+    def open_writer(self, path: str, size_hint: int = 0, append: bool = True) -> Writer:
+        """A new, empty database in the directory ``path`` (see :func:`open_writer`)."""
+        writer: Writer = self.writer(path, size_hint, append=append)
+        return writer
+
+
+#: Every backend, by name (the order of :data:`BACKENDS`). LevelDB numbers its tables,
+#: logs and manifests (``000005.ldb``, ``000003.log``, ``MANIFEST-000002``), so a user's
+#: ``notes.log`` is not one of its files. Anything else in a directory means it is not
+#: (only) a database. LMDB's largest key is ``mdb_env_get_maxkeysize``, 511 bytes in its
+#: default build.
+BACKEND: dict[str, Backend] = {
+    "lmdb": Backend("lmdb", "data.mdb", r"data\.mdb|lock\.mdb", "an LMDB", 511, LmdbWriter),
+    "leveldb": Backend(
+        "leveldb",
+        "CURRENT",
+        r"CURRENT|LOCK|LOG|LOG\.old|MANIFEST-[0-9]+|[0-9]+\.(?:log|ldb|sst)",
+        "a LevelDB",
+        None,
+        LeveldbWriter,
+    ),
+}
+
+
+def backend_named(backend: str) -> Backend:
+    """The :class:`Backend` called ``backend``.
+
+    Raises:
+        ArgumentError: no backend has that name.
+    """
+    found = BACKEND.get(backend)
+    if found is None:
+        check_backend(backend)
+    return BACKEND[backend]
+
+
 def open_writer(backend: str, path: str, size_hint: int = 0, append: bool = True) -> Writer:
     """Create a new, empty database of ``backend`` in the directory ``path``.
 
@@ -328,10 +388,7 @@ def open_writer(backend: str, path: str, size_hint: int = 0, append: bool = True
     Raises:
         BackendError: unknown backend, or the backend could not create the database.
     """
-    if backend == "lmdb":
-        return LmdbWriter(path, size_hint, append=append)
-    check_backend(backend)
-    return LeveldbWriter(path, size_hint)
+    return backend_named(backend).open_writer(path, size_hint, append)
 
 
 def detect_backend(path: str | os.PathLike[str] | bytes) -> str:
@@ -345,7 +402,8 @@ def detect_backend(path: str | os.PathLike[str] | bytes) -> str:
         raise BackendError(f"{path}: no such database")
     if not os.path.isdir(path):
         raise BackendError(f"{path}: not a database directory (LMDB or LevelDB)")
-    for backend, name in (("lmdb", "data.mdb"), ("leveldb", "CURRENT")):
+    for backend in BACKEND.values():
+        name = backend.marker
         try:
             mode = os.stat(os.path.join(path, name)).st_mode
         except OSError:
@@ -353,9 +411,9 @@ def detect_backend(path: str | os.PathLike[str] | bytes) -> str:
         if not stat.S_ISREG(mode):
             raise BackendError(
                 f"{os.path.join(path, name)}: not a regular file ({file_kind(mode)}); "
-                f"not {'an LMDB' if backend == 'lmdb' else 'a LevelDB'} database"
+                f"not {backend.article} database"
             )
-        return backend
+        return backend.name
     raise BackendError(f"{path}: neither an LMDB (no data.mdb) nor a LevelDB (no CURRENT) database")
 
 
@@ -373,14 +431,8 @@ def file_kind(mode: int) -> str:
     return "not a file"
 
 
-#: The files each backend creates in its directory (regular expressions for whole names):
-#: what ``--overwrite`` may remove. LevelDB numbers its tables, logs and manifests
-#: (``000005.ldb``, ``000003.log``, ``MANIFEST-000002``), so a user's ``notes.log`` is not
-#: one of them. Anything else in a directory means it is not (only) a database.
-DATABASE_FILES: dict[str, str] = {
-    "lmdb": r"data\.mdb|lock\.mdb",
-    "leveldb": r"CURRENT|LOCK|LOG|LOG\.old|MANIFEST-[0-9]+|[0-9]+\.(?:log|ldb|sst)",
-}
+#: The files each backend creates in its directory (:attr:`Backend.files`), by name.
+DATABASE_FILES: dict[str, str] = {name: backend.files for name, backend in BACKEND.items()}
 
 
 def is_database_file(backend: str, name: str) -> bool:

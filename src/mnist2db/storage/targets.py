@@ -27,11 +27,8 @@ from mnist2db.errors import (
     OutputError,
     OutputExistsError,
 )
-from mnist2db.storage.backends import BACKENDS, is_database_file
+from mnist2db.storage.backends import BACKEND, BACKENDS, is_database_file
 from mnist2db.storage.metadata import METADATA_NAME
-
-#: How messages name each backend's database ("… is an LMDB database").
-_A_DATABASE = {"lmdb": "an LMDB", "leveldb": "a LevelDB"}
 
 
 def is_owned_file(backend: str, name: str) -> bool:
@@ -59,7 +56,7 @@ def check_replaceable(out: str, backend: str) -> None:
             ``backend`` does not create (the first one, in name order, is named), or does
             not open as a ``backend`` database.
     """
-    name = _A_DATABASE.get(backend, backend)
+    name = BACKEND[backend].article if backend in BACKEND else backend
     if os.path.islink(out):
         raise symlink_refusal(out)
     if not os.path.isdir(out):
@@ -122,8 +119,8 @@ def _refuse_other_backend(out: str, backend: str, entries: list[os.DirEntry[str]
             and all(is_owned_file(other, f) for f in files)
         ):
             raise OutputExistsError(
-                f"{out}: it is {_A_DATABASE[other]} database (use --backend {other}, or "
-                f"remove it); --overwrite replaces only {_A_DATABASE[backend]} database"
+                f"{out}: it is {BACKEND[other].article} database (use --backend {other}, or "
+                f"remove it); --overwrite replaces only {BACKEND[backend].article} database"
             )
 
 

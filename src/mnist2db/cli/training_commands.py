@@ -1,7 +1,10 @@
-"""Caffe's other data tools as commands: ``mean`` (compute_image_mean) and ``siamese``
-(convert_mnist_siamese_data)."""
+"""What a Caffe training run reads beside the records, as commands: ``mean`` (the mean
+image, as compute_image_mean) and ``siamese`` (pair databases, as
+convert_mnist_siamese_data). Caffe's own command lines are the drop-ins' (caffe_tools/)."""
 
 from __future__ import annotations
+
+import os
 
 import click
 
@@ -9,17 +12,21 @@ from mnist2db.cli.common import echo, library_errors, progress_reporter
 from mnist2db.cli.options import (
     Path,
     backend_choice,
+    db_argument,
+    images_argument,
+    labels_argument,
+    out_db_argument,
     overwrite_option,
     quiet_option,
     seed_option,
 )
-from mnist2db.mean import check_mean_target, compute_mean, write_mean
+from mnist2db.mean import mean_image
 from mnist2db.siamese import convert_siamese
 from mnist2db.storage.backends import SIAMESE_BACKEND
 
 
 @click.command()
-@click.argument("db", type=Path(path_type=str))
+@db_argument
 @click.argument("out", type=Path(dir_okay=False, path_type=str), required=False)
 @overwrite_option("OUT if it exists")
 @quiet_option
@@ -36,10 +43,7 @@ def mean(db: str, out: str | None, overwrite: bool, quiet: bool) -> None:
       mnist2db mean examples/mnist/mnist_train_lmdb
     """
     with library_errors():
-        if out is not None:
-            check_mean_target(out, overwrite, [db])
-        result = compute_mean(db)
-        written = None if out is None else write_mean(result, out, overwrite=overwrite)
+        result = mean_image(db, out, overwrite=overwrite)
     if quiet:
         return
     channels = " × ".join(map(str, result.mean.shape))
@@ -51,13 +55,13 @@ def mean(db: str, out: str | None, overwrite: bool, quiet: bool) -> None:
     comma = "," if len(result.channel_means) == 1 else ""
     echo(f"Normalize(mean=({means}{comma}), std=({stds}{comma}))")
     if out is not None:
-        echo(f"Wrote {out} ({written} bytes).", err=True)
+        echo(f"Wrote {out} ({os.path.getsize(out)} bytes).", err=True)
 
 
 @click.command()
-@click.argument("images", type=Path(path_type=str))
-@click.argument("labels", type=Path(path_type=str))
-@click.argument("out_db", type=Path(path_type=str))
+@images_argument
+@labels_argument
+@out_db_argument
 @backend_choice(SIAMESE_BACKEND, "Database to write (Caffe's siamese example reads LevelDB).")
 @seed_option("Seed of the random pairs: the same seed gives the same database.  [default: fresh]")
 @click.option(
@@ -96,7 +100,7 @@ def siamese(
             images,
             labels,
             out_db,
-            backend=backend.lower(),
+            backend=backend,
             seed=seed,
             pairs=pairs,
             balanced=balanced,
