@@ -30,6 +30,7 @@ from mnist2db.render import (
     image_to_gray,
     image_to_text,
     size_check,
+    values_to_text,
     write_png_grid,
 )
 from mnist2db.show import find_labels, select_records
@@ -142,6 +143,12 @@ def show(
                 echo(f"Wrote {png}: {shown} {noun}, {width} × {height} pixels.", err=True)
             else:
                 for record in records:
+                    values = values_to_text(record.image)
+                    if values is not None:
+                        key = "" if record.key is None else f"  key {key_text(record.key)}"
+                        echo(f"#{record.index}{key}  values {values}")
+                        shown += 1
+                        continue
                     _check_drawable(source, record)
                     check_text_size(f"{source}: record {record.index}", *drawn_size(record.image))
                     head = f"#{record.index}"
@@ -186,6 +193,9 @@ def info(path: str) -> None:
 @click.command()
 @db_argument
 @optional_sources_arguments
+@click.option("--label-db", type=Path(file_okay=False, path_type=str), default=None,
+              help="Check that this is DB's label database (DB_labels): the same keys in the "
+                   "same order, one label record of one width each.")  # fmt: skip
 @click.option(
     "--isolated",
     is_flag=True,
@@ -193,7 +203,14 @@ def info(path: str) -> None:
     "short by another process while it is read) is one error line, not this process's end.",
 )
 @quiet_option
-def verify(db: str, images: str | None, labels: str | None, isolated: bool, quiet: bool) -> None:
+def verify(
+    db: str,
+    images: str | None,
+    labels: str | None,
+    label_db: str | None,
+    isolated: bool,
+    quiet: bool,
+) -> None:
     """Check that database DB holds exactly the records converted from IMAGES and LABELS,
     or, without them, the records mnist2db wrote (the digest in DB/mnist2db.json).
 
@@ -204,6 +221,9 @@ def verify(db: str, images: str | None, labels: str | None, isolated: bool, quie
     Without IMAGES and LABELS, every record is read and their digest compared with the
     one recorded when mnist2db wrote them: any changed byte is found (a database Caffe
     wrote records none, and exits 1 saying so).
+    With --label-db, DB and its label database are checked to be a pair (IMAGES and
+    LABELS may then be left out), the first key that breaks it named (see
+    docs/labels.md: mnist2db verify photos_lmdb --label-db photos_lmdb_labels).
 
     \b
     Examples:
@@ -213,13 +233,25 @@ def verify(db: str, images: str | None, labels: str | None, isolated: bool, quie
     if (images is None) != (labels is None):
         raise click.UsageError("give both IMAGES and LABELS, or neither")
     with library_errors(), progress_reporter("Verifying", quiet) as progress:
-        result = verify_db(db, images, labels, isolated=isolated, progress=progress)
+        result = None
+        if images is not None or label_db is None:
+            result = verify_db(db, images, labels, isolated=isolated, progress=progress)
+        pair = None
+        if label_db is not None:
+            from mnist2db.label_databases import verify_label_db
+
+            pair = verify_label_db(db, label_db, progress=progress)
     if quiet:
         return
-    if images is None:
+    if result is not None and images is None:
         echo(f"OK: {db} holds the {result.count} records written (their digest matches).")
-    else:
+    elif result is not None:
         echo(f"OK: {db} holds the {result.count} records of {images} and {labels}.")
+    if pair is not None:
+        echo(
+            f"OK: {label_db} is the label database of {db}: {pair.count} records under the "
+            f"same keys, {pair.width} values each."
+        )
 
 
 @click.command()

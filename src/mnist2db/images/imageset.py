@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mnist2db.conversion import write_database
 from mnist2db.errors import ArgumentError, ImageError, Mnist2dbError, OutputError, printable
@@ -46,13 +46,17 @@ from mnist2db.images.resume import (
     write_plan,
 )
 from mnist2db.images.workers import OrderedDecoding, attempt, decode_in_order, default_jobs
+from mnist2db.label_databases import write_label_database
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE, check_backend, check_batch_size
 from mnist2db.storage.files import AtomicFile, temp_prefix
 from mnist2db.storage.metadata import write_metadata
 from mnist2db.storage.placement import check_file_target, place_together
-from mnist2db.storage.staging import staged_database, stale_staging
-from mnist2db.storage.targets import check_apart
+from mnist2db.storage.staging import staged_database, staged_databases, stale_staging
+from mnist2db.storage.targets import check_apart, labels_path
+
+if TYPE_CHECKING:
+    from mnist2db.label_databases import LabelsResult, TargetSource
 
 #: Bytes of records per transaction at most (a batch also stops at ``batch_size`` records):
 #: LMDB holds a transaction's dirty pages in memory until it commits.
@@ -81,6 +85,7 @@ class ImagesetResult(NamedTuple):
     skipped: tuple[Skipped, ...]
     shape: tuple[int, int, int] | None
     seconds: float
+    labels: LabelsResult | None = None  # the label database written beside, if any
 
     def summary(self) -> str:
         skipped = ""
@@ -90,10 +95,15 @@ class ImagesetResult(NamedTuple):
             skipped = f"; skipped {len(self.skipped)} that could not be read ({names}{more})"
         shape = "" if self.shape is None else " of {} × {} × {}".format(*self.shape)
         rate = self.count / max(self.seconds, 1e-9)
+        labels = ""
+        if self.labels is not None:
+            from mnist2db.label_databases import describe
+
+            labels = "\n" + describe(self.labels)
         return (
             f"Wrote {self.count} records{shape} from {self.lines} listed images{skipped}.\n"
             f"Wrote {printable(self.path)} ({self.backend}) in {self.seconds:.2f} s "
-            f"({rate:.0f} images/s)."
+            f"({rate:.0f} images/s).{labels}"
         )
 
 
@@ -178,6 +188,7 @@ def write_imageset(
     resume: bool = False,
     seed: int | None = None,
     on_stale: Callable[[str], None] | None = None,
+    targets: TargetSource | None = None,
 ) -> ImagesetResult:
     """Write the images ``entries()`` names (under ``root``) to a new database at ``out``.
 
@@ -200,6 +211,9 @@ def write_imageset(
         seed: the seed that shuffled ``entries`` (recorded in the plan, for a resume).
         on_stale: called with each staged run of a killed conversion that this run
             (without ``resume``) removes.
+        targets: the entries' targets: a label database (``OUT_labels``,
+            :mod:`mnist2db.label_databases`) is written beside, under the same keys, and
+            the two are placed together; ``entries()`` must be ``targets.entries()``.
 
     Raises:
         Mnist2dbError: a refusal (see the module docstring), no image readable, or the
@@ -234,6 +248,11 @@ def write_imageset(
             "lines": total, "backend": backend, "gray": gray,
             "resize": list(resize) if resize else None, "encoded": encoded,
             "encode_type": encode_type, "check_size": check_size, "seed": seed}  # fmt: skip
+    if resume and targets is not None:
+        raise ArgumentError(
+            "--resume continues an image database alone: a label database beside it is "
+            "written again from the start (leave out --resume)"
+        )
     run = find_staged_run(out) if resume else None
     if resume and run is None:
         raise Mnist2dbError(
@@ -268,13 +287,22 @@ def write_imageset(
             first = (entry, shape[1])
             state["shape"] = shape[1]
     todo = (entry for entry in entries() if entry.line > done.last_line)
-    staged = staged_database(out, backend, overwrite=overwrite, inputs=list(inputs),
-                             adopt=None if run is None else run.path)  # fmt: skip
+    outs = [out] if targets is None else [out, labels_path(out)]
+    labels = None
+    staged: Any = (
+        staged_database(out, backend, overwrite=overwrite, inputs=list(inputs),
+                        adopt=None if run is None else run.path)
+        if targets is None
+        # A label database beside: the two staged and placed together (not resumable).
+        else staged_databases(outs, backend, overwrite=overwrite, inputs=list(inputs))
+    )  # fmt: skip
     with (
-        staged as staging,
+        staged as staged_paths,
         # The workers fork here, before the database is opened: none ever holds it.
         OrderedDecoding(todo, work, root_bytes, jobs) as decoded,
     ):
+        stagings = [staged_paths] if targets is None else staged_paths
+        staging = stagings[0]
         write_plan(staging, plan)
         batches = _batches(decoded, check_size, batch_size, state, skip, where, first)
 
@@ -289,6 +317,8 @@ def write_imageset(
                 + (f" (the first: {skipped[0].reason})" if skipped else " (it lists none)")
                 + "; nothing written"
             )
+        if targets is not None:  # under the keys just written, whatever was skipped
+            labels = write_label_database(backend, staging, stagings[1], targets, outs[1])
         if metadata is not None:
             source = {**metadata.get("source", {}), "items": total}
             write_metadata(staging, {**metadata, "source": source, "records": state["count"]}, out)
@@ -301,6 +331,7 @@ def write_imageset(
         skipped=tuple(skipped),
         shape=None if state["mixed"] or encoded or encode_type else state["shape"],
         seconds=time.perf_counter() - started,
+        labels=labels,
     )
 
 
