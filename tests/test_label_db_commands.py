@@ -120,9 +120,14 @@ def test_verify_other_widths_and_image_records(tmp_path: Path, pair: tuple[Path,
     )  # fmt: skip
 
 
-def test_verify_needs_a_source_or_a_label_db(pair: tuple[Path, Path]) -> None:
+def test_verify_without_sources_checks_the_digest_and_one_source_is_refused(
+    pair: tuple[Path, Path],
+) -> None:
+    # DB alone: the digest mnist2db recorded (issue 27); IMAGES without LABELS: a usage error.
     result = run("verify", pair[0])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith(f"OK: {pair[0]} holds the ")
+    assert result.stdout.endswith(" records written (their digest matches).\n")
+    result = run("verify", pair[0], pair[1])
     assert result.exit_code == 2
-    assert result.stderr.endswith(
-        "Error: give IMAGES and LABELS (the IDX files), or --label-db, or both\n"
-    )
+    assert result.stderr.endswith("Error: give both IMAGES and LABELS, or neither\n")

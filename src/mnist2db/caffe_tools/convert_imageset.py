@@ -203,10 +203,6 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
     )
     if result.count % 1000:
         logger.log("I", "convert_imageset.cpp:153", f"Processed {result.count} files.")
-    if result.labels is not None:
-        from mnist2db.label_databases import describe
-
-        logger.log("I", log_here(), describe(result.labels))
     if result.skipped:
         logger.log(
             "W",
@@ -220,6 +216,10 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
         log_here(),
         f"Wrote {result.count} records in {result.seconds:.2f} s ({rate:.0f} images/s).",
     )
+    if result.labels is not None:
+        from mnist2db.label_databases import describe
+
+        logger.log("I", log_here(), describe(result.labels))
 
 
 def _targets(parsed: ParsedArgs, listing: str) -> TargetSource | None:
