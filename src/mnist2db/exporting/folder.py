@@ -46,7 +46,11 @@ from mnist2db.storage.readers import shared_reader
 LIST_NAME = "list.txt"
 CLASSES_NAME = "classes.txt"
 RENAMED_NAME = "renamed.tsv"
-#: Float targets beside the list (the label databases of issue 28), when a database has them.
+#: Float targets beside the list (the label databases of issue 28), when a database has them:
+#: reserved now; not written yet (the label database had not landed). The hook: read the
+#: label database beside ``db`` in step with the records and write ``path,target_0,...``
+#: rows here (a header first), and the same values in each sample's ``KEY.json``
+#: (:func:`mnist2db.exporting.shards.sample_members`).
 TARGETS_NAME = "targets.csv"
 #: What a list line names for a line ``convert_imageset`` skipped (a gap in its keys' numbers:
 #: an image it could not read): a path that is never written, so that it skips it again and
