@@ -247,6 +247,16 @@ def test_idx_overwrite_never_lands_on_an_image_its_list_names(tmp_path: Path) ->
     ]
 
 
+def catches_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` has a handler for SIGTERM (its SigCgt mask)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt"))
+    return bool(int(mask, 16) & (1 << (15 - 1)))
+
+
 @pytest.mark.parametrize("front_end", ["imageset", "convert_imageset"])
 def test_a_list_fifo_without_a_writer_waits_and_sigterm_ends_it(
     images: Path, tmp_path: Path, front_end: str
@@ -265,7 +275,10 @@ def test_a_list_fifo_without_a_writer_waits_and_sigterm_ends_it(
         ["bash", "-c", command], cwd=tmp_path, stderr=subprocess.PIPE, text=True
     )
     try:
-        time.sleep(1.5)
+        deadline = time.monotonic() + 30
+        while not catches_sigterm(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # Python starting up: SIGTERM's handler not yet installed
+        time.sleep(0.5)
         assert child.poll() is None  # waiting for a writer
         child.send_signal(signal.SIGTERM)
         _, stderr = child.communicate(timeout=5)
