@@ -249,12 +249,16 @@ def open_with_pillow(data: bytes, kind: str) -> Any:
     plugin of ``kind`` itself: OpenCV's limits stand in for Pillow's lower ones
     (``MAX_IMAGE_PIXELS``, a warning past 89 million pixels and an error past twice that),
     which would refuse images OpenCV reads, and would do it with a warning."""
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     if kind not in Image.OPEN:
         Image.init()
     factory, _ = Image.OPEN[kind]
-    return factory(io.BytesIO(data), "")
+    try:
+        return factory(io.BytesIO(data), "")
+    except (SyntaxError, IndexError, TypeError, struct.error) as exc:
+        # What Image.open turns into UnidentifiedImageError: a header the plugin cannot read.
+        raise UnidentifiedImageError(f"cannot identify the image: {exc}") from None
 
 
 def ignore_decoder_warnings() -> None:
