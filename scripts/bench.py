@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench_data import generate, gunzip_or_generate
+from bench_export import export_table
 from bench_read import png_read_table, read_table
 
 BIN = Path(sys.executable).parent
@@ -377,6 +378,9 @@ def main() -> None:
         lines += ["", *png_lines]
         lines += ["", "Targets (issue 19, same run):", ""]
         lines += targets_19(by, leveldb_rows, png_rates)
+
+        print("export ...", file=sys.stderr)
+        lines += ["", *export_table(*data["train"], work, repeat=3)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = "\n".join(lines) + "\n"

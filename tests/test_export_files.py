@@ -350,3 +350,39 @@ def test_peak_memory_is_bounded(tmp_path: Path) -> None:
                            str(tmp_path / "files")], capture_output=True, text=True, check=True)  # fmt: skip
     assert 0 < int(done.stdout) < 128 * 1024, f"peak anonymous memory {done.stdout} KiB"
     assert len(list((tmp_path / "files" / "0").iterdir())) == 24
+
+
+def test_mixed_encodings_keep_key_order(tmp_path: Path, backend: str) -> None:
+    """Raw grey, raw colour, JPEG and PNG records interleaved: each file as its kind says,
+    the list in key order."""
+    rng = np.random.default_rng(9)
+    jpeg = (CORPUS / "images" / "cat" / "tabby.jpg").read_bytes()
+    png = (CORPUS / "images" / "cat" / "grey.png").read_bytes()
+
+    def encoded(data: bytes, label: int) -> bytes:
+        datum = array_to_datum(np.zeros((1, 1, 1), np.uint8), label)
+        datum.ClearField("channels"), datum.ClearField("height"), datum.ClearField("width")
+        datum.data, datum.encoded = data, True
+        return datum.SerializeToString()
+
+    grey = [rng.integers(0, 256, (1, 3, 4), dtype=np.uint8) for _ in range(3)]
+    colour = rng.integers(0, 256, (3, 2, 5), dtype=np.uint8)
+    db = write_raw_db(tmp_path / "db", backend, {
+        b"a0": array_to_datum(grey[0], 0).SerializeToString(),
+        b"a1": encoded(jpeg, 1),
+        b"a2": array_to_datum(grey[1], 2).SerializeToString(),
+        b"a3": array_to_datum(colour, 3).SerializeToString(),
+        b"a4": encoded(png, 4),
+        b"a5": array_to_datum(grey[2], 5).SerializeToString(),
+    })  # fmt: skip
+    out = tmp_path / "files"
+    result = run("export", "--to", "files", db, out)
+    assert result.exit_code == 0, result.output
+    assert "(2 stored bytes as they are, 4 raw as PNG)" in result.stderr
+    assert (out / "list.txt").read_text().splitlines() == [
+        "0/a0.png 0", "1/a1.jpg 1", "2/a2.png 2", "3/a3.png 3", "4/a4.png 4", "5/a5.png 5",
+    ]  # fmt: skip
+    assert (out / "1/a1.jpg").read_bytes() == jpeg and (out / "4/a4.png").read_bytes() == png
+    for name, planes in (("0/a0.png", grey[0]), ("2/a2.png", grey[1]), ("5/a5.png", grey[2])):
+        assert np.array_equal(np.asarray(Image.open(out / name)), planes[0])
+    assert np.array_equal(np.asarray(Image.open(out / "3/a3.png")), colour[::-1].transpose(1, 2, 0))

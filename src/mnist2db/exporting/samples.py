@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mnist2db.errors import DatumError
-from mnist2db.formats.datum import check_datum, decode_datum, key_text
+from mnist2db.formats.datum import check_datum, decode_datum, key_text, raw_layout
 from mnist2db.formats.image import encode_png as encode_colour_png
 from mnist2db.formats.image_input import image_format
 from mnist2db.formats.png import encode_png_batch
@@ -68,21 +68,29 @@ def extension(data: bytes) -> str:
     return EXTENSIONS.get(kind or "", UNKNOWN_EXTENSION)
 
 
-def _raw_image(datum: Any, where: str) -> np.ndarray:
-    """A raw record's pixels as ``(h, w)`` grey or ``(h, w, 3)`` BGR."""
-    channels, height, width = (int(datum.channels), int(datum.height), int(datum.width))
+#: A raw record gathered for encoding: key, label, (channels, height, width), pixel bytes.
+_Raw = tuple[bytes, int, tuple[int, int, int], bytes]
+
+
+def _raw_fields(datum: Any, key: bytes, where: str) -> _Raw:
+    """A raw Datum's fields, checked to be an image an image file can hold."""
+    shape = (int(datum.channels), int(datum.height), int(datum.width))
     if not len(datum.data):
         raise DatumError(
             f"{where}: float_data pixels, not an image an image file can hold "
             "(export --to idx writes uint8 records only as well)"
         )
+    _check_shape(shape, where)
+    return key, int(datum.label), shape, datum.data
+
+
+def _check_shape(shape: tuple[int, int, int], where: str) -> None:
+    channels, height, width = shape
     if channels not in (1, 3) or height == 0 or width == 0:
         raise DatumError(
             f"{where}: Datum {channels} × {height} × {width}: an image file holds 1 channel "
             "(grey) or 3 (colour) of at least 1 × 1 pixels"
         )
-    planes = np.frombuffer(datum.data, dtype=np.uint8).reshape(channels, height, width)
-    return planes[0] if channels == 1 else planes.transpose(1, 2, 0)
 
 
 def _grey_pngs(images: np.ndarray) -> list[bytes]:
@@ -127,24 +135,41 @@ def _decode(db_path: str, key: bytes, value: bytes) -> Any:
     return datum
 
 
-def _raw_samples(db_path: str, batch: list[tuple[bytes, Any]]) -> list[Sample]:
+def _raw_samples(batch: list[_Raw]) -> list[Sample]:
     """The samples of raw records, in order: grey records of one shape encoded together."""
     made: list[Sample | None] = [None] * len(batch)
     grey: dict[tuple[int, int], list[int]] = {}
-    for i, (key, datum) in enumerate(batch):
-        image = _raw_image(datum, f"{db_path}: key {key_text(key)}")
-        if image.ndim == 2:
-            grey.setdefault(image.shape, []).append(i)
+    for i, (key, label, (channels, height, width), data) in enumerate(batch):
+        if channels == 1:
+            grey.setdefault((height, width), []).append(i)
         else:
-            made[i] = Sample(key, int(datum.label), encode_colour_png(image), "png", False)
+            planes = np.frombuffer(data, dtype=np.uint8).reshape(channels, height, width)
+            made[i] = Sample(key, label, encode_colour_png(planes.transpose(1, 2, 0)), "png", False)
     for (rows, cols), where in grey.items():
-        images = np.empty((len(where), rows, cols), dtype=np.uint8)
-        for j, i in enumerate(where):
-            images[j] = _raw_image(batch[i][1], "")
+        joined = b"".join([batch[i][3] for i in where])
+        images = np.frombuffer(joined, dtype=np.uint8).reshape(len(where), rows, cols)
         for i, data in zip(where, _grey_pngs(images), strict=True):
-            key, datum = batch[i]
-            made[i] = Sample(key, int(datum.label), data, "png", False)
+            key, label = batch[i][:2]
+            made[i] = Sample(key, label, data, "png", False)
     return [sample for sample in made if sample is not None]
+
+
+class _FixedLayout:
+    """Caffe's fixed record layout (:func:`mnist2db.formats.datum.raw_layout`), learnt from
+    the first raw record: a record of that length and prefix, ending in a one-byte label,
+    is read without protobuf."""
+
+    def __init__(self, value: bytes) -> None:
+        found = raw_layout(value)
+        self.length, self.prefix, self.shape, self.offset = found or (-1, b"", (0, 0, 0), 0)
+        self.size = self.shape[0] * self.shape[1] * self.shape[2]
+
+    def read(self, key: bytes, value: bytes) -> _Raw | None:
+        if len(value) != self.length or value[-2] != 0x28 or value[-1] >= 0x80:
+            return None
+        if not value.startswith(self.prefix):
+            return None
+        return key, value[-1], self.shape, value[self.offset : self.offset + self.size]
 
 
 def iter_samples(db_path: str, records: Iterable[tuple[bytes, bytes]]) -> Iterator[Sample]:
@@ -156,26 +181,33 @@ def iter_samples(db_path: str, records: Iterable[tuple[bytes, bytes]]) -> Iterat
     Raises:
         DatumError: a value is not a Datum, or a raw one is not an image a file can hold.
     """
-    batch: list[tuple[bytes, Any]] = []
+    batch: list[_Raw] = []
     size = 0
+    layout: _FixedLayout | None = None
     for key, value in records:
-        key = bytes(key)
-        datum = _decode(db_path, key, value)
-        del value
-        if datum.encoded:
-            if batch:
-                yield from _raw_samples(db_path, batch)
-                batch, size = [], 0
-            label, data = int(datum.label), datum.data
-            del datum  # the record's one copy is the sample's
-            yield Sample(key, label, data, extension(data), True)
-            continue
-        batch.append((key, datum))
-        size += len(datum.data)
+        key, value = bytes(key), bytes(value)
+        raw = layout.read(key, value) if layout is not None else None
+        if raw is None:
+            datum = _decode(db_path, key, value)
+            if datum.encoded:
+                if batch:
+                    yield from _raw_samples(batch)
+                    batch, size = [], 0
+                label, data = int(datum.label), datum.data
+                del datum, value  # the record's one copy is the sample's
+                yield Sample(key, label, data, extension(data), True)
+                continue
+            raw = _raw_fields(datum, key, f"{db_path}: key {key_text(key)}")
+            if layout is None:
+                layout = _FixedLayout(value)
+                if layout.size:
+                    _check_shape(layout.shape, f"{db_path}: key {key_text(key)}")
+        batch.append(raw)
+        size += len(raw[3])
         if len(batch) >= BATCH_RECORDS or size >= BATCH_BYTES:
-            yield from _raw_samples(db_path, batch)
+            yield from _raw_samples(batch)
             batch, size = [], 0
-    yield from _raw_samples(db_path, batch)
+    yield from _raw_samples(batch)
 
 
 # -- names ---------------------------------------------------------------------------------

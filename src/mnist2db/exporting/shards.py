@@ -49,6 +49,8 @@ DEFAULT_SHARD_SIZE = 10000
 _MANIFEST_LIMIT = 64 << 20
 _BLOCK = 512
 _HASH_CHUNK = 1 << 20
+#: Bytes of small members gathered before a write.
+_WRITE_SIZE = 1 << 20
 
 
 def shard_name(out: str, index: int) -> str:
@@ -76,30 +78,46 @@ class ShardsResult:
     classes: tuple[str, ...]
 
 
-def _member(name: str, data: bytes) -> bytes:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mode = 0o644
-    info.mtime = 0
-    header = info.tobuf(format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="strict")
-    return header + data + b"\0" * (-len(data) % _BLOCK)
+def _ustar_template() -> tuple[bytes, int]:
+    """A USTAR header of an empty name and size 0 (mode 0644, owner 0, time 0, a regular
+    file), its checksum field blank, and the sum of its bytes (the checksum's base)."""
+    info = tarfile.TarInfo("")
+    info.mode, info.mtime = 0o644, 0
+    header = bytearray(info.tobuf(format=tarfile.USTAR_FORMAT))
+    header[124:136] = b"\0" * 12  # size: filled per member
+    header[148:156] = b" " * 8  # the checksum counts its own field as spaces
+    return bytes(header), sum(header)
 
 
-def sample_members(sample: Sample, name: str, mapped: bool) -> bytes:
-    """The tar members of one sample: ``NAME.EXT``, ``NAME.cls``, and ``NAME.json`` when
-    the name is not the key."""
-    parts = [
-        _member(f"{name}.{sample.ext}", sample.data),
-        _member(f"{name}.cls", b"%d" % sample.label),
-    ]
+_TEMPLATE, _TEMPLATE_SUM = _ustar_template()
+
+
+def _member(name: str, data: bytes) -> list[bytes]:
+    """One USTAR member (header, data, padding), as tarfile writes it, several times faster."""
+    encoded = name.encode("utf-8")
+    if len(encoded) > 100:
+        raise OutputError(f"{name}: a member name over 100 bytes (a USTAR limit)")
+    size = b"%011o\0" % len(data)
+    checksum = _TEMPLATE_SUM + sum(encoded) + sum(size)
+    header = b"".join((encoded, _TEMPLATE[len(encoded) : 124], size, _TEMPLATE[136:148],
+                       b"%06o\0 " % checksum, _TEMPLATE[156:]))  # fmt: skip
+    return [header, data, b"\0" * (-len(data) % _BLOCK)]
+
+
+def sample_members(sample: Sample, name: str, mapped: bool) -> list[bytes]:
+    """The tar members of one sample, as pieces to write: ``NAME.EXT``, ``NAME.cls``, and
+    ``NAME.json`` when the name is not the key."""
+    parts = _member(f"{name}.{sample.ext}", sample.data)
+    parts += _member(f"{name}.cls", b"%d" % sample.label)
     if mapped:
         text = json.dumps({**key_fields(sample.key), "label": sample.label}, ensure_ascii=False)
-        parts.append(_member(f"{name}.json", text.encode("utf-8")))
-    return b"".join(parts)
+        parts += _member(f"{name}.json", text.encode("utf-8"))
+    return parts
 
 
 class _Shard:
-    """One shard being written: an :class:`AtomicFile`, its hash, its count and keys."""
+    """One shard being written: an :class:`AtomicFile`, its hash, its count and keys; small
+    members gathered up to :data:`_WRITE_SIZE` bytes, written and hashed together."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -109,21 +127,31 @@ class _Shard:
         self.size = 0
         self.first: bytes | None = None
         self.last = b""
+        self.pending: list[bytes] = []
+        self.pending_size = 0
 
-    def add(self, key: bytes, members: bytes) -> None:
-        self.file.write(members)
-        self.digest.update(members)
-        self.size += len(members)
+    def add(self, key: bytes, members: list[bytes], size: int) -> None:
+        self.pending += members
+        self.pending_size += size
+        self.size += size
         self.count += 1
         if self.first is None:
             self.first = key
         self.last = key
+        if self.pending_size >= _WRITE_SIZE:
+            self._flush()
+
+    def _flush(self) -> None:
+        data = b"".join(self.pending)
+        self.file.write(data)
+        self.digest.update(data)
+        self.pending, self.pending_size = [], 0
 
     def finish(self) -> dict[str, Any]:
         end = b"\0" * (2 * _BLOCK)  # the end-of-archive marker
-        self.file.write(end)
-        self.digest.update(end)
+        self.pending.append(end)
         self.size += len(end)
+        self._flush()
         self.file.commit()
         return {
             "name": os.path.basename(self.path),
@@ -372,9 +400,10 @@ def _write_shards(
                 name, renamed = f"{name}_{count}", True
             previous = name
             members = sample_members(sample, name, renamed)
+            size = sum(len(piece) for piece in members)
             if shard is not None and (
                 shard.count >= options["shard_size"]
-                or (options["shard_bytes"] and shard.size + len(members) > options["shard_bytes"])
+                or (options["shard_bytes"] and shard.size + size > options["shard_bytes"])
             ):
                 shards.append(shard.finish())
                 shard = None
@@ -382,7 +411,7 @@ def _write_shards(
                 progress(count, total)
             if shard is None:
                 shard = _Shard(shard_name(out, len(shards)))
-            shard.add(sample.key, members)
+            shard.add(sample.key, members, size)
             count += 1
             mapped += renamed
         if shard is not None:
