@@ -81,3 +81,17 @@ def write_raw_db(path: Path, backend: str, records: dict[bytes, bytes]) -> Path:
         db.put(key, value)
     db.close()
     return path
+
+
+def write_labels(path: Path, targets, backend: str = "lmdb", keys=None) -> None:
+    """A label database of ``targets`` (one float_data record a row) under ``keys``
+    (default Caffe's ``%08d`` keys), as ``imageset --values`` writes them."""
+    from mnist2db.conversion import write_database
+    from mnist2db.formats.datum import record_keys
+    from mnist2db.formats.target_datum import encode_target_batch
+    from mnist2db.storage.staging import staged_database
+
+    keys = list(keys if keys is not None else record_keys(0, len(targets)))
+    with staged_database(path, backend) as staging:
+        records = list(zip(keys, encode_target_batch(targets), strict=True))
+        write_database(backend, staging, 64, [records], len(records), lambda d, t: None, keyed=True)

@@ -65,6 +65,7 @@ def test_all_is_pinned() -> None:
         "read_header",
         "read_idx",
         "verify_db",
+        "verify_label_db",
         "write_mean",
     ]
 
@@ -147,7 +148,7 @@ TWINS: dict[str, str | tuple[str, ...]] = {
     "fetch": "fetch_dataset",
     "imageset": "convert_images",
     "info": "describe",
-    "verify": "verify_db",
+    "verify": ("verify_db", "verify_label_db"),  # by --label-db
     "export": ("export_db", "export_files", "export_webdataset"),  # by --to
     "mean": "mean_image",
     "siamese": "convert_siamese",
@@ -169,7 +170,7 @@ def test_every_command_has_its_python_twin_with_the_same_keywords() -> None:
         click_command = cli.get_command(None, command)  # type: ignore[arg-type]
         assert click_command is not None
         keywords = {k for t in named for k in inspect.signature(getattr(mnist2db, t)).parameters}
-        # a command with several twins picks one by --to
+        # a command with several twins picks one by --to (verify: by --label-db)
         skipped = {"to"} if len(named) > 1 else set()
         for param in click_command.params:
             name = SPELLED_OTHERWISE.get(param.name or "", param.name)

@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 
-from mnist2db.errors import ArgumentError, printable
+from mnist2db.errors import ArgumentError, BackendError, printable
 from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
 from mnist2db.formats.datum import (
     KEY_LIMIT,
@@ -38,10 +38,12 @@ from mnist2db.storage.backends import (
 )
 from mnist2db.storage.files import TEMP_MARK
 from mnist2db.storage.metadata import Recipe, metadata_for, write_metadata
-from mnist2db.storage.staging import staged_database
+from mnist2db.storage.staging import staged_database, staged_databases
+from mnist2db.storage.targets import labels_path
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import Any
 
     from mnist2db.formats.idx import IdxHeader
     from mnist2db.storage.files import PathArg
@@ -105,6 +107,7 @@ def convert(
     count: int | None = None,
     encoded: str | None = None,
     png_compression: str = DEFAULT_PNG_COMPRESSION,
+    label_db: bool = False,
     on_start: Callable[[IdxHeader, IdxHeader], None] | None = None,
 ) -> ConvertResult:
     """Convert an MNIST image file and label file into a Caffe Datum database.
@@ -138,6 +141,9 @@ def convert(
         png_compression: with ``encoded="png"``: ``"fast"`` (mnist2db's own deflate, the
             bytes a function of the image alone) or ``"small"`` (zlib: ~12% smaller on
             MNIST, slower to write and to read); recorded, so ``verify`` encodes alike.
+        label_db: also write ``OUT_labels``, each record's every label column (QMNIST's
+            eight) as a float_data label record under the same key
+            (:mod:`mnist2db.label_databases`); the two are placed together.
         on_start: called as ``on_start(images_header, labels_header)`` once the inputs and
             the options and the destination are checked, before anything is written
             (the drop-in logs Caffe's opening lines there; whatever it raises stops the
@@ -182,18 +188,11 @@ def convert(
             if on_start is not None:
                 on_start(image_reader.header, label_reader.header)
 
-        if not recipe.plain or label_reader.header.magic != LABELS_MAGIC:
+        if not recipe.plain or label_reader.header.magic != LABELS_MAGIC or label_db:
             return _convert_recipe(
-                image_reader,
-                label_reader,
-                out,
-                backend,
-                recipe,
-                batch_size,
-                overwrite,
-                progress,
-                started,
-            )._replace(seconds=time.perf_counter() - start)
+                image_reader, label_reader, out, backend, recipe, batch_size, overwrite,
+                progress, started, label_db,
+            )._replace(seconds=time.perf_counter() - start)  # fmt: skip
         count = image_reader.header.count
         check_record_count(count, images, "items")
         rows, cols = image_reader.header.dims[1], image_reader.header.dims[2]
@@ -243,8 +242,11 @@ def _convert_recipe(
     overwrite: bool,
     progress: Progress,
     started: Callable[[], None],
+    label_db: bool = False,
 ) -> ConvertResult:
-    """The pipeline with options: numpy batches from :func:`mnist2db.records.iter_records`."""
+    """The pipeline with options: numpy batches from :func:`mnist2db.records.iter_records`
+    (and with ``label_db``, the label rows of the records, in their order, to a label
+    database placed with it)."""
     from mnist2db.formats.datum import encode_batch
     from mnist2db.formats.png import check_png_shape, encode_png_batch
 
@@ -261,10 +263,16 @@ def _convert_recipe(
     value_size = len(datum_prefix(1, rows, cols, rows * cols)) + rows * cols + 11
     batch = batch_records(batch_size, value_size)
     inputs = (image_reader.path, label_reader.path)
-    with staged_database(
-        out, backend, overwrite=overwrite, inputs=inputs, on_checked=started
-    ) as staging:
-        batches = iter_records(image_reader, label_reader, recipe, batch, spill_dir=staging)
+    outs = [out, labels_path(out)] if label_db else [out]
+    with staged_databases(
+        outs, backend, overwrite=overwrite, inputs=inputs, on_checked=started
+    ) as stagings:
+        staging = stagings[0]
+        label_rows = _LabelRows(stagings[1]) if label_db else None
+        batches = iter_records(
+            image_reader, label_reader, recipe, batch, spill_dir=staging,
+            on_rows=None if label_rows is None else label_rows.add,
+        )  # fmt: skip
         write_database(
             backend,
             staging,
@@ -279,6 +287,8 @@ def _convert_recipe(
             progress,
             streaming=image_reader.streaming,
         )
+        if label_rows is not None:  # the label rows of the records just written, in order
+            label_rows.write(backend, total, outs[1])
         write_metadata(staging, metadata_for(recipe, header, label_reader.header), out)
     return ConvertResult(
         path=out,
@@ -290,6 +300,52 @@ def _convert_recipe(
         seed=recipe.seed,
         transposed=recipe.transpose,
     )
+
+
+class _LabelRows:
+    """The label rows of the records, in key order, held in an unlinked file in the label
+    database's staging directory while the images are written, then written as label
+    records (:mod:`mnist2db.formats.target_datum`) under the same keys."""
+
+    def __init__(self, staging: str) -> None:
+        import tempfile
+
+        self.staging = staging
+        self.spill = tempfile.TemporaryFile(dir=staging)  # noqa: SIM115 (closed in write)
+        self.width = 0
+        self.count = 0
+
+    def add(self, rows: Any) -> None:
+        import numpy as np
+
+        values = np.asarray(rows, np.float32).reshape(len(rows), -1)
+        self.width = values.shape[1]
+        self.count += len(values)
+        try:
+            self.spill.write(values.tobytes())
+        except OSError as exc:
+            raise BackendError(f"{self.staging}: cannot hold the label rows: {exc}") from None
+
+    def write(self, backend: str, total: int, out: str) -> None:
+        import numpy as np
+
+        from mnist2db.formats.target_datum import encode_target_batch, target_value_size
+
+        with self.spill:
+            self.spill.flush()
+            size = target_value_size(self.width or 1)
+            per = batch_records(DEFAULT_BATCH_SIZE, size)
+            rows = (
+                np.memmap(self.spill, np.float32, "r", shape=(self.count, self.width))
+                if self.count and self.width
+                else np.zeros((0, 1), np.float32)
+            )
+            batches = (encode_target_batch(rows[i : i + per]) for i in range(0, self.count, per))
+            write_database(backend, self.staging, size, batches, total, _quiet)
+
+
+def _quiet(done: int, total: int) -> None:
+    pass
 
 
 def write_database(

@@ -34,7 +34,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -60,6 +60,9 @@ from mnist2db.formats.threaded import decode_many, decode_stream, inflate_many
 from mnist2db.storage.backends import backend_message, detect_backend
 from mnist2db.storage.readers import DbReader, iterate
 from mnist2db.storage.readhandles import READ_HANDLES, ReadHandle
+
+if TYPE_CHECKING:
+    from mnist2db.labeled_dataset import LabeledDataset
 
 #: Bound once: db[i]'s hot path looks them up per record.
 _ndarray = np.ndarray
@@ -261,6 +264,15 @@ class DatumDataset:
                 raise
             raise DatumError(f"{where}: {exc}") from None
         return image, int(datum.label)
+
+    def value(self, key: bytes) -> bytes:
+        """The stored bytes under ``key`` (a label database's records, read by
+        :class:`mnist2db.labeled_dataset.LabeledDataset`).
+
+        Raises:
+            MissingKeyError: no record has that key.
+        """
+        return self._fetch(key)
 
     def get(self, key: bytes | str) -> tuple[np.ndarray, int]:
         """The record stored under ``key``.
@@ -503,12 +515,32 @@ def _as_records(
     return list(zip(images, labels.tolist(), strict=True))
 
 
-def open_db(path: str | os.PathLike[str], backend: str | None = None) -> DatumDataset:
+@overload
+def open_db(
+    path: str | os.PathLike[str], backend: str | None = None, *, labels: None = None
+) -> DatumDataset: ...
+
+
+@overload
+def open_db(
+    path: str | os.PathLike[str], backend: str | None = None, *, labels: str | os.PathLike[str]
+) -> LabeledDataset: ...
+
+
+def open_db(
+    path: str | os.PathLike[str],
+    backend: str | None = None,
+    *,
+    labels: str | os.PathLike[str] | None = None,
+) -> DatumDataset | LabeledDataset:
     """Open a finished Caffe Datum database (LMDB or LevelDB, detected) as a read-only dataset.
 
     Args:
         path: the database directory (any path bytes: non-UTF-8 names work).
         backend: ``"lmdb"`` or ``"leveldb"``; detected from the directory's files when None.
+        labels: its label database (``OUT_labels``, as ``imageset --values`` writes it):
+            the dataset then yields ``(image, targets)``, ``targets`` a float32 vector
+            (a :class:`mnist2db.labeled_dataset.LabeledDataset`).
 
     Returns:
         A :class:`DatumDataset`: ``len(db)``, ``db[i] -> (image, label)`` with ``image`` a
@@ -517,5 +549,11 @@ def open_db(path: str | os.PathLike[str], backend: str | None = None) -> DatumDa
 
     Raises:
         BackendError: the path is missing or not a database of either backend.
+        DatumError: ``labels`` is not the label database of ``path`` (another count of
+            records, other first or last keys).
     """
-    return DatumDataset(path, backend)
+    if labels is None:
+        return DatumDataset(path, backend)
+    from mnist2db.labeled_dataset import LabeledDataset
+
+    return LabeledDataset(DatumDataset(path, backend), DatumDataset(labels, backend))

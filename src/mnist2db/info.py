@@ -111,6 +111,8 @@ class DbInfo:
     problem: str | None = None
     #: What the database holds of its source (orientation, order, range, label column).
     recipe: list[tuple[str, str]] = field(default_factory=list)
+    #: For records of float_data (a label database): each value's (min, max) over all.
+    value_ranges: list[tuple[float, float]] = field(default_factory=list)
 
     def rows(self) -> list[tuple[str, object]]:
         """``info``'s lines: ``(name, value)`` pairs, ``valid`` left to the caller."""
@@ -129,6 +131,7 @@ class DbInfo:
             rows.append(("datum", f"{shape} (channels × height × width), {self.encoding}"))
         return [
             *rows,
+            *_range_rows(self.value_ranges),
             *_count_rows(self.label_counts),
             *self.recipe,
             ("size", f"{self.disk_size} bytes on disk"),
@@ -140,6 +143,24 @@ def _count_rows(counts: dict[int, int]) -> list[tuple[str, object]]:
     entries = [f"{label}: {n}" for label, n in counts.items()]
     lines = ["  ".join(entries[i : i + 5]) for i in range(0, len(entries), 5)] or ["(none)"]
     return [("labels" if i == 0 else "", line) for i, line in enumerate(lines)]
+
+
+#: The values whose ranges ``info`` lists (CelebA's 40 attributes fit).
+_RANGES_SHOWN = 64
+
+
+def _range_rows(ranges: list[tuple[float, float]]) -> list[tuple[str, object]]:
+    """A float_data database's values, ``index: min … max``, four a line."""
+    if not ranges:
+        return []
+    entries = [f"{i}: {low:.7g} … {high:.7g}" for i, (low, high) in enumerate(ranges)]
+    more = len(entries) - _RANGES_SHOWN
+    entries = entries[:_RANGES_SHOWN] + ([f"… and {more} more"] if more > 0 else [])
+    lines = ["  ".join(entries[i : i + 4]) for i in range(0, len(entries), 4)]
+    head: list[tuple[str, object]] = [
+        ("values", f"{len(ranges)} float_data values a record; min … max of each:")
+    ]
+    return head + [("", line) for line in lines]
 
 
 def _decoded_shape(image: np.ndarray) -> tuple[int, int, int]:
@@ -165,6 +186,8 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
     counts: dict[int, int] = {}
     shapes: set[tuple[int, ...]] = set()
     kinds: set[str] = set()
+    lows: np.ndarray | None = None
+    highs: np.ndarray | None = None
     with shared_reader(path, backend) as reader:
         total = len(reader) if counted else 0
         count = 0
@@ -207,6 +230,13 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
                     f"{info.encoding}"
                 )
             counts[int(datum.label)] = counts.get(int(datum.label), 0) + 1
+            if not datum.encoded and not datum.data and len(datum.float_data):
+                values = np.array(datum.float_data, np.float32)
+                if lows is None or highs is None:
+                    lows, highs = values.copy(), values.copy()
+                elif len(values) == len(lows):  # another length is a problem named above
+                    np.minimum(lows, values, out=lows)
+                    np.maximum(highs, values, out=highs)
             if count % _BATCH == 0:
                 progress(count, total)
         info.last_key = bytes(key) if count else None
@@ -223,6 +253,8 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
         if os.path.isfile(os.path.join(path, name))
     )
     info.label_counts = dict(sorted(counts.items()))
+    if lows is not None and highs is not None:
+        info.value_ranges = list(zip(lows.tolist(), highs.tolist(), strict=True))
     progress(count, total)
     return info
 

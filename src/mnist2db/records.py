@@ -20,7 +20,7 @@ What the options were is recorded in the database (:mod:`mnist2db.storage.metada
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from mnist2db.errors import ArgumentError, IdxFormatError
 from mnist2db.fastpath import TYPE_CHECKING
@@ -134,12 +134,15 @@ def iter_records(
     recipe: Recipe,
     batch_size: int,
     spill_dir: str | os.PathLike[str] | None = None,
+    on_rows: Callable[[np.ndarray], None] | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The records ``recipe`` makes of a checked image/label pair, in key order.
 
     Yields ``(images, labels)``: uint8 ``(n, height, width)`` (transposed if asked) and the
     int64 Datum labels. A shuffle holds the selected images in an unlinked file in
     ``spill_dir`` (default: the system's temporary directory), memory-mapped.
+    ``on_rows``: called with each batch's whole label rows (every column), in key order,
+    before the batch is yielded (a label database's values).
     """
     import numpy as np
 
@@ -150,6 +153,8 @@ def iter_records(
     selected = _select(image_reader, label_reader, start, stop, batch_size)
     if recipe.seed is None:
         for images, labels in selected:
+            if on_rows is not None:
+                on_rows(labels)
             yield _transform(images, recipe), _label_values(labels, recipe.label_column)
         return
     from mnist2db.storage.spill import spill_to_map
@@ -160,7 +165,8 @@ def iter_records(
 
     def image_bytes() -> Iterator[bytes]:
         for images, labels in selected:
-            label_parts.append(_label_values(labels, recipe.label_column))
+            label_parts.append(labels if on_rows is not None else
+                               _label_values(labels, recipe.label_column))  # fmt: skip
             yield images.tobytes()
 
     pixels = spill_to_map(image_bytes(), count, rows * cols, spill_dir or _temp_dir())
@@ -169,7 +175,9 @@ def iter_records(
     for done in range(0, count, batch_size):
         chosen = order[done : done + batch_size]
         images = pixels[chosen].reshape(len(chosen), rows, cols)
-        yield _transform(images, recipe), all_labels[chosen]
+        if on_rows is not None:
+            on_rows(all_labels[chosen])
+        yield _transform(images, recipe), _label_values(all_labels[chosen], recipe.label_column)
 
 
 def _temp_dir() -> str:

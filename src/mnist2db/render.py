@@ -46,6 +46,20 @@ MAX_PNG_PIXELS = 64_000_000
 MAX_TEXT_PIXELS = 1_000_000
 
 
+#: The values of a float_data record ``show`` prints (the rest are counted).
+VALUES_SHOWN = 64
+
+
+def values_to_text(image: np.ndarray) -> str | None:
+    """A float_data record's values as one line (``0.25 -3.5 17``), when it is a vector
+    (``(N, 1, 1)``: a label database's record); None for an image."""
+    if image.dtype == np.uint8 or image.ndim != 3 or image.shape[1:] != (1, 1):
+        return None
+    values = [f"{v:.7g}" for v in image.reshape(-1)[:VALUES_SHOWN].tolist()]
+    more = image.shape[0] - VALUES_SHOWN
+    return " ".join(values) + (f" … ({image.shape[0]} values)" if more > 0 else "")
+
+
 def image_to_gray(image: np.ndarray) -> np.ndarray:
     """A ``(height, width)`` uint8 view of a ``(channels, height, width)`` image.
 
@@ -59,6 +73,11 @@ def image_to_gray(image: np.ndarray) -> np.ndarray:
     if image.ndim != 3:
         raise RenderError(f"cannot draw an array of shape {image.shape}: expected (c, h, w)")
     if image.dtype != np.uint8:
+        if values_to_text(image) is not None:
+            raise RenderError(
+                f"holds {image.shape[0]} float_data values (a label database's record), "
+                "not an image: show prints them without --png"
+            )
         raise RenderError(f"cannot draw {image.dtype} pixels: expected uint8")
     if image.shape[0] == 1:
         gray: np.ndarray = image[0]

@@ -10,11 +10,16 @@ nothing without a word, this refuses in one line and leaves nothing behind. Exte
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mnist2db.caffe_tools.frame import OPENED_AT, log_here, run_tool, tool_main
 from mnist2db.caffe_tools.gflags import Flag, ParsedArgs
 from mnist2db.caffe_tools.glog import Logger
 from mnist2db.records import fresh_seed, seed_note
 from mnist2db.storage.backends import DEFAULT_BACKEND
+
+if TYPE_CHECKING:
+    from mnist2db.label_databases import TargetSource
 
 PROG = "convert_imageset"
 
@@ -25,7 +30,7 @@ Usage:
     convert_imageset [FLAGS] ROOTFOLDER/ LISTFILE DB_NAME
 The ImageNet dataset for the training demo is at
     http://www.image-net.org/download-images
-(mnist2db: --overwrite and --seed are extensions.)
+(mnist2db: --overwrite, --seed, --targets and --targets_width are extensions.)
 """
 
 #: The flags of tools/convert_imageset.cpp, then mnist2db's.
@@ -60,6 +65,20 @@ FLAGS: dict[str, Flag] = {
     "seed": Flag(
         "seed", "int64", -1, "Seed of --shuffle; -1: a fresh one each run (mnist2db extension)"
     ),
+    "targets": Flag(
+        "targets",
+        "string",
+        "",
+        "'list': LISTFILE lines are PATH V1 ... VN; 'table': LISTFILE is a label table with a "
+        "header (CSV, or CelebA's list_attr_celeba.txt); the values go to DB_NAME_labels, "
+        "a float_data database under the same keys (mnist2db extension)",
+    ),
+    "targets_width": Flag(
+        "targets_width",
+        "int32",
+        0,
+        "With --targets=list: N, the values a line; 0: from the first line (mnist2db extension)",
+    ),
 }
 
 
@@ -85,6 +104,7 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
     resize = (width, height) if width and height else None
     shuffle = bool(parsed["shuffle"])
     order: list[ListEntry] | None = None
+    targets = _targets(parsed, listing)
     if shuffle:
         import numpy as np
 
@@ -95,16 +115,23 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
             raise ArgumentError(f"--seed must be between 0 and 2**63-1, got {seed}")
         logger.log("I", "convert_imageset.cpp:86", "Shuffling data")
         logger.log("I", log_here(), seed_note(seed, "--seed="))
-        listed = list(ImageList(listing)())
-        picks = np.argsort(np.random.PCG64(seed).random_raw(len(listed)), kind="stable")
-        order = [
-            ListEntry(position, listed[i].path, listed[i].label)
-            for position, i in enumerate(picks.tolist())
-        ]
+        if targets is not None:
+            count = targets.count()
+            picks = np.argsort(np.random.PCG64(seed).random_raw(count), kind="stable")
+            targets = type(targets)(targets.table, picks)  # the same rows, shuffled
+        else:
+            listed = list(ImageList(listing)())
+            picks = np.argsort(np.random.PCG64(seed).random_raw(len(listed)), kind="stable")
+            order = [
+                ListEntry(position, listed[i].path, listed[i].label)
+                for position, i in enumerate(picks.tolist())
+            ]
 
     listed_once = ImageList(listing)  # a pipe is read once, whatever the passes
 
     def entries() -> list[ListEntry] | object:
+        if targets is not None:
+            return targets.entries()
         return order if order is not None else listed_once()
 
     def started(total: int) -> None:
@@ -140,9 +167,14 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
         progress=progress,
         on_skip=skipped,
         on_start=started,
+        targets=targets,
     )
     if result.count % 1000:
         logger.log("I", "convert_imageset.cpp:153", f"Processed {result.count} files.")
+    if result.labels is not None:
+        from mnist2db.label_databases import describe
+
+        logger.log("I", log_here(), describe(result.labels))
     if result.skipped:
         logger.log(
             "W",
@@ -150,6 +182,27 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
             f"Skipped {len(result.skipped)} of {result.lines} images that could not be read "
             "(their keys are left out, as Caffe leaves them).",
         )
+
+
+def _targets(parsed: ParsedArgs, listing: str) -> TargetSource | None:
+    """The label table --targets names (None without it): mnist2db's extension."""
+    from mnist2db.errors import ArgumentError
+
+    kind = str(parsed["targets"])
+    width = int(parsed["targets_width"])  # type: ignore[call-overload]
+    if not kind:
+        if width:
+            raise ArgumentError("--targets_width is the width of a --targets=list: give --targets")
+        return None
+    if kind not in ("list", "table"):
+        raise ArgumentError(f"--targets is 'list' or 'table', got {kind!r}")
+    if width < 0 or (width and kind == "table"):
+        raise ArgumentError("--targets_width is N ≥ 0 of a --targets=list (a table's header "
+                            "gives its width)")  # fmt: skip
+    from mnist2db.formats.label_table import open_label_table
+    from mnist2db.label_databases import TargetSource
+
+    return TargetSource(open_label_table(listing, header=kind == "table", width=width or None))
 
 
 def convert_imageset(argv: list[str], argv0: str = PROG) -> int:

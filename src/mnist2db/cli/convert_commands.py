@@ -39,6 +39,9 @@ from mnist2db.conversion import convert as run_convert
 @label_column_option
 @record_options
 @range_options("source item", None)
+@click.option("--label-db", is_flag=True,
+              help="Also write OUT_DB_labels: each record's every label column (QMNIST's "
+                   "idx2-int rows: all 8) as float_data, under the same keys.")  # fmt: skip
 @quiet_option
 def convert(
     images: str,

@@ -12,9 +12,7 @@ from mnist2db.cli.common import echo, library_errors, progress_reporter
 from mnist2db.cli.options import (
     Path,
     db_argument,
-    images_argument,
     label_column_option,
-    labels_argument,
     overwrite_option,
     quiet_option,
     range_options,
@@ -31,6 +29,7 @@ from mnist2db.render import (
     image_to_gray,
     image_to_text,
     size_check,
+    values_to_text,
     write_png_grid,
 )
 from mnist2db.show import find_labels, select_records
@@ -143,6 +142,12 @@ def show(
                 echo(f"Wrote {png}: {shown} {noun}, {width} × {height} pixels.", err=True)
             else:
                 for record in records:
+                    values = values_to_text(record.image)
+                    if values is not None:
+                        key = "" if record.key is None else f"  key {key_text(record.key)}"
+                        echo(f"#{record.index}{key}  values {values}")
+                        shown += 1
+                        continue
                     _check_drawable(source, record)
                     check_text_size(f"{source}: record {record.index}", *drawn_size(record.image))
                     head = f"#{record.index}"
@@ -186,25 +191,51 @@ def info(path: str) -> None:
 
 @click.command()
 @db_argument
-@images_argument
-@labels_argument
+# IMAGES and LABELS as images_argument/labels_argument declare them, but optional here:
+# with --label-db alone, verify checks a pair.
+@click.argument("images", type=Path(path_type=str), required=False)
+@click.argument("labels", type=Path(path_type=str), required=False)
+@click.option("--label-db", type=Path(file_okay=False, path_type=str), default=None,
+              help="Check that this is DB's label database (DB_labels): the same keys in the "
+                   "same order, one label record of one width each.")  # fmt: skip
 @quiet_option
-def verify(db: str, images: str, labels: str, quiet: bool) -> None:
+def verify(
+    db: str, images: str | None, labels: str | None, label_db: str | None, quiet: bool
+) -> None:
     """Check that database DB holds exactly the records converted from IMAGES and LABELS.
 
     Every record is compared (key, channels, height, width, data, label); the first
     difference exits 1 naming the key and the field, as do missing or extra records. A
     database written with --transpose, --shuffle, --offset/--count or --label-column is
     compared with what those options (recorded in DB/mnist2db.json) make of the source.
+    With --label-db, DB and its label database are checked to be a pair (IMAGES and
+    LABELS may then be left out), the first key that breaks it named (see
+    docs/labels.md: mnist2db verify photos_lmdb --label-db photos_lmdb_labels).
 
     \b
     Examples:
       mnist2db verify examples/mnist/mnist_train_lmdb data/mnist/train-images-idx3-ubyte data/mnist/train-labels-idx1-ubyte
     """
+    if (images is None) != (labels is None) or (images is None and label_db is None):
+        raise click.UsageError("give IMAGES and LABELS (the IDX files), or --label-db, or both")
     with library_errors(), progress_reporter("Verifying", quiet) as progress:
-        result = verify_db(db, images, labels, progress=progress)
-    if not quiet:
+        result = None
+        if images is not None and labels is not None:
+            result = verify_db(db, images, labels, progress=progress)
+        pair = None
+        if label_db is not None:
+            from mnist2db.label_databases import verify_label_db
+
+            pair = verify_label_db(db, label_db, progress=progress)
+    if quiet:
+        return
+    if result is not None:
         echo(f"OK: {db} holds the {result.count} records of {images} and {labels}.")
+    if pair is not None:
+        echo(
+            f"OK: {label_db} is the label database of {db}: {pair.count} records under the "
+            f"same keys, {pair.width} values each."
+        )
 
 
 @click.command()

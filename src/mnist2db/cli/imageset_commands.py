@@ -41,13 +41,20 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> tupl
               help="Store encoded images: each file's own bytes (file), or re-encoded as Caffe "
                    "encodes them.  [default: raw pixels]")  # fmt: skip
 @click.option("--check-size", is_flag=True, help="Refuse images of different sizes.")
+@click.option("--values", type=click.IntRange(min=0), default=None, metavar="N",
+              help="The --list lines are PATH V1 … VN (N values; 0: N from the first line): "
+                   "the values go to a label database OUT_labels beside OUT.")  # fmt: skip
+@click.option("--labels", type=Path(dir_okay=False, path_type=str), default=None,
+              help="A label table naming the images (CSV or whitespace with a header row "
+                   "path,name1,…, or CelebA's list_attr_celeba.txt): the values go to a label "
+                   "database OUT_labels beside OUT.")  # fmt: skip
 @shuffle_options
 @overwrite_option("OUT if it is what this writes")
 @quiet_option
 def imageset(
     root: str, out: str, listing: str | None, to: str, backend: str, gray: bool,
-    resize: tuple[int, int] | None, encoded: str | None, check_size: bool, shuffle: bool,
-    seed: int | None, overwrite: bool, quiet: bool,
+    resize: tuple[int, int] | None, encoded: str | None, check_size: bool, values: int | None,
+    labels: str | None, shuffle: bool, seed: int | None, overwrite: bool, quiet: bool,
 ) -> None:  # fmt: skip
     """Convert your own images into a Caffe database (or an MNIST IDX pair).
 
@@ -57,11 +64,18 @@ def imageset(
     that --list repeats the run. Images that cannot be read are skipped and named. --to idx
     writes grey images of one size (give --resize otherwise), labels 0-255.
 
+    Several values an image (tags, attributes, regression targets): --list with --values,
+    or --labels TABLE; OUT_labels then holds, under OUT's keys and in its order, each
+    image's values as pycaffe's array_to_datum writes them (float_data, N × 1 × 1), for a
+    second Data layer. An image record's own label is its first value when that is a
+    whole number, else 0.
+
     \b
     Examples:
       mnist2db imageset my_digits/ my_digits_lmdb
       mnist2db imageset --to idx --resize 28x28 my_digits/ my_digits
       mnist2db imageset --list train.txt --gray --shuffle --seed 1 photos/ train_lmdb
+      mnist2db imageset --labels list_attr_celeba.txt img_align_celeba/ celeba_lmdb
     """
     from mnist2db.formats.image_input import ignore_decoder_warnings
     from mnist2db.images.own_images import convert_images
@@ -74,7 +88,7 @@ def imageset(
             root, out, listing=listing, to=to, backend=backend, gray=gray,
             resize=resize, encoded=encoded, check_size=check_size, shuffle=shuffle,
             seed=seed, overwrite=overwrite, progress=progress,
-            on_skip=lambda gone: skipped.append(gone.reason),
+            on_skip=lambda gone: skipped.append(gone.reason), labels=labels, values=values,
         )  # fmt: skip
     if quiet:
         return

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mnist2db.conversion import write_database
 from mnist2db.errors import ImageError, Mnist2dbError, OutputError, printable
@@ -42,13 +42,17 @@ from mnist2db.images.decoding import (
     encoding_of,
     matches_ext,
 )
+from mnist2db.label_databases import write_label_database
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE, check_backend, check_batch_size
 from mnist2db.storage.files import AtomicFile
 from mnist2db.storage.metadata import write_metadata
 from mnist2db.storage.placement import check_file_target, place_together
-from mnist2db.storage.staging import staged_database
-from mnist2db.storage.targets import check_apart
+from mnist2db.storage.staging import staged_databases
+from mnist2db.storage.targets import check_apart, labels_path
+
+if TYPE_CHECKING:
+    from mnist2db.label_databases import LabelsResult, TargetSource
 
 #: Bytes of records per transaction at most (a batch also stops at ``batch_size`` records).
 BATCH_BYTES = 64 << 20
@@ -76,6 +80,7 @@ class ImagesetResult(NamedTuple):
     skipped: tuple[Skipped, ...]
     shape: tuple[int, int, int] | None
     seconds: float
+    labels: LabelsResult | None = None  # the label database written beside, if any
 
     def summary(self) -> str:
         skipped = ""
@@ -84,9 +89,14 @@ class ImagesetResult(NamedTuple):
             more = f" and {len(self.skipped) - 3} more" if len(self.skipped) > 3 else ""
             skipped = f"; skipped {len(self.skipped)} that could not be read ({names}{more})"
         shape = "" if self.shape is None else " of {} × {} × {}".format(*self.shape)
+        labels = ""
+        if self.labels is not None:
+            from mnist2db.label_databases import describe
+
+            labels = "\n" + describe(self.labels)
         return (
             f"Wrote {self.count} records{shape} from {self.lines} listed images{skipped}.\n"
-            f"Wrote {printable(self.path)} ({self.backend}) in {self.seconds:.2f} s."
+            f"Wrote {printable(self.path)} ({self.backend}) in {self.seconds:.2f} s.{labels}"
         )
 
 
@@ -164,6 +174,7 @@ def write_imageset(
     progress: Progress | None = None,
     on_skip: Callable[[Skipped], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    targets: TargetSource | None = None,
 ) -> ImagesetResult:
     """Write the images ``entries()`` names (under ``root``) to a new database at ``out``.
 
@@ -179,6 +190,9 @@ def write_imageset(
         metadata: written as ``mnist2db.json`` beside the records (None: nothing).
         on_skip: called for each image that cannot be read, when it is skipped.
         on_start: called with the number of entries once they are checked.
+        targets: the entries' targets: a label database (``OUT_labels``,
+            :mod:`mnist2db.label_databases`) is written beside, under the same keys, and
+            the two are placed together; ``entries()`` must be ``targets.entries()``.
 
     Raises:
         Mnist2dbError: a refusal (see the module docstring), no image readable, or the
@@ -217,7 +231,10 @@ def write_imageset(
         if on_skip is not None:
             on_skip(gone)
 
-    with staged_database(out, backend, overwrite=overwrite, inputs=list(inputs)) as staging:
+    outs = [out] if targets is None else [out, labels_path(out)]
+    labels = None
+    with staged_databases(outs, backend, overwrite=overwrite, inputs=list(inputs)) as stagings:
+        staging = stagings[0]
         batches = _batches(
             entries(), root_bytes, not gray, resize, encoded or bool(encode_type), encode_type,
             check_size, batch_size, state, skip, where, total,
@@ -229,6 +246,8 @@ def write_imageset(
                 + (f" (the first: {skipped[0].reason})" if skipped else " (it lists none)")
                 + "; nothing written"
             )
+        if targets is not None:  # under the keys just written, whatever was skipped
+            labels = write_label_database(backend, staging, stagings[1], targets, outs[1])
         if metadata is not None:
             source = {**metadata.get("source", {}), "items": total}
             write_metadata(staging, {**metadata, "source": source, "records": state["count"]}, out)
@@ -240,6 +259,7 @@ def write_imageset(
         skipped=tuple(skipped),
         shape=None if state["mixed"] or encoded or encode_type else state["shape"],
         seconds=time.perf_counter() - started,
+        labels=labels,
     )
 
 

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mnist2db.errors import ArgumentError, OutputError
 from mnist2db.formats.image_list import ImageList, ListEntry, list_line
 from mnist2db.images.imageset import ImagesetResult, Skipped, write_imageset, write_imageset_idx
 from mnist2db.progress import Progress
+
+if TYPE_CHECKING:
+    from mnist2db.label_databases import TargetSource
 
 TARGETS = ("db", "idx")
 
@@ -54,6 +57,8 @@ def convert_images(
     overwrite: bool = False,
     progress: Progress | None = None,
     on_skip: Callable[[Skipped], None] | None = None,
+    labels: str | None = None,
+    values: int | None = None,
 ) -> OwnImagesResult:
     """Write the images under ``root`` to ``out`` (a database, or with ``to="idx"`` the
     prefix of an IDX pair).
@@ -63,6 +68,11 @@ def convert_images(
         encoded: ``"file"`` (each file's own bytes, Caffe's ``--encoded``), or a type to
             encode every image as (``png``, ``jpg``, ``bmp``); None: raw pixels.
         shuffle, seed: a random order; ``seed`` repeats it (None: a fresh seed).
+        labels: a label table with a header (CSV, whitespace, CelebA's layout) naming
+            the images and their targets, instead of ``listing``; a label database
+            ``OUT_labels`` is written beside (:mod:`mnist2db.label_databases`).
+        values: ``listing``'s lines are ``PATH V1 … VN`` with N ``values`` (0: N taken
+            from the first line); a label database is written beside, as for ``labels``.
 
     Raises:
         Mnist2dbError: see :func:`mnist2db.images.imageset.write_imageset` and
@@ -76,18 +86,25 @@ def convert_images(
         raise ArgumentError(f"unknown target {to!r}: expected one of {', '.join(TARGETS)}")
     if to == "idx" and encoded is not None:
         raise ArgumentError("an IDX file holds raw grey pixels: --encoded writes a database")
+    targets = None
+    if labels is not None or values is not None:
+        targets = _targets(listing, labels, values, to, shuffle, seed)
+        seed = targets.seed
     base = os.fsencode(root)
     prefix = base if not base or base.endswith(b"/") else base + b"/"
     classes: tuple[str, ...] = ()
     hidden: tuple[str, ...] = ()
     repeated: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()
-    if listing is None:
+    entries: list[ListEntry] | None = None
+    if targets is not None:
+        where = targets.source.table.path
+    elif listing is None:
         from mnist2db.formats.image_folders import scan_class_folders
 
         tree = scan_class_folders(root)
         classes, hidden, repeated = tree.classes, tree.hidden, tree.repeated
-        entries: list[ListEntry] | None = list(tree.entries)
+        entries = list(tree.entries)
         extra = (f"{os.path.normpath(out)}.classes.txt", f"{os.path.normpath(out)}.list.txt")
         for path in extra:
             check_file_target(path, overwrite, [root])
@@ -95,7 +112,9 @@ def convert_images(
     else:
         entries = None
         where = listing
-    if shuffle:
+    if targets is not None:
+        pass
+    elif shuffle:
         if seed is None:
             seed = fresh_seed()
         listed = entries if entries is not None else list(ImageList(listing or "")())
@@ -107,9 +126,11 @@ def convert_images(
     listed_once = ImageList(listing or "")  # a pipe is read once, whatever the passes
 
     def source() -> Any:
+        if targets is not None:
+            return targets.source.entries()
         return fixed if fixed is not None else listed_once()
 
-    inputs = [root] + ([listing] if listing else [])
+    inputs = [root] + ([listing] if listing else []) + ([labels] if labels else [])
     if to == "idx":
         result = write_imageset_idx(prefix, source, out, resize=resize, overwrite=overwrite,
                                     where=where, inputs=inputs, progress=progress,
@@ -117,7 +138,7 @@ def convert_images(
     else:
         options = {"gray": gray, "resize": list(resize) if resize else None,
                    "encode_type": encoded, "check_size": check_size}  # fmt: skip
-        metadata = imageset_metadata(root=root, listing=listing or "class folders",
+        metadata = imageset_metadata(root=root, listing=labels or listing or "class folders",
                                      lines=len(fixed) if fixed is not None else -1,
                                      options=options, seed=seed)  # fmt: skip
         result = write_imageset(
@@ -125,10 +146,47 @@ def convert_images(
             encoded=encoded == "file", encode_type=None if encoded in (None, "file") else encoded,
             check_size=check_size, overwrite=overwrite, where=where, inputs=inputs,
             metadata=metadata, progress=progress, on_skip=on_skip,
+            targets=None if targets is None else targets.source,
         )  # fmt: skip
     if fixed is not None and listing is None:
         _write_beside(extra, classes, fixed)
     return OwnImagesResult(result, seed, classes, extra, hidden, repeated)
+
+
+class _Targets(NamedTuple):
+    source: TargetSource
+    seed: int | None
+
+
+def _targets(
+    listing: str | None, labels: str | None, values: int | None, to: str, shuffle: bool,
+    seed: int | None,
+) -> _Targets:  # fmt: skip
+    """The label table the options name, in the order the records take (a shuffle's)."""
+    from mnist2db.formats.label_table import open_label_table
+    from mnist2db.label_databases import TargetSource
+    from mnist2db.records import fresh_seed, permutation
+
+    if to == "idx":
+        raise ArgumentError("an idx1 label file holds one label 0-255: labels beyond one "
+                            "go to a database (--to db)")  # fmt: skip
+    if labels is not None and (listing is not None or values is not None):
+        raise ArgumentError("--labels names the images itself: give it, or --list (with "
+                            "--values), not both")  # fmt: skip
+    if labels is None and listing is None:
+        raise ArgumentError("--values reads a --list of 'PATH V1 … VN' lines: give --list")
+    if values is not None and values < 0:
+        raise ArgumentError(f"--values must be 0 (from the first line) or more, got {values}")
+    if labels is not None:
+        table = open_label_table(labels, header=True)
+    else:
+        table = open_label_table(listing or "", header=False, width=values or None)
+    order = None
+    if shuffle:
+        if seed is None:
+            seed = fresh_seed()
+        order = permutation(seed, TargetSource(table).count())
+    return _Targets(TargetSource(table, order), seed if shuffle else None)
 
 
 def _write_beside(

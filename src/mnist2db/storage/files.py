@@ -309,3 +309,51 @@ def remove_stale(
         if not os.path.lexists(entry.path):
             removed.append(entry.path)
     return removed
+
+
+def read_journal(path: str, limit: int) -> object | None:
+    """What a killed writer journalled at ``path`` (the JSON of files or databases being
+    placed together); ``[]`` for a journal cut short (killed while writing it: nothing was
+    placed yet); None for anything that is not a journal we write (a regular file of at
+    most ``limit`` bytes): a FIFO of that name would hang the reader, a link to
+    ``/dev/zero`` never end."""
+    import json
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode) or status.st_size > limit:
+            return None
+        data = os.read(fd, limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        return None
+    try:
+        found: object = json.loads(data)
+    except (ValueError, RecursionError):
+        return []
+    return found
+
+
+def write_journal(path: str, entries: object) -> None:
+    """Write a journal (JSON) to the new file ``path``, flushed with its directory entry,
+    before the first of a set of files or databases is placed.
+
+    Raises:
+        OSError: it cannot be created (it exists) or written.
+    """
+    import json
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as journal:
+        json.dump(entries, journal)
+        journal.flush()
+        os.fsync(journal.fileno())
+    fsync_dir(os.path.dirname(path))

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import shutil
-import stat
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -25,8 +23,10 @@ from mnist2db.storage.files import (
     fsync_dir,
     owner_pid,
     pid_alive,
+    read_journal,
     remove_stale,
     temp_prefix,
+    write_journal,
 )
 from mnist2db.storage.targets import check_apart, check_parent, symlink_refusal
 
@@ -188,12 +188,7 @@ def _place_locked(files: Sequence[AtomicFile]) -> None:
                     shutil.copy2(file.path, backup)
             target = os.path.abspath(file.path)
             entries.append({"target": target, "backup": backup, "new": _version(file.temp)})
-        fd = os.open(journal_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as journal:
-            json.dump(entries, journal)
-            journal.flush()
-            os.fsync(journal.fileno())
-        fsync_dir(os.path.dirname(journal_path))
+        write_journal(journal_path, entries)
         for file, entry in zip(files, entries, strict=True):
             try:
                 os.replace(file.temp, file.path)
@@ -250,33 +245,6 @@ def _belongs(entry: object, paths: Sequence[str]) -> bool:
 _JOURNAL_LIMIT = 1 << 20
 
 
-def _read_journal(path: str) -> object | None:
-    """What a killed :func:`place_together` journalled at ``path``; ``[]`` for a journal cut
-    short (killed while writing it: nothing was placed yet); None for anything that is not
-    a journal this module writes (a regular file of at most :data:`_JOURNAL_LIMIT` bytes):
-    a FIFO of that name would hang the reader, a link to ``/dev/zero`` never end."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode) or status.st_size > _JOURNAL_LIMIT:
-            return None
-        data = os.read(fd, _JOURNAL_LIMIT + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(data) > _JOURNAL_LIMIT:
-        return None
-    try:
-        found: object = json.loads(data)
-    except (ValueError, RecursionError):
-        return []
-    return found
-
-
 def recover_together(paths: Sequence[str]) -> None:
     """Finish what a killed :func:`place_together` of ``paths`` left: roll it back.
 
@@ -293,7 +261,7 @@ def recover_together(paths: Sequence[str]) -> None:
             pid = owner_pid(entry.name[len(prefix) :])
             if pid is None or pid == os.getpid() or pid_alive(pid):
                 continue
-            files = _read_journal(entry.path)
+            files = read_journal(entry.path, _JOURNAL_LIMIT)
             if files is None:
                 continue  # not a journal this module writes: never read on, never removed
             for file in reversed(files if isinstance(files, list) else []):

@@ -18,26 +18,34 @@ import contextlib
 import ctypes
 import errno
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from mnist2db.errors import (
     BackendError,
     OutputError,
     OutputExistsError,
 )
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.storage.backends import check_backend
 from mnist2db.storage.files import (
     fsync_dir,
     fsync_tree,
     make_parents,
     mkdtemp_beside,
+    owner_pid,
+    pid_alive,
+    read_journal,
     remove_made,
     remove_stale,
     rmtree,
     temp_prefix,
     umask,
+    write_journal,
 )
 from mnist2db.storage.targets import check_destination, is_owned_file
+
+if TYPE_CHECKING:
+    from typing import Any
 
 #: Free space (bytes) below which a failed write is blamed on a full file system.
 _LOW_SPACE = 1 << 20
@@ -118,7 +126,8 @@ def checkpoint(stage: str, staging: str) -> None:
     ``staging`` now holds nothing, or the replaced database, still to be removed),
     ``"cleanup"`` (about to remove a staging directory that still exists). Pairs of files
     (:func:`mnist2db.storage.placement.place_together`) add ``"pair-first"`` (the first file placed, the second
-    not yet; see :mod:`mnist2db.storage.placement`).
+    not yet; see :mod:`mnist2db.storage.placement`); databases placed together
+    (:func:`staged_databases`) add ``"databases-first"`` (the first database placed).
     """
 
 
@@ -132,6 +141,7 @@ def remove_stale_staging(out: str | os.PathLike[str]) -> list[str]:
     """
     out = os.fspath(out)
     parent = os.path.dirname(os.path.abspath(out))
+    recover_databases(out)  # first: a killed pair's journal may name a staging directory
     prefix = temp_prefix(os.path.basename(os.path.normpath(out)))
     return remove_stale(parent, prefix, directories=True)
 
@@ -220,6 +230,7 @@ def staged_database(
     out = os.fspath(out)
     check_backend(backend)
     inputs = list(inputs)
+    recover_databases(out)  # a killed pair's half is rolled back before ``out`` is judged
     check_destination(out, backend, overwrite, inputs)
     if on_checked is not None:
         on_checked()
@@ -299,3 +310,209 @@ def _place(
     except OSError as exc:
         raise OutputError(f"{out}: moved into place, but cannot flush {parent}: {exc}") from None
     return swapped
+
+
+# -- databases that appear together: an image database and its label database -------------
+
+#: ``.<name>.mnist2db-dbpair-<pid>-<random>``: the journal of databases being placed together.
+_DBPAIR_MARK = ".mnist2db-dbpair-"
+#: The largest journal read (a few paths a database).
+_JOURNAL_LIMIT = 1 << 16
+
+
+def _identity(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino]
+
+
+@contextlib.contextmanager
+def staged_databases(
+    outs: Sequence[str | os.PathLike[str]],
+    backend: str,
+    *,
+    overwrite: bool = False,
+    inputs: Iterable[str | os.PathLike[str]] = (),
+    on_checked: Callable[[], None] | None = None,
+) -> Iterator[list[str]]:
+    """:func:`staged_database` for databases that appear together or not at all (an image
+    database and its label database): a staging directory for each of ``outs``, every check
+    made before the body runs (``on_checked`` called once they pass), and on success all of
+    them placed.
+
+    Two renames are not one step, so a journal beside the first destination names every
+    database and its staging directory before the first is placed, and is removed once all
+    are (the commit point). A failure puts back what was placed (a replaced database
+    swapped back); a kill leaves the journal, and the next writer of any of ``outs``
+    (:func:`remove_stale_staging`, :func:`recover_databases`) rolls it back the same way.
+
+    Raises:
+        OutputExistsError: a destination may not be written or replaced, or two are one.
+        BackendError, OutputError: as :func:`staged_database`.
+    """
+    names = [os.fspath(out) for out in outs]
+    if len(names) == 1:
+        with staged_database(
+            names[0], backend, overwrite=overwrite, inputs=inputs, on_checked=on_checked
+        ) as one:
+            yield [one]
+        return
+    check_backend(backend)
+    inputs = list(inputs)
+    for out in names:
+        recover_databases(out)  # a killed pair's half is rolled back before it is judged
+    for i, out in enumerate(names):
+        others: list[str | os.PathLike[str]] = [o for j, o in enumerate(names) if j != i]
+        check_destination(out, backend, overwrite, inputs + others)
+    if on_checked is not None:
+        on_checked()
+    made: list[str] = []
+    stagings: list[str] = []
+    swapped: list[bool] = []
+    try:
+        try:
+            for out in names:
+                written = os.path.dirname(out.rstrip(os.sep) or out) or os.curdir
+                made += _make_parent(out, written)
+                remove_stale_staging(out)
+                name = os.path.basename(os.path.normpath(out))
+                try:
+                    staging = mkdtemp_beside(
+                        os.path.realpath(written), f"{temp_prefix(name)}{os.getpid()}-"
+                    )
+                    stagings.append(staging)
+                    os.chmod(staging, 0o777 & ~umask())
+                except OSError as exc:
+                    raise OutputError(f"{out}: cannot stage it: {exc.strerror}") from None
+            checkpoint("staging", stagings[0])
+            try:
+                yield list(stagings)
+            except BackendError as exc:
+                message = str(exc)
+                for staging, out in zip(stagings, names, strict=True):
+                    if message.startswith(staging + ": "):
+                        message = _explain_write_error(message, staging, out)
+                raise BackendError(message) from exc
+            for staging, out in zip(stagings, names, strict=True):
+                try:
+                    fsync_tree(staging)
+                except OSError as exc:
+                    raise OutputError(f"{out}: cannot flush the database to disk: {exc}") from None
+            checkpoint("staged", stagings[0])
+            swapped = _place_together(stagings, names, backend, overwrite, inputs)
+            checkpoint("placed", stagings[0])
+        finally:
+            for i, (staging, out) in enumerate(zip(stagings, names, strict=False)):
+                if os.path.lexists(staging):
+                    checkpoint("cleanup", staging)
+                    if i < len(swapped) and swapped[i]:
+                        _discard_replaced(staging, backend, out)
+                    else:
+                        rmtree(staging)
+    except BaseException:
+        remove_made(made)
+        raise
+
+
+def _journal_path(out: str) -> str:
+    parent, name = os.path.split(os.path.abspath(out))
+    prefix = temp_prefix(name).replace(".mnist2db-tmp-", _DBPAIR_MARK)
+    return os.path.join(parent, f"{prefix}{os.getpid()}-{os.urandom(6).hex()}")
+
+
+def _place_together(
+    stagings: list[str], outs: list[str], backend: str, overwrite: bool, inputs: list[Any]
+) -> list[bool]:
+    """Place every staged database (journalled); which ones swapped an old one out."""
+
+    entries = [
+        {"target": os.path.abspath(out), "staging": staging, "new": _identity(staging),
+         "replaces": os.path.lexists(out)}
+        for staging, out in zip(stagings, outs, strict=True)
+    ]  # fmt: skip
+    journal = _journal_path(outs[0])
+    try:
+        write_journal(journal, entries)
+    except OSError as exc:
+        raise OutputError(f"{outs[0]}: cannot write in its directory: {exc.strerror}") from None
+    placed: list[dict[str, Any]] = []
+    try:
+        for entry, staging, out in zip(entries, stagings, outs, strict=True):
+            swapped = _place(staging, out, backend, overwrite, inputs)
+            entry["replaces"] = swapped
+            placed.append(entry)
+            if len(placed) == 1:
+                checkpoint("databases-first", out)
+        os.unlink(journal)  # the commit point
+        fsync_dir(os.path.dirname(journal))
+    except BaseException:
+        for entry in reversed(placed):
+            with contextlib.suppress(OSError):
+                _roll_back(entry)
+        with contextlib.suppress(OSError):
+            os.unlink(journal)
+        raise
+    return [bool(entry["replaces"]) for entry in entries]
+
+
+def _roll_back(entry: dict[str, Any]) -> None:
+    """Undo one placement of a journal, only while the target still is the database placed."""
+    target, staging = entry["target"], entry["staging"]
+    if _identity(target) != entry["new"]:
+        return  # never placed, or replaced since by someone else: left alone
+    if entry.get("replaces") and os.path.lexists(staging):
+        swap(staging, target)  # the old database back; the new one in the staging name
+    elif not os.path.lexists(staging):
+        os.rename(target, staging)
+    fsync_dir(os.path.dirname(target))
+
+
+def recover_databases(out: str | os.PathLike[str]) -> None:
+    """Roll back databases that a killed :func:`staged_databases` placed only in part, when
+    ``out`` is one of them: each one placed is put back as it was (while it still is the
+    one placed), and the journal removed. A run still going is left alone; a file that is
+    not such a journal (a FIFO, a link, a large file, one naming other paths) is never read
+    on, never removed."""
+    out = os.path.abspath(os.fspath(out))
+    parent = os.path.dirname(out)
+    try:
+        found = [e for e in os.scandir(parent) if _DBPAIR_MARK in e.name]
+    except OSError:
+        return
+    for entry in found:
+        pid = owner_pid(entry.name.rpartition(_DBPAIR_MARK)[2])
+        if pid is None or pid == os.getpid() or pid_alive(pid):
+            continue
+        journal = read_journal(entry.path, _JOURNAL_LIMIT)
+        if not isinstance(journal, list):
+            continue
+        records = [r for r in journal if _journalled(r, pid)]
+        if journal and (len(records) != len(journal) or out not in (r["target"] for r in records)):
+            continue
+        for record in reversed(records):
+            with contextlib.suppress(OSError):
+                _roll_back(record)
+        with contextlib.suppress(OSError):
+            os.unlink(entry.path)
+        for record in records:  # the staging of every one of them, the dead run's
+            target = record["target"]
+            remove_stale(parent, temp_prefix(os.path.basename(target)), directories=True)
+
+
+def _journalled(record: object, pid: int) -> bool:
+    """A journal entry as :func:`_place_together` writes them, naming a staging directory
+    of the dead process beside its target: anything else is not acted on."""
+    if not isinstance(record, dict):
+        return False
+    target, staging = record.get("target"), record.get("staging")
+    if not (isinstance(target, str) and isinstance(staging, str)):
+        return False
+    parent, name = os.path.split(staging)
+    prefix = f"{temp_prefix(os.path.basename(target))}{pid}-"
+    return (
+        os.path.dirname(target) == parent
+        and name.startswith(prefix)
+        and isinstance(record.get("new"), list)
+    )

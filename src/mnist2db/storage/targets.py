@@ -277,3 +277,13 @@ def check_destination(
                 f"{out}: is the current directory or holds it; refusing to replace it"
             )
         check_replaceable(bare, backend)
+
+
+#: The suffix of a label database's name: ``OUT`` and ``OUT_labels``
+#: (:mod:`mnist2db.label_databases`).
+LABELS_SUFFIX = "_labels"
+
+
+def labels_path(out: str | os.PathLike[str]) -> str:
+    """Where the label database of the image database ``out`` goes: ``OUT_labels``."""
+    return os.path.normpath(os.fspath(out)) + LABELS_SUFFIX

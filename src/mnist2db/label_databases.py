@@ -1,0 +1,246 @@
+"""Label databases: each image's targets (several tags, real values) as a second database
+beside the image database, under the same keys in the same order.
+
+What users of Caffe build by hand with pycaffe, made one step and aligned by construction:
+the image database is written as before, then its own keys are read back from the staging
+directory, and for each one the label record (:mod:`mnist2db.formats.target_datum`:
+pycaffe's ``array_to_datum`` of the ``(N, 1, 1)`` float vector) is written under that very
+key. An image skipped because it cannot be read, a shuffle, several workers or a resumed
+run change which keys the image database holds and in what order; the label database
+follows whatever it holds. Both are staged and placed together
+(:func:`mnist2db.storage.staging.staged_databases`): they appear together or not at all.
+
+The image records' own ``label`` is the first value when it is a whole number within
+int32, else 0 (:func:`mnist2db.formats.label_table.first_label`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import numpy as np
+
+from mnist2db.errors import Mnist2dbError
+from mnist2db.formats.image_list import ListEntry, image_key
+from mnist2db.formats.label_table import LabelTable, first_label, iter_rows
+from mnist2db.formats.target_datum import encode_target_batch, target_value_size
+from mnist2db.progress import Progress
+from mnist2db.storage.backends import batch_records
+from mnist2db.storage.readers import open_reader
+from mnist2db.storage.spill import spill_to_map
+
+
+class TargetSource:
+    """The images a label table names and their targets, in key order: the table's rows
+    (its line numbers are the keys' ``%08d``), or, with ``order``, position ``k`` holding
+    row ``order[k]`` (a shuffle; the keys then number positions, as Caffe's do).
+
+    A shuffled source keeps each row's path and label in memory (as a shuffled image list
+    does) and its values on disk (:func:`values_by_position`), never all in memory.
+    """
+
+    def __init__(self, table: LabelTable, order: np.ndarray | None = None) -> None:
+        self.table = table
+        self.order = order
+        self._listed: list[tuple[bytes, int]] | None = None
+        if order is not None:
+            self._listed = [(row.path, first_label(row.values)) for row in iter_rows(table)]
+            if len(order) != len(self._listed):
+                raise ValueError(f"an order of {len(order)} for {len(self._listed)} rows")
+
+    @property
+    def width(self) -> int:
+        return self.table.width
+
+    def count(self) -> int:
+        """The number of rows (reading the table when not shuffled)."""
+        if self._listed is not None:
+            return len(self._listed)
+        return sum(1 for _ in iter_rows(self.table))
+
+    def entries(self) -> Iterator[ListEntry]:
+        """The image entries, in key order: ``ListEntry(number, path, first value)``."""
+        if self._listed is None or self.order is None:
+            for row in iter_rows(self.table):
+                yield ListEntry(row.line, row.path, first_label(row.values))
+            return
+        listed = self._listed
+        for position, row in enumerate(self.order.tolist()):
+            path, label = listed[row]
+            yield ListEntry(position, path, label)
+
+    def values_by_position(self, spill_dir: str) -> Iterator[tuple[int, np.ndarray]]:
+        """``(key number, float32 values)`` in key order (a shuffle's values spilled to an
+        unlinked file in ``spill_dir``, read back in the shuffled order)."""
+        if self.order is None:
+            for row in iter_rows(self.table):
+                yield row.line, row.values
+            return
+        count = len(self.order)
+        size = 4 * self.width
+        spilled = spill_to_map(
+            (row.values.tobytes() for row in iter_rows(self.table)), count, size, spill_dir
+        )
+        for position, row in enumerate(self.order.tolist()):
+            yield position, np.frombuffer(spilled[row].tobytes(), np.float32)
+
+
+class LabelsResult(NamedTuple):
+    """What :func:`write_label_database` wrote: ``path`` (the final name), ``count``
+    (records: one per image record), ``width`` (values each) and ``names`` (the columns)."""
+
+    path: str
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
+    width: int
+    names: tuple[str, ...]
+
+
+def write_label_database(
+    backend: str,
+    images_staging: str,
+    labels_staging: str,
+    source: TargetSource,
+    out: str,
+    *,
+    batch_size: int = 1000,
+) -> LabelsResult:
+    """Write, into ``labels_staging``, one label record under each key of the image
+    database staged in ``images_staging`` (``%08d_PATH``, the number naming the entry),
+    in the same order; ``out`` is the label database's final name (for messages).
+
+    Raises:
+        Mnist2dbError: an image key names no entry of ``source`` (the two did not come
+            from one list: never for a database written from it).
+    """
+    from mnist2db.conversion import write_database
+
+    width = source.width
+    value_size = target_value_size(width)
+    per_batch = batch_records(batch_size, value_size)  # bounded by bytes too
+    state = {"count": 0}
+
+    def batches() -> Iterator[list[tuple[bytes, bytes]]]:
+        wanted = source.values_by_position(labels_staging)
+        entries = source.entries()
+        keys: list[bytes] = []
+        rows: list[np.ndarray] = []
+        with open_reader(images_staging, backend) as reader:
+            for key in reader.iter_keys():
+                key = bytes(key)
+                number = int(key[:8]) if key[:8].isdigit() and key[8:9] == b"_" else -1
+                found = None
+                for position, values in wanted:
+                    entry = next(entries)
+                    if position >= number:
+                        found = (position, values, entry)
+                        break
+                if found is None or found[0] != number or image_key(found[2]) != key:
+                    raise Mnist2dbError(
+                        f"{out}: the image key {key[:60].decode(errors='replace')} names no "
+                        "entry of the list, in order: nothing written"
+                    )
+                keys.append(key)
+                rows.append(found[1])
+                if len(keys) >= per_batch:
+                    yield list(zip(keys, encode_target_batch(np.stack(rows)), strict=True))
+                    state["count"] += len(keys)
+                    keys, rows = [], []
+        if keys:
+            yield list(zip(keys, encode_target_batch(np.stack(rows)), strict=True))
+            state["count"] += len(keys)
+
+    total = _count_keys(images_staging, backend)
+    write_database(backend, labels_staging, value_size, batches(), total, _no_progress,
+                   keyed=True)  # fmt: skip
+    return LabelsResult(out, state["count"], width, source.table.names)
+
+
+def _count_keys(path: str, backend: str) -> int:
+    with open_reader(path, backend) as reader:
+        return len(reader)
+
+
+def _no_progress(done: int, total: int) -> None:
+    pass
+
+
+def describe(result: LabelsResult) -> str:
+    """The summary line of a label database."""
+    from mnist2db.errors import printable
+
+    names = ""
+    if result.names:
+        shown = ", ".join(result.names[:5]) + (", …" if len(result.names) > 5 else "")
+        names = f" ({shown})"
+    return (
+        f"Wrote {printable(result.path)}: {result.count} label records of {result.width} "
+        f"float values{names}, under the image keys."
+    )
+
+
+class PairCheck(NamedTuple):
+    """What :func:`verify_label_db` found: ``count`` records in each, ``width`` values each."""
+
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
+    width: int
+
+
+def verify_label_db(
+    db: str | os.PathLike[str],
+    label_db: str | os.PathLike[str],
+    progress: Progress | None = None,
+) -> PairCheck:
+    """Check that ``label_db`` is the label database of the database ``db``: the same keys
+    in the same order, as many records, each a label record of the first one's width
+    (``mnist2db verify DB --label-db LABEL_DB``).
+
+    Raises:
+        VerifyError: naming the first key that breaks it.
+        BackendError: either is not a database.
+    """
+    from itertools import zip_longest
+
+    from mnist2db.errors import VerifyError
+    from mnist2db.formats.datum import key_text
+    from mnist2db.formats.target_datum import decode_targets
+    from mnist2db.progress import reporting
+
+    report = reporting(progress)
+    images, labels = os.fsdecode(db), os.fsdecode(label_db)
+    count = 0
+    width: int | None = None
+    with open_reader(images) as image_reader, open_reader(labels) as label_reader:
+        total = len(image_reader)
+        pairs = zip_longest(image_reader.iter_keys(), label_reader)
+        for image_key, label in pairs:
+            if label is None:
+                raise VerifyError(
+                    f"{labels}: no label record for the image key {key_text(bytes(image_key))} "
+                    f"(record {count}: it holds fewer records than {images})"
+                )
+            key, value = bytes(label[0]), bytes(label[1])
+            if image_key is None:
+                raise VerifyError(
+                    f"{labels}: key {key_text(key)} (record {count}) has no image record in "
+                    f"{images} (it holds more records)"
+                )
+            if bytes(image_key) != key:
+                raise VerifyError(
+                    f"{labels}: key {key_text(key)} at record {count}, where {images} holds "
+                    f"{key_text(bytes(image_key))}"
+                )
+            targets = decode_targets(value, f"{labels}: key {key_text(key)}", width)
+            if width is None:
+                width = len(targets)
+            elif len(targets) != width:
+                raise VerifyError(
+                    f"{labels}: key {key_text(key)} holds {len(targets)} values, the first "
+                    f"record {width}"
+                )
+            count += 1
+            if count % 1000 == 0:
+                report(count, total)
+    report(count, count)
+    return PairCheck(count, width or 0)

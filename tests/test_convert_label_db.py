@@ -1,0 +1,80 @@
+"""convert --label-db: QMNIST's whole label rows as a label database beside the images,
+under the same keys, in the order any option gives (range, shuffle, transpose)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from helpers import make_images, make_labels, write_idx
+
+import mnist2db
+from mnist2db.cli.app import cli
+from mnist2db.formats.datum import decode_datum, record_keys
+from mnist2db.formats.target_datum import encode_target_batch
+from mnist2db.records import permutation
+from mnist2db.storage.readers import open_reader
+
+
+def qmnist_rows(count: int) -> np.ndarray:
+    rng = np.random.default_rng(3)
+    rows = rng.integers(0, 100_000, size=(count, 8), dtype=np.int32)
+    rows[:, 0] = rng.integers(0, 10, size=count)
+    return rows
+
+
+def stored(path: Path) -> list[tuple[bytes, bytes]]:
+    with open_reader(path) as reader:
+        return [(bytes(k), bytes(v)) for k, v in reader]
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_every_column_under_the_same_keys(tmp_path: Path, backend: str) -> None:
+    rows = qmnist_rows(30)
+    write_idx(tmp_path / "i", make_images(30, 4, 4))
+    write_idx(tmp_path / "l", rows)
+    out = tmp_path / "db"
+    mnist2db.convert(tmp_path / "i", tmp_path / "l", out, backend, label_column=2,
+                     shuffle=True, seed=4, offset=5, count=20, label_db=True)  # fmt: skip
+    order = 5 + permutation(4, 20)
+    images, labels = stored(out), stored(tmp_path / "db_labels")
+    assert [k for k, _ in images] == [k for k, _ in labels] == list(record_keys(0, 20))
+    assert [v for _, v in labels] == encode_target_batch(rows[order])
+    assert [decode_datum(v).label for _, v in images] == rows[order, 2].tolist()
+    with mnist2db.open_db(out, labels=tmp_path / "db_labels") as db:
+        assert db[3][1].tolist() == rows[order[3]].astype(np.float32).tolist()
+
+
+def test_one_label_a_record_and_the_cli(tmp_path: Path) -> None:
+    labels = make_labels(12)
+    write_idx(tmp_path / "i", make_images(12, 3, 3))
+    write_idx(tmp_path / "l", labels)
+    result = CliRunner().invoke(cli, ["convert", "--label-db", str(tmp_path / "i"),
+                                      str(tmp_path / "l"), str(tmp_path / "out")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert [v for _, v in stored(tmp_path / "out_labels")] == encode_target_batch(
+        labels.reshape(-1, 1)
+    )
+    verified = CliRunner().invoke(cli, ["verify", str(tmp_path / "out"), str(tmp_path / "i"),
+                                        str(tmp_path / "l"), "--label-db",
+                                        str(tmp_path / "out_labels")])  # fmt: skip
+    assert verified.exit_code == 0, verified.output
+    assert verified.stdout.splitlines()[-1] == (
+        f"OK: {tmp_path}/out_labels is the label database of {tmp_path}/out: 12 records "
+        "under the same keys, 1 values each."
+    )
+
+
+def test_a_refused_label_database_leaves_nothing(tmp_path: Path) -> None:
+    write_idx(tmp_path / "i", make_images(3, 2, 2))
+    write_idx(tmp_path / "l", make_labels(3))
+    (tmp_path / "out_labels").write_text("mine")
+    result = CliRunner().invoke(cli, ["convert", "--label-db", str(tmp_path / "i"),
+                                      str(tmp_path / "l"), str(tmp_path / "out")])  # fmt: skip
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: {tmp_path}/out_labels: ")
+    assert sorted(os.listdir(tmp_path)) == ["i", "l", "out_labels"]
+    assert (tmp_path / "out_labels").read_text() == "mine"
