@@ -276,6 +276,8 @@ DIFFERENT_MEANINGS = {
     "out": "mean's OUT is a file; imageset's a database or an IDX prefix",
     "--to": "imageset: db or idx; export: idx, files or webdataset",
     "out_dir": "export writes into it; create puts its databases there",
+    "--label-db": "convert: a flag, also write one; verify: the label database to check",
+    "--labels": "show: an IDX SOURCE's label file; imageset: a table of values per image",
 }
 
 
