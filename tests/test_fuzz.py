@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from mnist2db.cli.app import cli
@@ -135,16 +135,29 @@ def oracle(images_raw: bytes, labels_raw: bytes) -> Expected | None:
         return None
     if len(images) < 16 or images[:4] != b"\0\0\x08\x03":
         return None
-    if len(labels) < 8 or labels[:4] != b"\0\0\x08\x01":
-        return None
     n, rows, cols = struct.unpack(">3I", images[4:16])
-    (m,) = struct.unpack(">I", labels[4:8])
     size = rows * cols
-    if len(images) != 16 + n * size or len(labels) != 8 + m or n != m:
+    if labels[:4] == b"\0\0\x0c\x02" and len(labels) >= 12:
+        # QMNIST's idx2-int label rows (a mutated magic can make one): column 0 is the label
+        m, columns = struct.unpack(">2I", labels[4:12])
+        if columns < 1 or len(labels) != 12 + 4 * m * columns:
+            return None
+        values = [
+            struct.unpack(">i", labels[12 + 4 * i * columns : 16 + 4 * i * columns])[0]
+            for i in range(m)
+        ]
+    elif len(labels) >= 8 and labels[:4] == b"\0\0\x08\x01":
+        (m,) = struct.unpack(">I", labels[4:8])
+        if len(labels) != 8 + m:
+            return None
+        values = list(labels[8:])
+    else:
+        return None
+    if len(images) != 16 + n * size or n != m:
         return None
     if rows > INT32_MAX or cols > INT32_MAX or size > INT32_MAX:  # Datum's fields are int32
         return None
-    records = [(images[16 + i * size : 16 + (i + 1) * size], labels[8 + i]) for i in range(n)]
+    records = [(images[16 + i * size : 16 + (i + 1) * size], values[i]) for i in range(n)]
     return rows, cols, records
 
 
@@ -174,6 +187,15 @@ FUZZ = settings(
 
 @FUZZ
 @given(pair=mnist_pairs())
+# found by this test: an empty image file and an empty QMNIST idx2-int label file of one
+# column convert to an empty database (the oracle took only idx1 labels)
+@example(pair=(b"\0\0\x08\x03" + bytes(12), b"\0\0\x0c\x02" + bytes(7) + b"\x01"))
+@example(
+    pair=(
+        b"\0\0\x08\x03" + struct.pack(">3I", 2, 1, 1) + b"ab",
+        b"\0\0\x0c\x02" + struct.pack(">2I", 2, 2) + struct.pack(">4i", -3, 9, 7, 1),
+    )
+)
 def test_convert_writes_the_right_records_or_raises_its_own_error(
     tmp_path: Path, pair: tuple[bytes, bytes]
 ) -> None:

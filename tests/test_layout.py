@@ -269,3 +269,37 @@ def test_the_batch_byte_bound_has_one_home() -> None:
         "mnist2db.storage.backends.BATCH_BYTES_LIMIT",
         "mnist2db.images.imageset.BATCH_BYTES",
     }
+
+
+#: Inline names two commands declare, each meaning something different there.
+DIFFERENT_MEANINGS = {
+    "out": "mean's OUT is a file; imageset's a database or an IDX prefix",
+    "--to": "imageset: db or idx; export: idx, files or webdataset",
+    "out_dir": "export writes into it; create puts its databases there",
+    "--label-db": "convert: a flag, also write one; verify: the label database to check",
+    "--labels": "show: an IDX SOURCE's label file; imageset: a table of values per image",
+}
+
+
+def test_a_shared_option_is_declared_once() -> None:
+    """An option (or argument) that two commands declare inline is declared twice: it
+    belongs in ``cli/options.py``, so that a fix reaches both (``--overwrite`` was declared
+    six times once). The backend is lower-cased there too, not by the commands."""
+    declared: dict[str, set[str]] = {}
+    lowered = []
+    for name, tree in modules().items():
+        if not name.startswith("mnist2db.cli.") or name == "mnist2db.cli.options":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in (
+                "click.option",
+                "click.argument",
+            ):
+                for arg in node.args:
+                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                        declared.setdefault(arg.value, set()).add(name)
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "backend.lower":
+                lowered.append(name)
+    twice = {option for option, where in declared.items() if len(where) > 1}
+    assert twice <= set(DIFFERENT_MEANINGS)
+    assert lowered == []
