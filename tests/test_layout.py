@@ -278,6 +278,7 @@ DIFFERENT_MEANINGS = {
     "out_dir": "export writes into it; create puts its databases there",
     "--label-db": "convert: a flag, also write one; verify: the label database to check",
     "--labels": "show: an IDX SOURCE's label file; imageset: a table of values per image",
+    "--resume": "imageset: adopt a killed run's staged database; export: its finished shards",
 }
 
 
