@@ -276,8 +276,9 @@ def test_pillows_warnings_about_a_file_never_reach_the_front_ends_lines(
 
 def test_a_warning_a_caller_makes_an_error_is_one_image_error() -> None:
     """Under pytest's filter (warnings are errors) a library call refuses the image in one
-    ImageError, never Pillow's UserWarning raised through the caller."""
-    with pytest.raises(ImageError, match="exif.jpg: JPEG image cannot be decoded: Tag data"):
+    ImageError, never Pillow's UserWarning raised through the caller (its text is Pillow's:
+    "Tag data…" in newer releases, "Truncated File Read" in 10.0, the floor)."""
+    with pytest.raises(ImageError, match="exif.jpg: JPEG image cannot be decoded: "):
         decode_image(jpeg_with_a_broken_exif_tag(), color=True, where="exif.jpg")
 
 

@@ -95,10 +95,22 @@ def _replaced(path: str) -> BackendError:
 def _prune() -> None:
     """Forget handles no reader uses whose backend is gone (an LMDB environment that
     outlived its last reader in a transaction of another thread)."""
-    for key, handle in list(_HANDLES.items()):
+    for key, handle in _table():
         if handle.refs == 0 and handle.forked_from is None and not handle.alive():
-            del _HANDLES[key]
+            if _HANDLES.get(key) is handle:
+                del _HANDLES[key]
             handle.forget()
+
+
+def _table() -> list[tuple[tuple[str, str, int, int], ReadHandle]]:
+    """A copy of the handle table. The lock is re-entrant, so a reader's ``__del__`` run by
+    the garbage collector in this very thread may change the table while it is copied
+    ("dictionary changed size during iteration", seen under load): copy again."""
+    while True:
+        try:
+            return list(_HANDLES.items())
+        except RuntimeError:
+            continue
 
 
 def _acquire(path: str, backend: str, identity: Identity | None) -> ReadHandle:
@@ -142,8 +154,8 @@ def _unpin(handle: ReadHandle) -> None:
             return
         handle.release()
         if not handle.alive():
-            for key, found in list(_HANDLES.items()):
-                if found is handle:
+            for key, found in _table():
+                if found is handle and _HANDLES.get(key) is handle:
                     del _HANDLES[key]
             handle.forget()
 
