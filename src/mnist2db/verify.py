@@ -141,7 +141,8 @@ def verify_db(
         return _verify(reader, images, labels, progress)
 
 
-#: The child of ``verify_db(isolated=True)``: the count on stdout, or the one line on stderr.
+#: The child of ``verify_db(isolated=True)``: the count on stdout, or the one line on stderr
+#: (an empty stdout says it failed; the child ends as any program does, never by exit()).
 _CHILD = """
 import sys
 from mnist2db.errors import Mnist2dbError
@@ -150,8 +151,8 @@ try:
     found = verify_db(*[a or None for a in sys.argv[1:]])
 except Mnist2dbError as exc:
     sys.stderr.write(str(exc))
-    sys.exit(1)
-sys.stdout.write(f"{found.count} {found.rows} {found.cols}")
+else:
+    sys.stdout.write(f"{found.count} {found.rows} {found.cols}")
 """
 
 
@@ -178,7 +179,7 @@ def _verify_in_a_child(
             f"{args[0]}: the reader was ended by {name} while reading it (changed or cut "
             "short by another process as it was read?); this process is unharmed"
         )
-    if child.returncode:
+    if child.returncode or not child.stdout.strip():
         text = os.fsdecode(child.stderr).strip()
         raise VerifyError(" ".join(text.split()) or f"{args[0]}: verify failed")
     count, rows, cols = map(int, child.stdout.split())
