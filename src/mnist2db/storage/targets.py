@@ -92,7 +92,7 @@ def check_replaceable(out: str, backend: str) -> None:
             "refusing to replace it (remove it, or choose another name)"
         )
     from mnist2db.storage.readers import probe_database  # off the start-up path
-    from mnist2db.storage.readhandles import held_elsewhere
+    from mnist2db.storage.backend_handles import held_elsewhere
 
     reason: str | None = probe_database(backend, out)
     if reason is not None and held_elsewhere(reason):
