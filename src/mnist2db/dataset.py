@@ -57,9 +57,9 @@ from mnist2db.formats.datum import (
 from mnist2db.formats.png_codec import decode_image
 from mnist2db.formats.png_records import PngRecords, decode_png_record
 from mnist2db.formats.threaded import decode_many, decode_stream, inflate_many
+from mnist2db.storage.backend_handles import READ_HANDLES, ReadHandle
 from mnist2db.storage.backends import backend_message, detect_backend
 from mnist2db.storage.readers import DbReader, iterate
-from mnist2db.storage.backend_handles import READ_HANDLES, ReadHandle
 
 if TYPE_CHECKING:
     from mnist2db.labeled_dataset import LabeledDataset

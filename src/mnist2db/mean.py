@@ -33,8 +33,8 @@ from mnist2db.storage.backends import (
     check_batch_size,
     detect_backend,
 )
+from mnist2db.storage.file_placement import check_file_target
 from mnist2db.storage.files import AtomicFile
-from mnist2db.storage.placement import check_file_target
 from mnist2db.storage.readers import iter_db
 
 if TYPE_CHECKING:
@@ -257,7 +257,7 @@ def check_mean_target(
 
     Args:
         inputs: the database(s) the mean is computed from: ``out`` may be neither one of
-            them nor a file inside one (:func:`mnist2db.storage.placement.check_file_target`).
+            them nor a file inside one (:func:`mnist2db.storage.file_placement.check_file_target`).
 
     Raises:
         OutputExistsError: ``out`` exists and ``overwrite`` is false, it is not a file, or it

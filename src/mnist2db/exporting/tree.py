@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from mnist2db.errors import ArgumentError, OutputError, OutputExistsError
+from mnist2db.storage.db_staging import move_noreplace, swap
 from mnist2db.storage.files import (
     fsync_dir,
     make_parents,
@@ -30,7 +31,6 @@ from mnist2db.storage.files import (
     temp_prefix,
     umask,
 )
-from mnist2db.storage.staging import move_noreplace, swap
 from mnist2db.storage.targets import check_apart, check_parent, symlink_refusal
 
 #: The file that marks a directory as an export's, and counts what it holds.

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mnist2db.errors import ArgumentError, OutputError, OutputExistsError
-from mnist2db.storage import staging
+from mnist2db.storage import db_staging as staging
 from mnist2db.storage.files import (
     TEMP_MARK,
     AtomicFile,

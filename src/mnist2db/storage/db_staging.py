@@ -125,8 +125,8 @@ def checkpoint(stage: str, staging: str) -> None:
     database is complete and flushed, about to be moved), ``"placed"`` (moved into place;
     ``staging`` now holds nothing, or the replaced database, still to be removed),
     ``"cleanup"`` (about to remove a staging directory that still exists). Pairs of files
-    (:func:`mnist2db.storage.placement.place_together`) add ``"pair-first"`` (the first file placed, the second
-    not yet; see :mod:`mnist2db.storage.placement`); databases placed together
+    (:func:`mnist2db.storage.file_placement.place_together`) add ``"pair-first"`` (the first file placed, the second
+    not yet; see :mod:`mnist2db.storage.file_placement`); databases placed together
     (:func:`staged_databases`) add ``"databases-first"`` (the first database placed).
     """
 
