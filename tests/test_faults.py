@@ -2,7 +2,7 @@
 odd destinations, readers during writes, decompression bombs, permissions.
 
 Processes that are killed or signalled run a small driver script (``fault_driver.py``) that replaces
-``mnist2db.storage.db_staging.checkpoint`` (a no-op hook at the staging life cycle's fixed points) or
+``mnist2db.storage.files.checkpoint`` (a no-op hook at the staging life cycle's fixed points) or
 the CLI's progress reporter with a function that writes a flag file and waits: the test
 then knows exactly where the child is when it strikes. Nothing else is patched.
 """

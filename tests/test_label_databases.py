@@ -21,7 +21,8 @@ from mnist2db.formats.label_table import open_label_table
 from mnist2db.formats.target_datum import decode_targets, encode_targets
 from mnist2db.label_databases import TargetSource, write_label_database
 from mnist2db.records import permutation
-from mnist2db.storage.db_staging import recover_databases, remove_stale_staging, staged_databases
+from mnist2db.storage.db_journal import recover_databases
+from mnist2db.storage.db_staging import remove_stale_staging, staged_databases
 from mnist2db.storage.readers import open_reader
 from mnist2db.storage.targets import labels_path
 
@@ -102,14 +103,15 @@ def test_an_existing_one_is_refused_before_any_work(tmp_path: Path) -> None:
 
 KILLED = """
 import os, signal, sys
-import mnist2db.storage.db_staging as staging
+import mnist2db.storage.files as files
 from mnist2db.conversion import write_database
+from mnist2db.storage.db_staging import staged_databases
 out, stage = sys.argv[1], sys.argv[2]
 def checkpoint(s, path):
     if s == stage:
         os.kill(os.getpid(), signal.SIGKILL)
-staging.checkpoint = checkpoint
-with staging.staged_databases([out, out + "_labels"], "lmdb", overwrite=True) as dirs:
+files.checkpoint = checkpoint
+with staged_databases([out, out + "_labels"], "lmdb", overwrite=True) as dirs:
     for d in dirs:
         write_database("lmdb", d, 8, [[b"new"]], 1, lambda d, t: None)
 """

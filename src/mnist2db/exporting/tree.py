@@ -20,14 +20,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from mnist2db.errors import ArgumentError, OutputError, OutputExistsError
-from mnist2db.storage.db_staging import move_noreplace, swap
 from mnist2db.storage.files import (
     fsync_dir,
     make_parents,
     mkdtemp_beside,
+    move_noreplace,
     remove_made,
     remove_stale,
     rmtree,
+    swap,
     temp_prefix,
     umask,
 )
