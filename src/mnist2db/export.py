@@ -30,7 +30,8 @@ from mnist2db.errors import (
 )
 from mnist2db.formats.datum import check_datum, decode_datum, key_text
 from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
-from mnist2db.formats.png import datum_encoding, decoded_datum
+from mnist2db.formats.png import datum_encoding
+from mnist2db.formats.png_codec import decoded_datum
 from mnist2db.progress import Progress, reporting
 from mnist2db.records import permutation
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH

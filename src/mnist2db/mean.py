@@ -24,7 +24,7 @@ import numpy as np
 
 from mnist2db.errors import DatumError, Mnist2dbError, OutputError
 from mnist2db.formats.datum import key_text
-from mnist2db.formats.png import decoded_datum
+from mnist2db.formats.png_codec import decoded_datum
 from mnist2db.formats.protowire import encode_varint
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import (
