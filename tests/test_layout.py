@@ -235,7 +235,6 @@ def _backend_compares(tree: ast.Module) -> int:
 #: Modules that still choose by a backend's name, each with its reason (to move to
 #: storage/backends' ``Backend`` when their owners' work has landed).
 BACKEND_COMPARES_LEFT = {
-    "mnist2db.dataset": "the LMDB-only hot path reaches the handle's transaction",
     "mnist2db.images.imageset": "LMDB's key limit (Backend.key_limit)",
 }
 
@@ -250,6 +249,62 @@ def test_a_backend_is_chosen_by_name_in_one_home() -> None:
         if _backend_compares(tree) and not name.startswith("mnist2db.storage.")
     }
     assert found <= set(BACKEND_COMPARES_LEFT)
+
+
+def test_each_backend_chooses_its_read_handle() -> None:
+    """The backend's entry in ``BACKEND`` names its read handle (no second table): each
+    name is a handle class of that backend in ``storage/backend_handles``."""
+    from mnist2db.storage import backend_handles
+    from mnist2db.storage.backends import BACKEND
+
+    for name, backend in BACKEND.items():
+        handles = backend_handles.handle_class(name)
+        assert issubclass(handles, backend_handles.ReadHandle)
+        assert (handles.__name__, handles.backend) == (backend.read_handle, name)
+    tables = [
+        f"{name}.{target.id}"
+        for name, tree in modules().items()
+        for node in tree.body
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name)
+        and "HANDLE" in target.id
+        and name != "mnist2db.storage.readers"
+    ]
+    assert tables == []
+
+
+#: Private attributes reached on something other than ``self``/``cls``, each with its reason.
+PRIVATE_REACHES = {
+    "_replace": "a namedtuple's public method",
+    "_make": "a namedtuple's public method",
+    "sys._getframe": "the drop-ins name the calling tool as Caffe does",
+    "Image._getdecoder": "Pillow's decoder, to read a header's size before any decode",
+    "signal._HANDLER": "the standard library's type of a signal handler",
+}
+
+
+def test_no_object_reaches_into_another() -> None:
+    """No module reaches a private attribute of an object it holds (the dataset read the
+    LMDB handle's ``_local.txn`` once: the handle's ``lookup`` is its method now), and a
+    backend's transactions (``.txn``) are touched only by the handle that owns them."""
+    found = []
+    for name, tree in modules().items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            value = node.value
+            if node.attr == "txn" and name != "mnist2db.storage.backend_handles":
+                found.append(f"{name}: {ast.unparse(node)}")
+            if not node.attr.startswith("_") or node.attr.startswith("__"):
+                continue
+            if isinstance(value, ast.Name) and value.id in ("self", "cls"):
+                continue
+            text = ast.unparse(node)
+            if node.attr in PRIVATE_REACHES or any(text.endswith(k) for k in PRIVATE_REACHES):
+                continue
+            found.append(f"{name}: {text}")
+    assert found == []
 
 
 def test_the_batch_byte_bound_has_one_home() -> None:

@@ -57,7 +57,7 @@ from mnist2db.formats.datum import (
 from mnist2db.formats.png_codec import decode_datum_image
 from mnist2db.formats.png_records import PngRecords, decode_png_record
 from mnist2db.formats.threaded import decode_many, decode_stream, inflate_many
-from mnist2db.storage.backend_handles import READ_HANDLES, ReadHandle
+from mnist2db.storage.backend_handles import ReadHandle, handle_class
 from mnist2db.storage.backends import backend_message, detect_backend
 from mnist2db.storage.readers import DbReader, iterate
 
@@ -96,7 +96,7 @@ class DatumDataset:
         "_keys",
         "_layout",
         "_length",
-        "_local",
+        "_lookup",
         "_png",
         "_reader",
         "_sequential",
@@ -105,13 +105,13 @@ class DatumDataset:
     )
 
     #: Attributes that belong to one process: not pickled (a worker opens its own handle).
-    _PROCESS_LOCAL = ("_reader", "_local", "_errors")
+    _PROCESS_LOCAL = ("_reader", "_lookup", "_errors")
 
     def __init__(self, path: str | os.PathLike[str] | bytes, backend: str | None = None) -> None:
         self.path = os.fsdecode(path)
         self.backend = backend or detect_backend(self.path)
         self._reader: DbReader | None = None
-        self._local: Any = None  # the handle's thread-local transactions (LMDB)
+        self._lookup: Any = None  # the handle's hot-path get (LMDB: ReadHandle.lookup)
         #: The database directory this dataset reads: used again, it must find that one.
         self._identity: tuple[int, int] | None = None
         self._keys: list[bytes] | None = None
@@ -137,12 +137,13 @@ class DatumDataset:
         self._init_fast()
 
     def _init_fast(self) -> None:
-        # db[i]'s fast path: LMDB, Caffe's keys, a first record in Caffe's fixed layout.
-        handle_class = READ_HANDLES[self.backend]
-        lmdb_keys = self._sequential and handle_class.backend == "lmdb"
-        self._fast = self._layout if lmdb_keys else None
-        self._fast_png = self._png if lmdb_keys else None
-        self._errors: tuple[type[Exception], ...] = handle_class.errors()
+        # db[i]'s fast path: a handle with a lookup (LMDB), Caffe's keys, a first record in
+        # Caffe's fixed layout.
+        handles = handle_class(self.backend)
+        lookup_keys = self._sequential and handles.has_lookup
+        self._fast = self._layout if lookup_keys else None
+        self._fast_png = self._png if lookup_keys else None
+        self._errors: tuple[type[Exception], ...] = handles.errors()
 
     # -- the handle, shared by the process (mnist2db.storage.readers) ----------------------------
 
@@ -151,7 +152,8 @@ class DatumDataset:
             reader = self._reader
             if reader is None or reader.closed:
                 reader = DbReader(self.path, self.backend, identity=self._identity)
-                self._local = getattr(reader.handle, "local", None)
+                handle = reader.handle
+                self._lookup = handle.lookup if handle.has_lookup else None
                 self._reader = reader
             return reader
 
@@ -173,7 +175,7 @@ class DatumDataset:
         """
         with _READER_LOCK:
             reader, self._reader = self._reader, None
-            self._local = None
+            self._lookup = None
         if reader is not None:
             reader.close()
 
@@ -198,7 +200,7 @@ class DatumDataset:
         for name, value in state.items():
             setattr(self, name, value)
         self._reader = None
-        self._local = None
+        self._lookup = None
         self._init_fast()
 
     # -- keys ----------------------------------------------------------------------------
@@ -302,7 +304,7 @@ class DatumDataset:
         if fast is not None and index.__class__ is int:
             key = KEY_FORMAT % (index + self._length if index < 0 else index)  # record_key, inlined
             try:
-                value = self._local.txn.get(key)
+                value = self._lookup(key)
                 if (
                     len(value) == fast[0]
                     and value[-2] == 0x28
@@ -320,7 +322,7 @@ class DatumDataset:
         if png is not None and index.__class__ is int:
             key = KEY_FORMAT % (index + self._length if index < 0 else index)
             try:
-                record = png.read(self._local.txn.get(key))
+                record = png.read(self._lookup(key))
                 if record is not None:
                     return record
             except (AttributeError, TypeError):
@@ -354,12 +356,12 @@ class DatumDataset:
             if -length <= min(indices) and max(indices) < length:
                 keys = [KEY_FORMAT % (i + length if i < 0 else i) for i in indices]
                 try:
-                    get = self._local.txn.get
-                except AttributeError:  # no transaction in this thread yet, or closed
-                    self._fetch(keys[0])
-                    get = getattr(getattr(self._local, "txn", None), "get", None)
-                try:
-                    found: list[Any] = list(map(get, keys)) if get is not None else [None]
+                    try:
+                        found: list[Any] = list(map(self._lookup, keys))
+                    except (AttributeError, TypeError):  # no transaction here yet, or closed
+                        self._fetch(keys[0])
+                        lookup = self._lookup
+                        found = list(map(lookup, keys)) if lookup is not None else [None]
                 except self._errors as exc:
                     raise self._failed(exc, backend_message(exc)) from exc
                 if None not in found:

@@ -1,7 +1,7 @@
-"""The backends' read handles: one small class per backend, chosen once (:data:`READ_HANDLES`),
-as the writers are (:mod:`mnist2db.backends`).
+"""The backends' read handles: one small class per backend, chosen once, by the backend's
+entry in :data:`mnist2db.storage.backends.BACKEND` (:func:`handle_class`), as its writer is.
 
-A handle is one open database in this process; :mod:`mnist2db.readers` shares it between
+A handle is one open database in this process; :mod:`mnist2db.storage.readers` shares it between
 readers, counts who uses it (readers and reads in progress) and tells it when the last one
 is gone. A handle is opened through a descriptor of the database's directory, so it reads
 the directory it was opened on even when the path is given to another one meanwhile.
@@ -26,7 +26,7 @@ import plyvel
 
 from mnist2db.errors import BackendError
 from mnist2db.formats.datum import key_text
-from mnist2db.storage.backends import backend_message, file_kind, is_database_file
+from mnist2db.storage.backends import backend_message, backend_named, file_kind, is_database_file
 from mnist2db.storage.db_checks import (
     check_leveldb_current,
     check_leveldb_logs,
@@ -77,11 +77,13 @@ def held_elsewhere(reason: str) -> bool:
 class ReadHandle:
     """One open database in this process, read-only.
 
-    ``refs`` (readers sharing it, and reads in progress) is kept by :mod:`mnist2db.readers`
+    ``refs`` (readers sharing it, and reads in progress) is kept by :mod:`mnist2db.storage.readers`
     under its table lock; :meth:`ensure_open` and :meth:`release` are called there too.
     """
 
     backend: ClassVar[str] = ""
+    #: True where :meth:`lookup` is a hot path that needs no pin (LMDB's).
+    has_lookup: ClassVar[bool] = False
 
     def __init__(self, path: str, dir_fd: int, identity: tuple[int, int]) -> None:
         self.path = path
@@ -164,6 +166,12 @@ class ReadHandle:
     def get(self, key: bytes) -> bytes | None:
         raise NotImplementedError
 
+    def lookup(self, key: bytes) -> Any:
+        """The hot path of ``dataset[i]`` (where :attr:`has_lookup`): the value under
+        ``key`` as the backend gives it, None when there is none; AttributeError when
+        this thread cannot read without opening first (then :meth:`get` opens)."""
+        raise AttributeError("lookup")
+
     def iterate(self, start: bytes | None, keys_only: bool, reverse: bool) -> Iterator[Any]:
         raise NotImplementedError
 
@@ -181,7 +189,7 @@ class ReadHandle:
 class LmdbHandle(ReadHandle):
     """An LMDB environment; each thread reads through one long-lived read transaction of
     its own (LMDB transactions belong to one thread; with no writer, a long one costs
-    nothing), kept in :attr:`local` (``local.txn``), which datasets read directly.
+    nothing), kept in :attr:`local` (``local.txn``); :meth:`lookup` reads through it.
 
     The environment is never closed explicitly while threads may use it: py-lmdb reads
     with the GIL released, so closing under a read would unmap the pages it reads.
@@ -192,6 +200,7 @@ class LmdbHandle(ReadHandle):
     """
 
     backend = "lmdb"
+    has_lookup = True
 
     def __init__(self, path: str, dir_fd: int, identity: tuple[int, int]) -> None:
         super().__init__(path, dir_fd, identity)
@@ -266,6 +275,12 @@ class LmdbHandle(ReadHandle):
         except lmdb.Error as exc:
             raise self.failed(exc) from exc
         return txn
+
+    def lookup(self, key: bytes) -> Any:
+        # No pin, no bytes copy: the environment lives as long as this thread's
+        # transaction, and the dataset copies the value into its array. AttributeError:
+        # this thread has no transaction yet (get() begins one).
+        return self.local.txn.get(key)
 
     def count(self) -> int:
         try:
@@ -460,5 +475,12 @@ def _keep_forever(obj: object) -> None:
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
-#: The read handle of each backend (the one place a backend's name chooses its reader).
-READ_HANDLES: dict[str, type[ReadHandle]] = {"lmdb": LmdbHandle, "leveldb": LeveldbHandle}
+def handle_class(backend: str) -> type[ReadHandle]:
+    """The read-handle class of ``backend``, as its entry in
+    :data:`~mnist2db.storage.backends.BACKEND` names it.
+
+    Raises:
+        ArgumentError: no backend has that name.
+    """
+    found: type[ReadHandle] = globals()[backend_named(backend).read_handle]
+    return found

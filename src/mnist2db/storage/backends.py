@@ -336,7 +336,11 @@ class Backend(NamedTuple):
     the ``marker`` file that tells its databases apart (:func:`detect_backend`), the
     ``files`` it creates (a regular expression for whole names: what ``--overwrite`` may
     remove), how messages name its databases (``article``: "an LMDB"), the longest key it
-    stores (``key_limit``; None: no limit below Caffe's), and its ``writer``."""
+    stores (``key_limit``; None: no limit below Caffe's), its ``writer``, and its
+    ``read_handle``: the name of its read-handle class in
+    :mod:`mnist2db.storage.backend_handles` (resolved there, by
+    :func:`~mnist2db.storage.backend_handles.handle_class`: that module loads the backend
+    libraries, which a plain conversion's start-up never pays for)."""
 
     name: str
     marker: str
@@ -344,6 +348,7 @@ class Backend(NamedTuple):
     article: str
     key_limit: int | None
     writer: Any
+    read_handle: str
 
     def open_writer(
         self, path: str, size_hint: int = 0, append: bool = True, existing: bool = False
@@ -359,7 +364,9 @@ class Backend(NamedTuple):
 #: (only) a database. LMDB's largest key is ``mdb_env_get_maxkeysize``, 511 bytes in its
 #: default build.
 BACKEND: dict[str, Backend] = {
-    "lmdb": Backend("lmdb", "data.mdb", r"data\.mdb|lock\.mdb", "an LMDB", 511, LmdbWriter),
+    "lmdb": Backend(
+        "lmdb", "data.mdb", r"data\.mdb|lock\.mdb", "an LMDB", 511, LmdbWriter, "LmdbHandle"
+    ),
     "leveldb": Backend(
         "leveldb",
         "CURRENT",
@@ -367,6 +374,7 @@ BACKEND: dict[str, Backend] = {
         "a LevelDB",
         None,
         LeveldbWriter,
+        "LeveldbHandle",
     ),
 }
 

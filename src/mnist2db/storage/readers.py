@@ -14,16 +14,13 @@ from typing import Any
 
 from mnist2db.errors import BackendError, DatumError, Mnist2dbError
 from mnist2db.formats.datum import check_datum, decode_datum, key_text
-from mnist2db.storage.backend_handles import (
-    READ_HANDLES,
-    ReadHandle,
-)
+from mnist2db.storage.backend_handles import ReadHandle, handle_class
 from mnist2db.storage.backends import backend_message, check_backend, detect_backend, file_kind
 
 # -- the design, written once ------------------------------------------------------------------
 #
-# * One handle per database per process (storage/backend_handles.py has one class per backend, chosen
-#   once from READ_HANDLES), shared by every reader open on it (open_db, open_reader,
+# * One handle per database per process (storage/backend_handles.py has one class per backend, named
+#   by its entry in storage/backends.BACKEND), shared by every reader open on it (open_db, open_reader,
 #   iter_db, info, verify, export, show): py-lmdb refuses a second environment on the same
 #   files in one process, and LevelDB a second open. The table below is guarded by a lock,
 #   so threads opening one database at once share one handle.
@@ -130,7 +127,7 @@ def _acquire(path: str, backend: str, identity: Identity | None) -> ReadHandle:
             _prune()
             handle = _HANDLES.get(key)
             if handle is None:
-                handle = _HANDLES[key] = READ_HANDLES[backend](path, fd, found)
+                handle = _HANDLES[key] = handle_class(backend)(path, fd, found)
                 fd = -1  # the handle owns it now
             handle.refs += 1
             try:
