@@ -133,8 +133,8 @@ def test_the_records_mnist2db_writes_never_reach_the_general_path(
         raise AssertionError("the general path")
 
     with open_db(out) as db:  # (opening reads the first record through protobuf)
-        monkeypatch.setattr("mnist2db.dataset.decode_datum", refuse)
-        monkeypatch.setattr("mnist2db.dataset.decode_png_record", refuse)
+        monkeypatch.setattr("mnist2db.formats.record_decoder.decode_datum", refuse)
+        monkeypatch.setattr("mnist2db.formats.record_decoder.decode_png_record", refuse)
         for i in (0, 5, 699, -1):
             image, label = db[i]
             np.testing.assert_array_equal(image[0], images[i])

@@ -40,7 +40,6 @@ import numpy as np
 
 from mnist2db.errors import (
     BackendError,
-    DatumError,
     MissingKeyError,
     Mnist2dbError,
     RecordIndexError,
@@ -48,15 +47,10 @@ from mnist2db.errors import (
 from mnist2db.formats.datum import (
     KEY_FORMAT,
     KEY_LIMIT,
-    datum_to_array,
-    decode_datum,
-    key_text,
-    raw_layout,
     record_key,
 )
-from mnist2db.formats.png_codec import decode_datum_image
-from mnist2db.formats.png_records import PngRecords, decode_png_record
-from mnist2db.formats.threaded import decode_many, decode_stream, inflate_many
+from mnist2db.formats.record_decoder import RecordDecoder, as_records
+from mnist2db.formats.threaded import decode_stream
 from mnist2db.storage.backend_handles import ReadHandle, handle_class
 from mnist2db.storage.backends import backend_message, detect_backend
 from mnist2db.storage.readers import DbReader, iterate
@@ -93,11 +87,10 @@ class DatumDataset:
         "_fast",
         "_fast_png",
         "_identity",
+        "_decoder",
         "_keys",
-        "_layout",
         "_length",
         "_lookup",
-        "_png",
         "_reader",
         "_sequential",
         "backend",
@@ -115,8 +108,6 @@ class DatumDataset:
         #: The database directory this dataset reads: used again, it must find that one.
         self._identity: tuple[int, int] | None = None
         self._keys: list[bytes] | None = None
-        self._layout: tuple[int, bytes, tuple[int, int, int], int] | None = None
-        self._png: PngRecords | None = None  # the layout of PNG records as mnist2db writes them
         reader = self._open()
         self._identity = reader.identity
         # Record i is read under Caffe's key "%08d" % i only if the keys are exactly that
@@ -129,11 +120,7 @@ class DatumDataset:
             self._length += 1
         self._sequential = sequential and self._length <= KEY_LIMIT
         first = reader.first_key()
-        if first is not None:
-            value = reader.get(first)
-            self._layout = raw_layout(value) if value is not None else None
-            if value is not None and self._layout is None:
-                self._png = PngRecords.from_record(value)
+        self._decoder = RecordDecoder(self.path, None if first is None else reader.get(first))
         self._init_fast()
 
     def _init_fast(self) -> None:
@@ -141,8 +128,8 @@ class DatumDataset:
         # Caffe's fixed layout.
         handles = handle_class(self.backend)
         lookup_keys = self._sequential and handles.has_lookup
-        self._fast = self._layout if lookup_keys else None
-        self._fast_png = self._png if lookup_keys else None
+        self._fast = self._decoder.layout if lookup_keys else None
+        self._fast_png = self._decoder.png if lookup_keys else None
         self._errors: tuple[type[Exception], ...] = handles.errors()
 
     # -- the handle, shared by the process (mnist2db.storage.readers) ----------------------------
@@ -243,32 +230,6 @@ class DatumDataset:
     def _failed(self, exc: Exception, text: str) -> Mnist2dbError:
         return BackendError(f"{self.path}: {self.backend} read failed: {text}")
 
-    def _decode(self, key: bytes, value: bytes) -> tuple[np.ndarray, int]:
-        layout = self._layout
-        if (
-            layout is not None
-            and len(value) == layout[0]
-            and value[-2] == 0x28
-            and value[-1] < 0x80
-            and value.startswith(layout[1])
-        ):
-            return _ndarray(layout[2], _uint8, bytearray(value), layout[3]), value[-1]
-        if layout is None:  # perhaps a PNG record as mnist2db writes them: no protobuf
-            record = decode_png_record(value)
-            if record is not None:
-                return record
-        where = f"{self.path}: key {key_text(key)}"
-        try:
-            datum = decode_datum(value)
-            image = (
-                decode_datum_image(datum.data, where) if datum.encoded else datum_to_array(datum)
-            )
-        except DatumError as exc:
-            if str(exc).startswith(where):
-                raise
-            raise DatumError(f"{where}: {exc}") from None
-        return image, int(datum.label)
-
     def value(self, key: bytes) -> bytes:
         """The stored bytes under ``key`` (a label database's records, read by
         :class:`mnist2db.labeled_dataset.LabeledDataset`).
@@ -285,7 +246,7 @@ class DatumDataset:
             MissingKeyError: no record has that key.
         """
         raw_key = key.encode() if isinstance(key, str) else bytes(key)
-        return self._decode(raw_key, self._fetch(raw_key))
+        return self._decoder.decode(raw_key, self._fetch(raw_key))
 
     @overload
     def __getitem__(self, index: int) -> tuple[np.ndarray, int]: ...
@@ -332,7 +293,7 @@ class DatumDataset:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(self._length))]
         key = self.key(index)
-        return self._decode(key, self._fetch(key))
+        return self._decoder.decode(key, self._fetch(key))
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[np.ndarray, int]]:
         """The records at ``indices``, as ``[db[i] for i in indices]`` gives them (PyTorch's
@@ -365,10 +326,10 @@ class DatumDataset:
                 except self._errors as exc:
                     raise self._failed(exc, backend_message(exc)) from exc
                 if None not in found:
-                    return _as_records(self._batch(keys, found))
+                    return as_records(self._decoder.batch(keys, found))
         keys = [self.key(i) for i in indices]
         values = [self._fetch(key) for key in keys]
-        return _as_records(self._batch(keys, values))
+        return as_records(self._decoder.batch(keys, values))
 
     def read_range(self, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Records ``start`` to ``stop`` (exclusive) as one ``(n, c, h, w)`` image array and
@@ -387,99 +348,7 @@ class DatumDataset:
                     break
                 keys.append(bytes(key))
                 values.append(bytes(value))
-        return self._stack(keys, values)
-
-    def _stack(self, keys: list[bytes], values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-        """The records as one image array and one label array.
-
-        Raises:
-            DatumError: the records do not all have one shape and dtype.
-        """
-        batch = self._batch(keys, values)
-        if not isinstance(batch, list):
-            return batch
-        first = batch[0][0]
-        key, image = next(
-            (key, image)
-            for key, (image, _) in zip(keys, batch, strict=True)
-            if image.shape != first.shape or image.dtype != first.dtype
-        )
-        raise DatumError(
-            f"{self.path}: key {key.decode(errors='replace')}: {image.dtype} {image.shape} "
-            f"does not stack with the first record's {first.dtype} {first.shape}"
-        )
-
-    def _batch(
-        self, keys: list[bytes], values: list[bytes]
-    ) -> tuple[np.ndarray, np.ndarray] | list[tuple[np.ndarray, int]]:
-        """The records as one image array and one label array when they stack (one shape,
-        one dtype), else the list of records, each decoded on its own."""
-        layout = self._layout
-        if layout is not None and values and set(map(len, values)) == {layout[0]}:
-            # All of the first record's length: check the layout of all at once, as columns.
-            n, (length, prefix, shape, offset) = len(values), layout
-            matrix = np.frombuffer(b"".join(values), np.uint8).reshape(n, length)
-            if (
-                (matrix[:, :offset] == np.frombuffer(prefix, np.uint8)).all()
-                and (matrix[:, -2] == 0x28).all()
-                and (matrix[:, -1] < 0x80).all()
-            ):
-                size = shape[0] * shape[1] * shape[2]
-                images = matrix[:, offset : offset + size].reshape(n, *shape).copy()
-                return images, matrix[:, -1].astype(np.int64)
-
-        png = self._png
-        if png is not None and values:
-            # PNG records: the batch read at once (formats.png_records), the others decoded
-            # one by one, in order; one of another shape and the batch is decoded as below.
-            images, labels, misses = png.read_many(values, inflate_many)
-            for i in misses:
-                image, labels[i] = self._decode(keys[i], values[i])
-                if image.shape != images.shape[1:] or image.dtype != images.dtype:
-                    break
-                images[i] = image
-            else:
-                return images, np.array(labels, np.int64)
-
-        records = decode_many(self._decode, keys, values)
-        if not records:
-            shape = layout[2] if layout is not None else png.shape if png is not None else (0, 0, 0)
-            return np.empty((0, *shape), np.uint8), np.empty(0, np.int64)
-        first = records[0][0]
-        if any(image.shape != first.shape or image.dtype != first.dtype for image, _ in records):
-            return records
-        return np.stack([image for image, _ in records]), np.array(
-            [label for _, label in records], np.int64
-        )
-
-    def _decode_batch(
-        self, keys: list[bytes], values: list[bytes]
-    ) -> tuple[list[tuple[np.ndarray, int]], Mnist2dbError | None]:
-        """The records decoded, in order, up to the first that fails, and its failure (None
-        when none fails). PNG records in the first record's layout are read as one batch
-        (their images: views of one array); the others one by one (several threads
-        decode encoded ones)."""
-        png = self._png
-        if png is not None and values:
-            images, labels, misses = png.read_many(values, inflate_many)
-            records = list(zip(images, labels, strict=True))
-            for i in misses:
-                try:
-                    records[i] = self._decode(keys[i], values[i])
-                except Mnist2dbError as exc:
-                    return records[:i], exc
-            return records, None
-        try:
-            return decode_many(self._decode, keys, values), None
-        except Mnist2dbError:
-            pass
-        done: list[tuple[np.ndarray, int]] = []
-        for key, value in zip(keys, values, strict=True):
-            try:
-                done.append(self._decode(key, value))
-            except Mnist2dbError as exc:
-                return done, exc
-        return done, None
+        return self._decoder.stack(keys, values)
 
     def __len__(self) -> int:
         return self._length
@@ -501,22 +370,12 @@ class DatumDataset:
         first_key = self.key(start)
         # A few records at a time, so that encoded ones decode on a few threads.
         records = iterate(self._pinned, first_key, keys_only=False)
-        stream = decode_stream(self._decode_batch, records, stop - start)
+        stream = decode_stream(self._decoder.decode_batch, records, stop - start)
         for index, (key, (image, label)) in enumerate(stream, start):
             yield index, key, image, label
 
     def __repr__(self) -> str:
         return f"<DatumDataset {self.path!r} ({self.backend}, {self._length} records)>"
-
-
-def _as_records(
-    batch: tuple[np.ndarray, np.ndarray] | list[tuple[np.ndarray, int]],
-) -> list[tuple[np.ndarray, int]]:
-    """A batch as ``[(image, label), ...]``: the stacked images' views, Python int labels."""
-    if isinstance(batch, list):
-        return batch
-    images, labels = batch
-    return list(zip(images, labels.tolist(), strict=True))
 
 
 @overload
