@@ -40,12 +40,11 @@ from mnist2db.storage.db_staging import staged_database, staged_databases
 from mnist2db.storage.files import TEMP_MARK
 from mnist2db.storage.metadata import (
     Recipe,
-    RecordDigest,
-    digest_items,
     metadata_for,
     write_digest,
     write_metadata,
 )
+from mnist2db.storage.record_digest import RecordDigest, digest_items
 from mnist2db.storage.targets import labels_path
 
 if TYPE_CHECKING:

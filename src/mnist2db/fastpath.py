@@ -59,6 +59,7 @@ FAST_PATH = frozenset(
         "mnist2db.storage.db_staging",
         "mnist2db.storage.files",
         "mnist2db.storage.metadata",
+        "mnist2db.storage.record_digest",
         "mnist2db.storage.targets",
         "mnist2db.version",
     }

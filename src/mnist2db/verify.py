@@ -31,12 +31,12 @@ from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
 from mnist2db.storage.metadata import (
     METADATA_NAME,
     Recipe,
-    digest_items,
     digest_of,
     load_metadata,
     read_metadata,
 )
 from mnist2db.storage.readers import DbReader, shared_reader
+from mnist2db.storage.record_digest import digest_items
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ holds. The permutation is not stored: the seed and the method give it back
 balance (:func:`pairs_metadata`) instead of conversion options: its records are pairs of
 source items, so ``verify`` and ``export`` refuse it, and ``info`` shows how to make it again.
 
-Every database mnist2db writes records a digest of its records (:class:`RecordDigest`,
+Every database mnist2db writes records a digest of its records
+(:class:`~mnist2db.storage.record_digest.RecordDigest`,
 computed by the one batch writer, :func:`mnist2db.conversion.write_database`, as the
 records are written), in this file's ``digest`` field; a database written without
 options holds a file of the digest alone. ``verify DB`` reads the records again and
@@ -24,9 +25,10 @@ import os
 from mnist2db.errors import Mnist2dbError, OutputError, printable
 from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
 from mnist2db.formats.png import OLD_PNG_COMPRESSION, PNG_COMPRESSIONS
+from mnist2db.storage.record_digest import DIGEST_METHOD, RecordDigest
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable
     from typing import Any
 
     from mnist2db.formats.idx import IdxHeader
@@ -52,104 +54,6 @@ _VERSION = 1
 #: The largest metadata file read: mnist2db's are a few hundred bytes (two paths and a
 #: dozen fields); anything larger is not one.
 METADATA_LIMIT = 1 << 16
-
-
-#: How the records' digest is computed (recorded with it): the digest of Caffe's own
-#: outputs in the byte-identity tests too (tests/test_fashion.py).
-DIGEST_METHOD = (
-    "sha256 over each record in key order: 4-byte big-endian key length, key, "
-    "4-byte big-endian value length, value"
-)
-
-
-class RecordDigest:
-    """The digest of a database's records (:data:`DIGEST_METHOD`), given in key order a
-    batch at a time; :meth:`fields` is None if they came out of order (then the digest
-    would not be the database's).
-
-    A batch's bytes are hashed on a thread of their own while the writer goes on
-    (hashlib lets go of the GIL): sha256 takes about a sixth of a conversion's time.
-    """
-
-    def __init__(self) -> None:
-        import hashlib
-        import struct
-
-        self._hash = hashlib.sha256()
-        self._pack = struct.Struct(">I").pack
-        self._last: bytes | None = None
-        self._ordered = True
-        self._hashing: Any = None  # the thread hashing the last batch
-        self.count = 0
-
-    def add(self, items: Sequence[tuple[bytes, bytes]]) -> None:
-        """Add records, each ``(key, value)``, that follow those added before."""
-        if not items:
-            return
-        import itertools
-        import threading
-
-        pack = self._pack
-        keys = [key for key, _ in items]
-        values = [value for _, value in items]
-        if (self._last is not None and keys[0] <= self._last) or any(
-            map(bytes.__ge__, keys, keys[1:])
-        ):
-            self._ordered = False
-        self._last = keys[-1]
-        key_sizes, value_sizes = set(map(len, keys)), set(map(len, values))
-        if len(key_sizes) == len(value_sizes) == 1:  # Caffe's keys, one record layout
-            key_size, value_size = pack(key_sizes.pop()), pack(value_sizes.pop())
-            parts: Iterable[tuple[bytes, ...]] = zip(
-                itertools.repeat(key_size), keys, itertools.repeat(value_size), values
-            )
-        else:
-            parts = ((pack(len(k)), k, pack(len(v)), v) for k, v in zip(keys, values, strict=True))
-        framed = b"".join(itertools.chain.from_iterable(parts))
-        self._wait()
-        self._hashing = threading.Thread(
-            target=self._hash.update, args=(framed,), name="mnist2db-digest", daemon=True
-        )
-        self._hashing.start()
-        self.count += len(items)
-
-    def _wait(self) -> None:
-        if self._hashing is not None:
-            self._hashing.join()
-            self._hashing = None
-
-    @property
-    def sha256(self) -> str:
-        self._wait()
-        return self._hash.hexdigest()
-
-    def fields(self) -> dict[str, Any] | None:
-        """What ``mnist2db.json`` records as ``digest``, or None (records out of order)."""
-        if not self._ordered:
-            return None
-        return {"records": self.count, "sha256": self.sha256, "method": DIGEST_METHOD}
-
-
-def digest_items(
-    items: Iterable[tuple[bytes, bytes]],
-    progress: Callable[[int], None] | None = None,
-    batch: int = 1000,
-) -> RecordDigest:
-    """The :class:`RecordDigest` of records given in key order, ``batch`` at a time;
-    ``progress(count)`` after each batch."""
-    digest = RecordDigest()
-    pending: list[tuple[bytes, bytes]] = []
-    for key, value in items:
-        pending.append((bytes(key), bytes(value)))
-        if len(pending) == batch:
-            digest.add(pending)
-            pending = []
-            if progress is not None:
-                progress(digest.count)
-    digest.add(pending)
-    if progress is not None:
-        progress(digest.count)
-    return digest
 
 
 def write_digest(directory: str, digest: RecordDigest, out: str) -> None:
