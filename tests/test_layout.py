@@ -307,6 +307,22 @@ def test_no_object_reaches_into_another() -> None:
     assert found == []
 
 
+def test_no_class_is_made_by_a_metaclass() -> None:
+    """The fast path's tuples are ``collections.namedtuple`` made by one plain function
+    (``fastpath.named_tuple``), not a metaclass re-implementing ``typing.NamedTuple``."""
+    found = [
+        f"{name}.{node.name}"
+        for name, tree in modules().items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        and (
+            any(k.arg == "metaclass" for k in node.keywords)
+            or any(isinstance(b, ast.Name) and b.id == "type" for b in node.bases)
+        )
+    ]
+    assert found == []
+
+
 def test_the_batch_byte_bound_has_one_home() -> None:
     """One 64 MiB bound for every batch (``storage.backends.BATCH_BYTES_LIMIT``): no module
     declares a batch constant of its own with that value."""

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from mnist2db.errors import ArgumentError, BackendError, printable
-from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
 from mnist2db.formats.datum import (
     KEY_LIMIT,
     check_record_count,
@@ -59,7 +59,15 @@ if TYPE_CHECKING:
 STAGING_MARK = TEMP_MARK
 
 
-class _ConvertResultFields(NamedTuple):
+@named_tuple
+class ConvertResult(NamedTuple):
+    """What :func:`convert` wrote (immutable).
+
+    Fields: ``path``, ``backend``, ``count``, ``rows``, ``cols`` (of the records written:
+    swapped when ``transposed``), ``seconds``, ``seed`` (of a shuffle, else None),
+    ``transposed``.
+    """
+
     path: str
     backend: str
     count: int  # type: ignore[assignment]  # the field hides tuple.count
@@ -68,17 +76,6 @@ class _ConvertResultFields(NamedTuple):
     seconds: float
     seed: int | None = None
     transposed: bool = False
-
-
-class ConvertResult(_ConvertResultFields):
-    """What :func:`convert` wrote (immutable).
-
-    Fields: ``path``, ``backend``, ``count``, ``rows``, ``cols`` (of the records written:
-    swapped when ``transposed``), ``seconds``, ``seed`` (of a shuffle, else None),
-    ``transposed``.
-    """
-
-    __slots__ = ()
 
     def summary(self) -> str:
         """What Caffe's convert_mnist_data logs, then where the database went and how fast."""

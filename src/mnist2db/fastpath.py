@@ -11,10 +11,11 @@ protobuf: :mod:`mnist2db.formats.datum`'s own encoder), and take from here inste
 ``typing``:
 
 * ``TYPE_CHECKING``: False at run time; type checkers read any name ``TYPE_CHECKING`` as true.
-* ``NamedTuple``: ``typing.NamedTuple`` for type checkers; at run time the same class body
-  becomes a ``collections.namedtuple`` subclass (fields from its annotations, defaults
-  from its values, methods and properties kept), so the checked definition is the one
-  that runs.
+* ``NamedTuple`` and ``named_tuple``: a class written ``@named_tuple class X(NamedTuple):``
+  is ``typing.NamedTuple``'s for type checkers (``named_tuple`` returns it as it is); at
+  run time ``NamedTuple`` is ``object`` and ``named_tuple`` makes the class body a
+  ``collections.namedtuple`` subclass (fields from its annotations, defaults from its
+  values, methods and properties kept), so the checked definition is the one that runs.
 * ``Protocol``: ``typing.Protocol`` for type checkers; ``object`` at run time.
 
 Every other module imports what it uses at its top, as ordinary Python.
@@ -68,25 +69,26 @@ FAST_PATH = frozenset(
 if TYPE_CHECKING:
     from typing import NamedTuple as NamedTuple
     from typing import Protocol as Protocol
+    from typing import TypeVar
+
+    _Class = TypeVar("_Class", bound=type)
+
+    def named_tuple(cls: _Class) -> _Class:
+        return cls
+
 else:
-    Protocol = object
+    NamedTuple = Protocol = object
 
-    class _NamedTupleMeta(type):
-        def __new__(mcls, name, bases, namespace):
-            if namespace.get("_root", False):
-                return super().__new__(mcls, name, bases, namespace)
-            fields = list(namespace.get("__annotations__", {}))
-            defaults = [namespace[f] for f in fields if f in namespace]
-            base = collections.namedtuple(
-                name, fields, defaults=defaults, module=namespace.get("__module__")
-            )
-            body = {
-                key: value
-                for key, value in namespace.items()
-                if key not in fields and key != "__annotations__"
-            }
-            body["__slots__"] = ()
-            return type(name, (base,), body)
-
-    class NamedTuple(metaclass=_NamedTupleMeta):
-        _root = True
+    def named_tuple(cls):
+        """``cls``, a ``NamedTuple``-style class (annotated fields, defaults, methods), as a
+        ``collections.namedtuple`` subclass with the same fields, defaults and methods."""
+        body = dict(vars(cls))
+        fields = list(body.pop("__annotations__", {}))
+        defaults = [body.pop(name) for name in fields if name in body]
+        for name in ("__dict__", "__weakref__"):
+            body.pop(name, None)
+        body["__slots__"] = ()
+        base = collections.namedtuple(
+            cls.__name__, fields, defaults=defaults, module=cls.__module__
+        )
+        return type(cls.__name__, (base,), body)

@@ -19,19 +19,7 @@ from __future__ import annotations
 import struct
 
 from mnist2db.errors import IdxFormatError
-from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    pass
-
-
-class _IdxHeaderFields(NamedTuple):
-    path: str
-    type_code: int
-    dims: tuple[int, ...]
-    gzipped: bool
-    xz: bool = False
-
+from mnist2db.fastpath import NamedTuple, named_tuple
 
 #: type code -> (name, numpy dtype string in the file's big-endian byte order)
 IDX_TYPES: dict[int, tuple[str, str]] = {
@@ -53,16 +41,20 @@ INT32_MAX = (1 << 31) - 1
 
 GZIP_MAGIC = b"\x1f\x8b"
 XZ_MAGIC = b"\xfd7zXZ\x00"
-#: Errors a decompressor raises on a corrupt stream.
 
 
-class IdxHeader(_IdxHeaderFields):
+@named_tuple
+class IdxHeader(NamedTuple):
     """What an IDX header declares, and how the file holding it is stored (immutable).
 
     Fields: ``path``, ``type_code``, ``dims`` (a tuple), ``gzipped``, ``xz``.
     """
 
-    __slots__ = ()
+    path: str
+    type_code: int
+    dims: tuple[int, ...]
+    gzipped: bool
+    xz: bool = False
 
     @property
     def packing(self) -> str:

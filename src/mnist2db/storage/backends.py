@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 
 from mnist2db.errors import ArgumentError, BackendError
-from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, Protocol
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, Protocol, named_tuple
 
 if TYPE_CHECKING:
     from typing import Any
@@ -331,6 +331,7 @@ def size_hint(records: int, value_size: int, *, streaming: bool = False) -> int:
     return min(hint, 1 << 30) if streaming else hint
 
 
+@named_tuple
 class Backend(NamedTuple):
     """What mnist2db knows of one backend, in one place (:data:`BACKEND`): its ``name``,
     the ``marker`` file that tells its databases apart (:func:`detect_backend`), the

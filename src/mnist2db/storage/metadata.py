@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 
 from mnist2db.errors import Mnist2dbError, OutputError, printable
-from mnist2db.fastpath import TYPE_CHECKING, NamedTuple
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
 from mnist2db.formats.png import OLD_PNG_COMPRESSION, PNG_COMPRESSIONS
 from mnist2db.storage.record_digest import DIGEST_METHOD, RecordDigest
 
@@ -33,16 +33,6 @@ if TYPE_CHECKING:
 
     from mnist2db.formats.idx import IdxHeader
     from mnist2db.storage.readers import DbReader
-
-
-class _RecipeFields(NamedTuple):
-    transpose: bool = False
-    label_column: int = 0
-    offset: int = 0
-    count: int | None = None  # type: ignore[assignment]  # the field hides tuple.count
-    seed: int | None = None
-    encoded: str | None = None
-    png_compression: str | None = None
 
 
 #: The one file mnist2db adds to a database directory (see the module docstring).
@@ -74,7 +64,8 @@ def digest_of(metadata: dict[str, Any]) -> tuple[int, str] | None:
     return None if digest is None else (digest["records"], digest["sha256"])
 
 
-class Recipe(_RecipeFields):
+@named_tuple
+class Recipe(NamedTuple):
     """The options of a conversion (immutable); all off gives Caffe's records.
 
     Fields: ``transpose``, ``label_column``, ``offset``, ``count`` (None: to the end),
@@ -82,7 +73,13 @@ class Recipe(_RecipeFields):
     ``png_compression`` (of ``"png"`` records: ``"fast"`` or ``"small"``; None otherwise).
     """
 
-    __slots__ = ()
+    transpose: bool = False
+    label_column: int = 0
+    offset: int = 0
+    count: int | None = None  # type: ignore[assignment]  # the field hides tuple.count
+    seed: int | None = None
+    encoded: str | None = None
+    png_compression: str | None = None
 
     @property
     def plain(self) -> bool:
