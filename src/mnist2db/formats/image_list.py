@@ -35,7 +35,8 @@ import tempfile
 from collections.abc import Iterator
 from typing import IO, NamedTuple
 
-from mnist2db.errors import ImageError, printable
+from mnist2db.errors import ImageError
+from mnist2db.formats.text_lines import bounded_lines, shown
 
 #: LMDB's largest key (``mdb_env_get_maxkeysize``, 511 bytes in its default build).
 KEY_LIMIT_LMDB = 511
@@ -60,10 +61,6 @@ class ListEntry(NamedTuple):
 def image_key(entry: ListEntry) -> bytes:
     """Caffe's key of the record: ``%08d_`` of the line number, then the path."""
     return b"%08d_" % entry.line + entry.path
-
-
-def _shown(text: bytes) -> str:
-    return printable(repr(os.fsdecode(text))[1:-1])
 
 
 def parse_line(raw: bytes, number: int, where: str) -> ListEntry | None:
@@ -94,14 +91,14 @@ def parse_line(raw: bytes, number: int, where: str) -> ListEntry | None:
     split = max(text.rfind(b" "), text.rfind(b"\t"))
     if split < 0:
         raise ImageError(
-            f"{place}: no label in {_shown(text)!r}: each line is 'PATH LABEL' (a space "
+            f"{place}: no label in {shown(text)!r}: each line is 'PATH LABEL' (a space "
             "before the label)"
         )
     path = text[:split].rstrip(b" \t")
     label = text[split + 1 :]
     if _LABEL.fullmatch(label) is None:
         raise ImageError(
-            f"{place}: the label {_shown(label)!r} is not a whole number: each line is "
+            f"{place}: the label {shown(label)!r} is not a whole number: each line is "
             "'PATH LABEL', the label last"
         )
     value = int(label)
@@ -134,20 +131,14 @@ def _open_list(where: str) -> IO[bytes]:
 
 def _lines(stream: IO[bytes], where: str) -> Iterator[bytes]:
     """The lines of ``stream``, ``\n`` kept, each at most :data:`MAX_LINE` bytes."""
-    number = 0
-    while True:
-        try:
-            raw = stream.readline(MAX_LINE + 1)
-        except OSError as exc:
-            raise ImageError(f"{where}: cannot read the list: {exc.strerror}") from None
-        if not raw:
-            return
-        number += 1
-        if len(raw) > MAX_LINE:
-            raise ImageError(
-                f"{where}:{number}: longer than {MAX_LINE} bytes: not a 'PATH LABEL' line "
-                "(is it a list?)"
-            )
+    lines = bounded_lines(
+        stream,
+        where,
+        limit=MAX_LINE,
+        reading="the list",
+        too_long=f"longer than {MAX_LINE} bytes: not a 'PATH LABEL' line (is it a list?)",
+    )
+    for number, raw in enumerate(lines, 1):
         if number > MAX_LINES:
             raise ImageError(
                 f"{where}: more than {MAX_LINES} lines: Caffe's keys (%08d_PATH) hold {MAX_LINES}"
@@ -235,7 +226,7 @@ def list_line(entry: ListEntry) -> bytes:
     """
     if not listable(entry.path):
         raise ImageError(
-            f"{_shown(entry.path)}: a name no list line can hold (a newline, or a space or "
+            f"{shown(entry.path)}: a name no list line can hold (a newline, or a space or "
             "tab at an end): rename it, or hide it with a leading '.'"
         )
     return entry.path + b" %d\n" % entry.label

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
 
-from mnist2db.errors import ImageError, printable
+from mnist2db.errors import ImageError
+from mnist2db.formats.text_lines import bounded_lines, shown
 
 #: The most values a row may hold: a record of 5 bytes a value (float_data, unpacked),
 #: 5 MiB at this width, far beyond any label vector (CelebA: 40; landmarks: tens).
@@ -82,10 +84,6 @@ def first_label(values: np.ndarray) -> int:
     return 0
 
 
-def _shown(text: bytes) -> str:
-    return printable(repr(os.fsdecode(text))[1:-1])
-
-
 def _is_number(field: bytes) -> bool:
     try:
         value = float(field)
@@ -113,28 +111,23 @@ def _lines(where: str, skip: int = 0) -> Iterator[tuple[int, bytes]]:
     except OSError as exc:
         raise ImageError(f"{where}: cannot read the labels: {exc.strerror}") from None
     with stream:
-        number = 0
-        while True:
-            try:
-                raw = stream.readline(MAX_LINE + 1)
-            except OSError as exc:
-                raise ImageError(f"{where}: cannot read the labels: {exc.strerror}") from None
-            if not raw:
-                return
-            if len(raw) > MAX_LINE and not raw.endswith(b"\n"):
-                raise ImageError(f"{where}:{number + 1}: the line is longer than {MAX_LINE} bytes")
+        lines = bounded_lines(
+            stream,
+            where,
+            limit=MAX_LINE,
+            reading="the labels",
+            too_long=f"the line is longer than {MAX_LINE} bytes",
+        )
+        for number, raw in enumerate(lines):
             line = raw[:-1] if raw.endswith(b"\n") else raw
             line = line[:-1] if line.endswith(b"\r") else line
             if number >= skip:
                 yield number - skip, line
-            number += 1
 
 
 def _check_regular(where: str) -> None:
     """Refuse, without opening it (a FIFO would block), anything but a regular file: a
     table is read more than once (its head, a check, the records)."""
-    import stat
-
     try:
         mode = os.stat(where).st_mode
     except OSError as exc:
@@ -205,7 +198,7 @@ def open_label_table(
     layout = "csv" if b"," in first else "whitespace"
     if len(fields) < 2 or not all(fields):
         raise ImageError(
-            f"{where}:1: the header {_shown(first[:80])!r} names no label columns: "
+            f"{where}:1: the header {shown(first[:80])!r} names no label columns: "
             "expected 'path,name1,name2,…' (or a CelebA count line, then the names)"
         )
     check_width(len(fields) - 1, f"{where}:1")
@@ -253,7 +246,7 @@ def iter_rows(table: LabelTable) -> Iterator[TargetRow]:
         if table.inferred and len(words) > 1 and _is_number(words[-1]):
             raise ImageError(
                 f"{place}: more than {width} values after the path "
-                f"({_shown(path)!r} ends in a number); every line holds the same number"
+                f"({shown(path)!r} ends in a number); every line holds the same number"
             )
         if b"\0" in path:
             raise ImageError(f"{place}: the path holds a NUL byte")
@@ -287,5 +280,5 @@ def _values(fields: list[bytes], place: str) -> np.ndarray:
                 what = "does not fit a float32 (at most ±3.4e38)"
             else:
                 continue
-            raise ImageError(f"{place}: value {i + 1}, {_shown(field[:40])!r}, {what}")
+            raise ImageError(f"{place}: value {i + 1}, {shown(field[:40])!r}, {what}")
     return values.astype(np.float32)
