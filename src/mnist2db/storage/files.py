@@ -390,17 +390,30 @@ def _load_renameat2() -> Callable[[str, str, int], None] | None:
 _renameat2 = _load_renameat2()
 
 
+def _renamed_at(src: str, dst: str, flags: int) -> bool:
+    """True once renameat2 has done it; False where the OS or the file system lacks it.
+
+    Raises:
+        FileExistsError: ``dst`` exists (``_RENAME_NOREPLACE``).
+        OSError: the rename failed otherwise.
+    """
+    if _renameat2 is None:
+        return False
+    try:
+        _renameat2(src, dst, flags)
+    except OSError as exc:
+        if exc.errno == errno.EEXIST and flags == _RENAME_NOREPLACE:
+            raise FileExistsError(errno.EEXIST, "exists", dst) from None
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+            raise
+        return False
+    return True
+
+
 def move_noreplace(src: str, dst: str) -> None:
     """Rename ``src`` to ``dst``, failing with FileExistsError if ``dst`` exists."""
-    if _renameat2 is not None:
-        try:
-            _renameat2(src, dst, _RENAME_NOREPLACE)
-            return
-        except OSError as exc:
-            if exc.errno == errno.EEXIST:
-                raise FileExistsError(errno.EEXIST, "exists", dst) from None
-            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
-                raise
+    if _renamed_at(src, dst, _RENAME_NOREPLACE):
+        return
     # No renameat2 (or the file system lacks it): check, then rename.
     if os.path.lexists(dst):
         raise FileExistsError(errno.EEXIST, "exists", dst)
@@ -409,13 +422,8 @@ def move_noreplace(src: str, dst: str) -> None:
 
 def swap(src: str, dst: str) -> None:
     """Exchange ``src`` and ``dst`` atomically where the OS can; else move the old one aside."""
-    if _renameat2 is not None:
-        try:
-            _renameat2(src, dst, _RENAME_EXCHANGE)
-            return
-        except OSError as exc:
-            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
-                raise
+    if _renamed_at(src, dst, _RENAME_EXCHANGE):
+        return
     aside = src + ".old"
     os.rename(dst, aside)
     try:
