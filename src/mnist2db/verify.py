@@ -15,6 +15,9 @@ written by Caffe or another tool records none, and is said to.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -160,10 +163,6 @@ def _verify_in_a_child(
     """:func:`verify_db` in a child process: liblmdb maps the file, so bytes changed under
     the map by another process can end a reader with SIGBUS, which no check inside it can
     prevent; here that is one error line, and this process goes on."""
-    import signal
-    import subprocess
-    import sys
-
     args = [os.fsdecode(a) if a is not None else "" for a in (db, images, labels)]
     child = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, check=False)
     if child.returncode < 0:

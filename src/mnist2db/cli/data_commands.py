@@ -23,6 +23,7 @@ from mnist2db.errors import RenderError
 from mnist2db.export import export_db
 from mnist2db.formats.datum import key_text
 from mnist2db.info import describe
+from mnist2db.label_databases import verify_label_db
 from mnist2db.render import (
     check_canvas,
     check_text_size,
@@ -238,8 +239,6 @@ def verify(
             result = verify_db(db, images, labels, isolated=isolated, progress=progress)
         pair = None
         if label_db is not None:
-            from mnist2db.label_databases import verify_label_db
-
             pair = verify_label_db(db, label_db, progress=progress)
     if quiet:
         return
