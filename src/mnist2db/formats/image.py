@@ -411,22 +411,8 @@ def to_chw(image: np.ndarray) -> np.ndarray:
     import numpy as np
 
     if image.ndim == 2:
-        return image[None]
+        return np.ascontiguousarray(image)[None]
     return np.ascontiguousarray(image.transpose(2, 0, 1))
-
-
-def chw_planes(image: np.ndarray) -> tuple[Any, ...]:
-    """:func:`to_chw`'s bytes as contiguous buffers, one a channel (OpenCV's ``split``, where
-    installed: a vector copy, 5× numpy's strided transpose) or one for all; joined, they are
-    ``to_chw(image).tobytes()``."""
-    import numpy as np
-
-    if image.ndim == 2:
-        return (np.ascontiguousarray(image),)
-    cv2 = opencv()
-    if cv2 is not None and image.dtype.name == "uint8" and 1 < image.shape[2] <= 4:
-        return tuple(cv2.split(image))
-    return (to_chw(image),)
 
 
 # -- writing, as cv::imencode ------------------------------------------------------------------

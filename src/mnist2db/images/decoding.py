@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 from mnist2db.errors import printable
 from mnist2db.formats.datum import datum_prefix
 from mnist2db.formats.image import (
-    chw_planes,
     decode_image,
     encode_image,
     png_planes,
     read_image,
+    to_chw,
 )
 from mnist2db.formats.image_input import check_fits_a_record, read_image_file
 from mnist2db.formats.image_list import ListEntry
@@ -73,7 +73,7 @@ def image_record(
     shape = (1 if image.ndim == 2 else int(image.shape[2]), height, width)
     if encoding is None:  # one copy of the pixels, into the record
         prefix = datum_prefix(*shape, shape[0] * height * width)
-        return b"".join((prefix, *chw_planes(image), label, b"\x38\x00")), shape
+        return b"".join((prefix, to_chw(image).data, label, b"\x38\x00")), shape
     if resize is None and matches_ext(filename, encoding):
         data = contents
     else:

@@ -47,7 +47,7 @@ AHEAD = 8
 #: Bytes of results a worker gathers into one message (one image may exceed it alone).
 MESSAGE_BYTES = 1 << 18
 #: Bytes of results held by the parent while an earlier entry is still being decoded.
-WINDOW_BYTES = 32 << 20
+WINDOW_BYTES = 16 << 20
 #: Seconds one image may take before its worker is taken for hung and killed.
 DEFAULT_TIMEOUT = 60.0
 
@@ -105,7 +105,7 @@ def _pack(results: list[Any]) -> bytes:
     return b"".join((_HEAD.pack(len(head)), head, *blobs))
 
 
-def _receive(conn: Connection) -> bytearray:
+def _receive(conn: Connection) -> bytes | bytearray:
     """One message ``conn.send_bytes`` sent, read straight into one buffer (Connection's own
     reader copies each chunk twice more).
 
@@ -116,11 +116,18 @@ def _receive(conn: Connection) -> bytearray:
     size = _LENGTH.unpack(_read_into(fd, bytearray(_LENGTH.size)))[0]
     if size == -1:  # over 2 GiB: an 8-byte length follows
         size = _LONG_LENGTH.unpack(_read_into(fd, bytearray(_LONG_LENGTH.size)))[0]
-    return _read_into(fd, bytearray(size))
+    first = os.read(fd, size)  # the whole message, mostly: one copy, no zeroed buffer
+    if len(first) == size:
+        return first
+    if not first:
+        raise EOFError
+    buffer = bytearray(size)
+    buffer[: len(first)] = first
+    return _read_into(fd, buffer, len(first))
 
 
-def _read_into(fd: int, buffer: bytearray) -> bytearray:
-    view, at = memoryview(buffer), 0
+def _read_into(fd: int, buffer: bytearray, at: int = 0) -> bytearray:
+    view = memoryview(buffer)
     while at < len(buffer):
         got = os.readv(fd, [view[at:]])
         if not got:
