@@ -16,6 +16,7 @@ from mnist2db.errors import ArgumentError, DatumError, IdxFormatError, RecordInd
 from mnist2db.formats.datum import datum_to_array, decode_datum, key_text
 from mnist2db.formats.idx import check_pair
 from mnist2db.formats.idx_reader import open_idx
+from mnist2db.formats.png import PNG_SIGNATURE
 from mnist2db.formats.png_codec import decode_datum_image
 from mnist2db.records import check_label_column, check_range
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
@@ -204,7 +205,6 @@ def _db_records(
             index += 1
 
 
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: Channels of a decoded PNG by its colour type (as OpenCV gives them: grey 1, colour and
 #: palette 3, with alpha 4).
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 4, 6: 4}
@@ -241,7 +241,7 @@ def declared_shape(value: bytes) -> tuple[int, int, int] | None:
         return None
     if fields.get(7):  # encoded: the image's own header says
         head = bytes(view[data_at : data_at + min(data_length, 26)])
-        if len(head) < 26 or head[:8] != _PNG_SIGNATURE or head[12:16] != b"IHDR":
+        if len(head) < 26 or head[:8] != PNG_SIGNATURE or head[12:16] != b"IHDR":
             return None
         width, height = struct.unpack(">II", head[16:24])
         return _PNG_CHANNELS.get(head[25], 1), height, width

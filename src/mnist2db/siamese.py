@@ -33,8 +33,8 @@ import numpy as np
 
 from mnist2db.conversion import write_database
 from mnist2db.errors import ArgumentError, IdxFormatError, Mnist2dbError, printable
-from mnist2db.formats.datum import check_record_count, datum_prefix, splitter
-from mnist2db.formats.idx import INT32_MAX, IdxHeader, check_pair
+from mnist2db.formats.datum import INT32_MAX, check_record_count, datum_prefix, splitter
+from mnist2db.formats.idx import IdxHeader, check_pair
 from mnist2db.formats.idx_reader import open_idx
 from mnist2db.progress import Progress, reporting
 from mnist2db.records import check_seed, fresh_seed

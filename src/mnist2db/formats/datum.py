@@ -132,6 +132,8 @@ KEY_LIMIT = 10**8
 #: Caffe's key format, for code that formats keys inline (the dataset's hot path); everything
 #: else calls :func:`record_key` or :func:`record_keys`.
 KEY_FORMAT = b"%08d"
+#: A Datum's height, width and data length are int32 fields.
+INT32_MAX = (1 << 31) - 1
 
 
 def check_record_count(count: int, where: str, unit: str = "records") -> None:
@@ -361,9 +363,6 @@ def array_to_datum(arr: np.ndarray, label: int | None = None) -> Any:
     return datum
 
 
-_INT_MAX = 2**31 - 1
-
-
 def _is_empty(datum: Any) -> bool:
     return not (
         datum.channels or datum.height or datum.width or len(datum.data) or len(datum.float_data)
@@ -404,7 +403,7 @@ def datum_shape(datum: Any, where: str = "") -> tuple[int, int, int]:
         )
     expected = 1
     for side in shape:  # Caffe's Blob::Reshape check, in its order
-        if expected and side > _INT_MAX // expected:
+        if expected and side > INT32_MAX // expected:
             raise DatumError(
                 f"{prefix}Datum {' × '.join(map(str, shape))} (channels × height × width) "
                 "exceeds Caffe's blob size limit of 2^31-1 values"

@@ -38,6 +38,10 @@ ZLIB_HEADER = b"\x78\x01"
 #: most one byte: 128 KiB keeps them ~13 MB at worst (~5 MB on MNIST's images, ~150 a
 #: chunk), and numpy's ~1 µs a call is then a small part of the work.
 CHUNK_BYTES = 1 << 17
+#: Deflate's largest expansion: a 258-byte match from 2 bits. No deflate stream of N bytes
+#: inflates to more than about ``INFLATE_RATIO * N`` bytes (what bounds a gzip file's or a
+#: PNG's contents before they are inflated).
+INFLATE_RATIO = 1032
 
 #: RFC 1951 3.2.5: the length codes 257-285, the first length of each and its extra bits.
 LENGTH_BASE = (3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 17, 19, 23, 27, 31, 35, 43, 51, 59,

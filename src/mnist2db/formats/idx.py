@@ -20,6 +20,7 @@ import struct
 
 from mnist2db.errors import IdxFormatError
 from mnist2db.fastpath import NamedTuple, named_tuple
+from mnist2db.formats.datum import INT32_MAX
 
 #: type code -> (name, numpy dtype string in the file's big-endian byte order)
 IDX_TYPES: dict[int, tuple[str, str]] = {
@@ -36,8 +37,6 @@ IMAGES_MAGIC = 0x00000803
 LABELS_MAGIC = 0x00000801
 #: QMNIST's int32 label rows (``idx2-int``: one row of label columns per item).
 QMNIST_LABELS_MAGIC = 0x00000C02
-#: A Datum's height, width and data length are int32 fields.
-INT32_MAX = (1 << 31) - 1
 
 GZIP_MAGIC = b"\x1f\x8b"
 XZ_MAGIC = b"\xfd7zXZ\x00"

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 from mnist2db.errors import ArgumentError, IdxFormatError
 from mnist2db.fastpath import TYPE_CHECKING
+from mnist2db.formats.deflate import INFLATE_RATIO
 from mnist2db.formats.idx import (
     GZIP_MAGIC,
     IDX_TYPES,
@@ -38,9 +39,6 @@ if TYPE_CHECKING:
 CORRUPT_ERRORS = (gzip.BadGzipFile, zlib.error, lzma.LZMAError, EOFError)
 #: Bytes read at a time from a file or a pipe.
 READ_CHUNK = 1 << 20
-
-#: Deflate's largest expansion (258 bytes from 2 bits), bounding what a gzip file can hold.
-_MAX_DEFLATE_RATIO = 1032
 
 
 class _Prefixed(io.RawIOBase):
@@ -210,7 +208,7 @@ class IdxReader:
         header = self.header
         expected_total = header.header_size + header.payload_size
         compressed = os.fstat(self._raw.fileno()).st_size
-        most = _MAX_DEFLATE_RATIO * compressed + READ_CHUNK
+        most = INFLATE_RATIO * compressed + READ_CHUNK
         if expected_total > most:
             # Deflate cannot expand more than ~1032:1: refuse a header that claims more
             # than the file could hold before reading (or allocating) anything.

@@ -30,6 +30,7 @@ from typing import Any
 
 from mnist2db.errors import ArgumentError, ImageError, printable
 from mnist2db.fetch.untrusted import NotRegularFile, open_regular
+from mnist2db.formats.png import PNG_SIGNATURE
 
 #: OpenCV's ``CV_IO_MAX_IMAGE_WIDTH`` and ``CV_IO_MAX_IMAGE_HEIGHT``.
 MAX_SIDE = 1 << 20
@@ -42,7 +43,6 @@ _HEAD = 1 << 16
 #: A record's bytes besides its pixels: the Datum's fields (at most a few dozen bytes).
 _RECORD_FIELDS = 64
 
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: JPEG's start-of-frame markers (the frame header holds the size): C0-CF but DHT, JPG, DAC.
 _JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 #: JPEG markers without a length: TEM, RST0-7, SOI, EOI.
@@ -53,7 +53,7 @@ def image_format(data: bytes) -> str | None:
     """The format of encoded image bytes from their signature (``"PNG"``, ``"JPEG"``, ...),
     as OpenCV's decoders' ``checkSignature``; None: no format OpenCV reads."""
     head = bytes(data[:12])
-    if head.startswith(_PNG_SIGNATURE):
+    if head.startswith(PNG_SIGNATURE):
         return "PNG"
     if head.startswith(b"\xff\xd8\xff"):
         return "JPEG"

@@ -36,17 +36,18 @@ from collections.abc import Iterator
 from typing import IO, NamedTuple
 
 from mnist2db.errors import ImageError
-from mnist2db.formats.text_lines import bounded_lines, shown
+from mnist2db.formats.datum import KEY_LIMIT
+from mnist2db.formats.text_lines import BLANKS, bounded_lines, shown
+from mnist2db.storage.backends import LMDB_KEY_LIMIT
 
-#: LMDB's largest key (``mdb_env_get_maxkeysize``, 511 bytes in its default build).
-KEY_LIMIT_LMDB = 511
+#: LMDB's largest key (what images/imageset checks a key against before writing it).
+KEY_LIMIT_LMDB = LMDB_KEY_LIMIT
 _LABEL = re.compile(rb"[+-]?[0-9]+")
 _INT32 = (-(1 << 31), (1 << 31) - 1)
-_BLANKS = b" \t"
 #: The longest line read: far past any path the system opens (PATH_MAX, 4096 bytes).
 MAX_LINE = 1 << 16
 #: The most lines a list may have: Caffe's keys (``%08d_``) hold 10^8.
-MAX_LINES = 10**8
+MAX_LINES = KEY_LIMIT
 
 
 class ListEntry(NamedTuple):
@@ -78,8 +79,8 @@ def parse_line(raw: bytes, number: int, where: str) -> ListEntry | None:
         space
         and label.isdigit()
         and path
-        and path[-1] not in _BLANKS
-        and path[0] not in _BLANKS
+        and path[-1] not in BLANKS
+        and path[0] not in BLANKS
         and len(label) < 10
         and b"\0" not in path
     ):

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mnist2db.errors import ImageError
-from mnist2db.formats.text_lines import bounded_lines, shown
+from mnist2db.formats.text_lines import BLANKS, bounded_lines, shown
 
 #: The most values a row may hold: a record of 5 bytes a value (float_data, unpacked),
 #: 5 MiB at this width, far beyond any label vector (CelebA: 40; landmarks: tens).
@@ -44,7 +44,6 @@ MAX_LINE = 64 << 20
 #: The largest float32 (a value above it would be stored as infinity).
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
-_BLANKS = b" \t"
 LAYOUTS = ("list", "csv", "whitespace", "celeba")
 
 
@@ -142,7 +141,7 @@ def _check_regular(where: str) -> None:
 
 def _split_header(line: bytes) -> list[bytes]:
     if b"," in line:
-        return [field.strip(_BLANKS) for field in line.split(b",")]
+        return [field.strip(BLANKS) for field in line.split(b",")]
     return line.split()
 
 
@@ -167,7 +166,7 @@ def open_label_table(
     _check_regular(where)
     head: list[tuple[int, bytes]] = []
     for number, line in _lines(where):
-        if line.strip(_BLANKS) or header:
+        if line.strip(BLANKS) or header:
             head.append((number, line))
         if len(head) == 2 or (head and not header):
             break
@@ -189,7 +188,7 @@ def open_label_table(
             check_width(width, where)
             return LabelTable(where, "list", width, (), 0, None, inferred=True)
         return LabelTable(where, "list", width, (), 0, None)
-    first = head[0][1].strip(_BLANKS)
+    first = head[0][1].strip(BLANKS)
     if first.isdigit() and len(head) == 2:
         names = tuple(os.fsdecode(n) for n in head[1][1].split())
         check_width(len(names), f"{where}:2")
@@ -223,14 +222,14 @@ def iter_rows(table: LabelTable) -> Iterator[TargetRow]:
     # A whitespace row's path is what precedes the last ``width`` fields.
     rows = 0
     for number, line in _lines(where, skip):
-        text = line.strip(_BLANKS)
+        text = line.strip(BLANKS)
         if not text:
             continue
         place = f"{where}:{number + skip + 1}"
         if comma:
             parts = text.rsplit(b",", width)
-            path = parts[0].strip(_BLANKS)
-            fields = [field.strip(_BLANKS) for field in parts[1:]]
+            path = parts[0].strip(BLANKS)
+            fields = [field.strip(BLANKS) for field in parts[1:]]
         else:
             parts = text.rsplit(None, width)
             path = parts[0]

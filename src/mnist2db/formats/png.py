@@ -50,8 +50,10 @@ OLD_PNG_COMPRESSION = "small"
 #: background is runs of zeros; filter None on every row is smaller than Sub or Up here.
 #: The bytes are a function of the image and zlib's version only (no threads, no machine).
 PNG_ZLIB = (1, zlib.DEFLATED, 15, 8, zlib.Z_RLE)
-_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_IEND = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+#: Every PNG starts with these 8 bytes.
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: The IEND chunk: every PNG ends with these 12 bytes.
+IEND_CHUNK = b"\x00\x00\x00\x00IEND\xaeB`\x82"
 
 
 def check_encoding(encoded: str | None) -> None:
@@ -95,7 +97,7 @@ def _chunk(kind: bytes, body: bytes) -> bytes:
 
 def _header(rows: int, cols: int) -> bytes:
     # width, height, bit depth 8, colour type 0 (grey), deflate, filter method 0, no interlace
-    return _SIGNATURE + _chunk(b"IHDR", struct.pack(">IIBBBBB", cols, rows, 8, 0, 0, 0, 0))
+    return PNG_SIGNATURE + _chunk(b"IHDR", struct.pack(">IIBBBBB", cols, rows, 8, 0, 0, 0, 0))
 
 
 def check_png_shape(rows: int, cols: int, where: str) -> None:
@@ -131,7 +133,7 @@ def encode_png(image: np.ndarray, compression: str = DEFAULT_PNG_COMPRESSION) ->
     else:
         deflate = zlib.compressobj(*PNG_ZLIB)
         data = deflate.compress(scanlines.tobytes()) + deflate.flush()
-    return _header(rows, cols) + _chunk(b"IDAT", data) + _IEND
+    return _header(rows, cols) + _chunk(b"IDAT", data) + IEND_CHUNK
 
 
 def _scanlines(images: np.ndarray) -> np.ndarray:
@@ -176,7 +178,7 @@ def encode_png_batch(
     header = _header(rows, cols)
     head = b"\x08\x01\x10" + encode_varint(rows) + b"\x18" + encode_varint(cols) + b"\x22"
     if compression == "small":
-        from mnist2db.formats.threaded import run_chunks
+        from mnist2db.formats.thread_pool import run_chunks
 
         label_list = labels.tolist()
         return run_chunks(
@@ -206,10 +208,12 @@ def _encode_fast(images: np.ndarray, labels: np.ndarray, head: bytes, header: by
     import numpy as np
 
     n, rows, cols = images.shape
-    fixed = len(header) + _IDAT_FRAME + len(_IEND)  # the PNG but for the zlib stream
+    fixed = len(header) + _IDAT_FRAME + len(IEND_CHUNK)  # the PNG but for the zlib stream
     width = len(encode_varint(fixed + max_stream_size(rows * (cols + 1))))
     before = len(head) + width + len(header) + 8
-    buffer, starts, ends = zlib_streams(_scanlines(images), before, 4 + len(_IEND) + _TAIL_MOST)
+    buffer, starts, ends = zlib_streams(
+        _scanlines(images), before, 4 + len(IEND_CHUNK) + _TAIL_MOST
+    )
     sizes = (ends - starts + fixed).astype(np.uint64)  # each PNG's
     size_bytes = _varint_sizes(sizes)
     png_starts = starts - (len(header) + 8)
@@ -226,10 +230,10 @@ def _encode_fast(images: np.ndarray, labels: np.ndarray, head: bytes, header: by
     crc32 = zlib.crc32
     crcs = [crc32(view[a - 4 : b]) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
     buffer[ends[:, None] + four] = np.array(crcs, ">u4").view(np.uint8).reshape(n, 4)
-    _put(buffer, ends + 4, _IEND + b"\x28")
+    _put(buffer, ends + 4, IEND_CHUNK + b"\x28")
     values = labels.astype(np.int64).view(np.uint64)
     label_bytes = _varint_sizes(values)
-    label_starts = ends + (4 + len(_IEND) + 1)
+    label_starts = ends + (4 + len(IEND_CHUNK) + 1)
     _put_varints(buffer, label_starts, values, label_bytes)
     record_ends = label_starts + label_bytes + 2
     buffer[record_ends - 2] = 0x38  # encoded (field 7): true
@@ -274,7 +278,7 @@ def _encode_small(
 ) -> list[bytes]:
     """The records of ``images[start:stop]`` compressed by zlib (``"small"``)."""
     out = []
-    fixed = len(header) + len(_IEND) + 12
+    fixed = len(header) + len(IEND_CHUNK) + 12
     compressobj, crc32, pack = zlib.compressobj, zlib.crc32, struct.pack
     for i, scanlines in enumerate(_scanlines(images[start:stop])):
         deflate = compressobj(*PNG_ZLIB)
@@ -290,7 +294,7 @@ def _encode_small(
                     b"IDAT",
                     data,
                     pack(">I", crc32(data, _IDAT_CRC)),
-                    _IEND,
+                    IEND_CHUNK,
                     _TAILS[label] if 0 <= label < 256 else _tail(label),
                 )
             )
@@ -309,7 +313,7 @@ _TAILS = [_tail(label) for label in range(256)]
 
 def is_png(data: bytes) -> bool:
     """True when ``data`` begins with the PNG signature."""
-    return bytes(data[:8]) == _SIGNATURE
+    return bytes(data[:8]) == PNG_SIGNATURE
 
 
 def datum_encoding(datum: object) -> str:

@@ -33,18 +33,17 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from mnist2db.errors import DatumError
+from mnist2db.formats.deflate import INFLATE_RATIO
+from mnist2db.formats.image_input import MAX_PIXELS
+from mnist2db.formats.png import IEND_CHUNK, PNG_SIGNATURE
 
 if TYPE_CHECKING:
     from PIL import Image
 
 
-SIGNATURE = b"\x89PNG\r\n\x1a\n"
-#: deflate's largest expansion: a 258-byte match in 2 bits. No zlib stream of N bytes
-#: inflates to more than ``INFLATE_RATIO * N + INFLATE_SLACK`` bytes.
-INFLATE_RATIO = 1032
+#: No zlib stream of N bytes inflates to more than ``INFLATE_RATIO * N + INFLATE_SLACK``
+#: bytes (deflate's largest expansion, :data:`~mnist2db.formats.deflate.INFLATE_RATIO`).
 INFLATE_SLACK = 1024
-#: OpenCV's ``CV_IO_MAX_IMAGE_PIXELS``: a larger image is one Caffe's imdecode refuses.
-MAX_PIXELS = 1 << 30
 #: Inflate in one call when even the worst case fits in this many bytes; above it, inflate
 #: with ``max_length`` (a decompressobj costs ~1 µs more per image, so small ones skip it).
 ONE_SHOT = 4 << 20
@@ -167,8 +166,8 @@ def decode_png(data: bytes, where: str) -> np.ndarray:
     """
     head = data[8:33]
     header = _HEADERS.get(head)
-    if header is None or data[:8] != SIGNATURE:
-        if data[:8] != SIGNATURE:
+    if header is None or data[:8] != PNG_SIGNATURE:
+        if data[:8] != PNG_SIGNATURE:
             raise DatumError(f"{where}: not a PNG (no PNG signature)")
         header = parse_header(head, where)
         if len(_HEADERS) >= HEADERS_MAX:
@@ -229,8 +228,6 @@ def decode_png(data: bytes, where: str) -> np.ndarray:
     return _decode_with_pillow(data, where)
 
 
-#: The IEND chunk: every PNG ends with these 12 bytes.
-IEND_CHUNK = b"\x00\x00\x00\x00IEND\xaeB`\x82"
 _PLTE, _TRNS = 1, 2
 _IDAT, _IEND = b"IDAT", b"IEND"
 
@@ -355,7 +352,7 @@ def decode_datum_image(data: bytes, where: str) -> np.ndarray:
     Raises:
         DatumError: the data cannot be decoded, or is not 8-bit; naming ``where``.
     """
-    if data[:8] == SIGNATURE:
+    if data[:8] == PNG_SIGNATURE:
         return decode_png(data, where)
     return _decode_with_pillow(data, where)
 

@@ -29,13 +29,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from mnist2db.errors import DatumError
+from mnist2db.formats.deflate import INFLATE_RATIO
+from mnist2db.formats.png import IEND_CHUNK, PNG_SIGNATURE
 from mnist2db.formats.png_codec import (
     HEADERS_MAX,
-    IEND_CHUNK,
-    INFLATE_RATIO,
     INFLATE_SLACK,
     ONE_SHOT,
-    SIGNATURE,
     decode_png,
     parse_header,
 )
@@ -97,7 +96,7 @@ class PngRecords:
             DatumError: ``png_head`` is not that.
         """
         header = parse_header(png_head[8:], "PNG")
-        if png_head[:8] != SIGNATURE or header.colour != 0 or not header.fast:
+        if png_head[:8] != PNG_SIGNATURE or header.colour != 0 or not header.fast:
             raise DatumError("PNG: not the signature and header of an 8-bit grey image")
         self.head = head
         self.png_head = png_head
@@ -130,7 +129,7 @@ class PngRecords:
             return None
         for size in range(1, 6):  # the PNG's length: a varint
             png = start + size
-            if value[png : png + 8] == SIGNATURE:
+            if value[png : png + 8] == PNG_SIGNATURE:
                 try:
                     layout = cls(value[:start], value[png : png + 33])
                 except DatumError:
@@ -259,7 +258,7 @@ def decode_png_record(value: bytes) -> tuple[np.ndarray, int] | None:
     """
     if len(value) < 64 or value[-2:] != b"\x38\x01" or value[-4] != 0x28 or value[-3] >= 0x80:
         return None
-    start = value.find(SIGNATURE, 7, 40)
+    start = value.find(PNG_SIGNATURE, 7, 40)
     if start < 0:
         return None
     size = len(value) - 4 - start

@@ -15,6 +15,9 @@ from typing import IO
 
 from mnist2db.errors import ImageError, printable
 
+#: The blanks that separate a line's fields: spaces and tabs.
+BLANKS = b" \t"
+
 
 def bounded_lines(
     stream: IO[bytes], where: str, *, limit: int, reading: str, too_long: str

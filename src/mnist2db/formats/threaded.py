@@ -1,51 +1,29 @@
-"""Many records decoded (or encoded) on a few threads, results in order: zlib and Pillow
-release the GIL, so PNG records scale with processors. Used by the reading API's batches
-(:mod:`mnist2db.dataset`) and the PNG encoder (:mod:`mnist2db.formats.png`).
+"""Many records decoded on a few threads, results in order: zlib and Pillow release the
+GIL, so PNG records scale with processors. Used by the reading API's batches
+(:mod:`mnist2db.dataset`, :mod:`mnist2db.formats.record_decoder`); the threads are
+:mod:`mnist2db.formats.thread_pool`'s.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from mnist2db.formats.png_codec import SIGNATURE
+from mnist2db.formats.png import PNG_SIGNATURE
+from mnist2db.formats.thread_pool import in_a_pool_thread, run_chunks, shared_pool, thread_count
 
 T = TypeVar("T")
 K = TypeVar("K")
 V = TypeVar("V")
-
-#: Records per task: large enough that the pool's overhead (~20 µs a task) is small.
-_CHUNK = 64
-_pool: ThreadPoolExecutor | None = None
-#: The pool's threads' names begin so (a task that would wait for the pool runs in place).
-_NAME = "mnist2db-png"
-_pool_pid = 0
-_pool_lock = threading.Lock()
-
-
-def _threads() -> int:
-    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
-
-
-def _get_pool() -> ThreadPoolExecutor:
-    global _pool, _pool_pid
-    with _pool_lock:
-        # A forked child inherits the pool object but not its threads: it makes its own.
-        if _pool is None or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(_threads(), thread_name_prefix=_NAME)
-            _pool_pid = os.getpid()
-        return _pool
 
 
 def looks_encoded(value: bytes) -> bool:
     """True when a serialized Datum seems to hold a PNG or JPEG near its start: worth
     decoding on threads (a guess that only chooses threads or not)."""
     head = value[:64]
-    return SIGNATURE in head or b"\xff\xd8\xff" in head
+    return PNG_SIGNATURE in head or b"\xff\xd8\xff" in head
 
 
 def decode_many(
@@ -73,21 +51,6 @@ def decode_many(
     return run_chunks(run, n)
 
 
-def run_chunks(work: Callable[[int, int], list[T]], n: int) -> list[T]:
-    """``work(start, stop)`` over ``range(n)`` in chunks of :data:`_CHUNK` or more, on this
-    process's threads when there are at least two chunks' worth and two processors, the
-    lists joined in order (the first failure, in order, is raised)."""
-    threads = _threads()
-    if n < 2 * _CHUNK or threads < 2:
-        return work(0, n)
-    # A few chunks a thread: even when one thread is slowed, the others take the rest.
-    size = max(_CHUNK, -(-n // (4 * threads)))
-    out: list[T] = []
-    for part in _get_pool().map(lambda start: work(start, min(n, start + size)), range(0, n, size)):
-        out += part
-    return out
-
-
 def inflate_many(streams: Sequence[bytes], size: int) -> list[bytes]:
     """Each zlib stream inflated, in order: its bytes when they are exactly ``size`` long,
     else ``b""`` (also when it does not inflate). On this process's threads when there are
@@ -98,8 +61,8 @@ def inflate_many(streams: Sequence[bytes], size: int) -> list[bytes]:
     if (
         n < 2 * _INFLATE_CHUNK
         or not _long_calls(streams[0], size)
-        or _threads() < 2
-        or threading.current_thread().name.startswith(_NAME)
+        or thread_count() < 2
+        or in_a_pool_thread()
     ):
         return _inflate_part(streams, size)
     # Every thread takes the next few streams until none are left, rather than a share
@@ -118,8 +81,8 @@ def inflate_many(streams: Sequence[bytes], size: int) -> list[bytes]:
             stop = start + _INFLATE_CHUNK
             out[start:stop] = _inflate_part(streams[start:stop], size)
 
-    pool = _get_pool()
-    futures = [pool.submit(run) for _ in range(_threads() - 1)]
+    pool = shared_pool()
+    futures = [pool.submit(run) for _ in range(thread_count() - 1)]
     run()
     for future in futures:
         future.result()

@@ -364,9 +364,18 @@ class Backend(NamedTuple):
 #: ``notes.log`` is not one of its files. Anything else in a directory means it is not
 #: (only) a database. LMDB's largest key is ``mdb_env_get_maxkeysize``, 511 bytes in its
 #: default build.
+#: LMDB's largest key (``mdb_env_get_maxkeysize``, 511 bytes in its default build).
+LMDB_KEY_LIMIT = 511
+
 BACKEND: dict[str, Backend] = {
     "lmdb": Backend(
-        "lmdb", "data.mdb", r"data\.mdb|lock\.mdb", "an LMDB", 511, LmdbWriter, "LmdbHandle"
+        "lmdb",
+        "data.mdb",
+        r"data\.mdb|lock\.mdb",
+        "an LMDB",
+        LMDB_KEY_LIMIT,
+        LmdbWriter,
+        "LmdbHandle",
     ),
     "leveldb": Backend(
         "leveldb",

@@ -40,6 +40,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from mnist2db.errors import BackendError
+from mnist2db.storage.backends import LMDB_KEY_LIMIT
 
 WORD = struct.calcsize("N")  # size_t and pgno_t
 #: PAGEHDRSZ: the page header before ``mp_ptrs``.
@@ -59,7 +60,7 @@ _DB_RECORD = 8 + 5 * WORD  # sizeof(MDB_db)
 #: CURSOR_STACK: a cursor holds at most this many pages from the root to a leaf.
 MAX_DEPTH = 32
 #: MDB_MAXKEYSIZE: liblmdb refuses longer keys when they are written.
-MAX_KEY = 511
+MAX_KEY = LMDB_KEY_LIMIT
 #: P_INVALID: the root of an empty database.
 NO_PAGE = (1 << (8 * WORD)) - 1
 #: The first page a tree may use (pages 0 and 1 are the meta pages).
