@@ -341,6 +341,41 @@ def test_no_module_reaches_500_lines() -> None:
     assert long <= set(LONG_MODULES_LEFT)
 
 
+#: Format facts, each declared in one module (a module-level constant of that value
+#: elsewhere is a second home), with the ones still left and why.
+ONE_HOME_CONSTANTS = {
+    b"\x89PNG\r\n\x1a\n": "mnist2db.formats.png",
+    b"\x00\x00\x00\x00IEND\xaeB`\x82": "mnist2db.formats.png",
+    1032: "mnist2db.formats.deflate",
+    511: "mnist2db.storage.backends",
+    10**8: "mnist2db.formats.datum",
+    (1 << 31) - 1: "mnist2db.formats.datum",
+}
+CONSTANTS_LEFT = {
+    ("mnist2db.formats.image", b"\x89PNG\r\n\x1a\n"): "the scale work's file",
+    ("mnist2db.formats.image_input", (1 << 31) - 1): "a record's largest size: protobuf's",
+}
+
+
+def test_format_constants_have_one_home() -> None:
+    found = set()
+    for name, tree in modules().items():
+        for node in tree.body:
+            if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
+                continue
+            if not all(
+                isinstance(n, ast.Constant | ast.BinOp | ast.UnaryOp | ast.operator | ast.unaryop)
+                for n in ast.walk(node.value)
+            ):
+                continue  # literals and their arithmetic only
+            value = eval(ast.unparse(node.value), {"__builtins__": {}})
+            if isinstance(value, int | bytes) and not isinstance(value, bool):
+                home = ONE_HOME_CONSTANTS.get(value)
+                if home is not None and name != home:
+                    found.add((name, value))
+    assert found <= set(CONSTANTS_LEFT)
+
+
 def test_the_batch_byte_bound_has_one_home() -> None:
     """One 64 MiB bound for every batch (``storage.backends.BATCH_BYTES_LIMIT``): no module
     declares a batch constant of its own with that value."""
