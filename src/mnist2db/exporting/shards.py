@@ -37,6 +37,7 @@ from mnist2db.errors import ArgumentError, OutputError, OutputExistsError
 from mnist2db.exporting.samples import Sample, class_names, iter_samples, key_fields, sample_key
 from mnist2db.exporting.targets import TargetStream, column_names, sample_json
 from mnist2db.progress import Progress, reporting
+from mnist2db.storage.file_placement import check_file_target
 from mnist2db.storage.files import (
     TEMP_MARK,
     AtomicFile,
@@ -45,7 +46,6 @@ from mnist2db.storage.files import (
     remove_stale,
     temp_prefix,
 )
-from mnist2db.storage.placement import check_file_target
 from mnist2db.storage.readers import DbReader, shared_reader
 
 MANIFEST_FORMAT = "mnist2db webdataset shards"
