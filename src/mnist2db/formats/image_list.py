@@ -28,6 +28,7 @@ the same label, the same number), so the keys are Caffe's byte for byte.
 
 from __future__ import annotations
 
+import array
 import os
 import re
 import stat
@@ -199,6 +200,20 @@ class ImageList:
         copy.seek(0)
         yield from _entries(copy, self.where)
 
+    def open_bytes(self) -> IO[bytes]:
+        """The list's bytes as a file of their own, at its start: a regular file's, or
+        the copy kept of a pipe's (read and kept here, once).
+
+        Raises:
+            ImageError: the list cannot be read.
+        """
+        self()
+        if self._copy is None:
+            return _open_list(self.where)
+        stream = os.fdopen(os.dup(self._copy.fileno()), "rb")
+        stream.seek(0)
+        return stream
+
     def close(self) -> None:
         """Drop the temporary copy (also when this list is garbage collected)."""
         if self._copy is not None:
@@ -220,8 +235,6 @@ class ListIndex:
     """
 
     def __init__(self, image_list: ImageList) -> None:
-        import array
-
         self.where = image_list.where
         self._list = image_list
         self._starts = array.array("q")
@@ -257,14 +270,7 @@ class ListIndex:
                 yield entry
 
     def _open(self) -> IO[bytes]:
-        """The list's bytes as a file: a regular file's own, or the copy kept of a pipe's."""
-        self._list()  # a pipe is read (and kept) here, once
-        copy = self._list._copy
-        if copy is None:
-            return _open_list(self.where)
-        stream = os.fdopen(os.dup(copy.fileno()), "rb")
-        stream.seek(0)
-        return stream
+        return self._list.open_bytes()
 
 
 def listable(path: bytes) -> bool:
