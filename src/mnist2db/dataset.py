@@ -43,6 +43,7 @@ from mnist2db.errors import (
     MissingKeyError,
     Mnist2dbError,
     RecordIndexError,
+    backend_message,
 )
 from mnist2db.formats.datum import (
     KEY_FORMAT,
@@ -52,7 +53,7 @@ from mnist2db.formats.datum import (
 from mnist2db.formats.record_decoder import RecordDecoder, as_records
 from mnist2db.formats.threaded import decode_stream
 from mnist2db.storage.backend_handles import ReadHandle, handle_class
-from mnist2db.storage.backends import backend_message, detect_backend
+from mnist2db.storage.backends import detect_backend
 from mnist2db.storage.readers import DbReader, iterate
 
 if TYPE_CHECKING:

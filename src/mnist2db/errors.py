@@ -22,6 +22,13 @@ def printable(text: str) -> str:
     return re.sub(r"\\udc([89a-f][0-9a-f])", r"\\x\1", shown)
 
 
+def backend_message(exc: BaseException) -> str:
+    """A backend's message as text (plyvel gives ``b'...'`` bytes), on one line."""
+    arg = exc.args[0] if exc.args else exc
+    text = arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
+    return " ".join(text.split())
+
+
 class Mnist2dbError(Exception):
     """Root of every error mnist2db raises on purpose; its message is one line for the user."""
 

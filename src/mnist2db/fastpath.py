@@ -62,6 +62,7 @@ FAST_PATH = frozenset(
         "mnist2db.storage.metadata",
         "mnist2db.storage.record_digest",
         "mnist2db.storage.targets",
+        "mnist2db.storage.writers",
         "mnist2db.version",
     }
 )

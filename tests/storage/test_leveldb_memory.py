@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 from helpers import write_idx
 
-from mnist2db.storage.backends import (
+from mnist2db.storage.backends import size_hint
+from mnist2db.storage.readers import open_reader
+from mnist2db.storage.writers import (
     LEVELDB_MEMTABLE_MAX,
     LEVELDB_MEMTABLE_STREAMING,
     leveldb_write_buffer,
-    size_hint,
 )
-from mnist2db.storage.readers import open_reader
 
 
 def test_the_memtable_holds_a_database_that_fits_and_is_small_otherwise() -> None:

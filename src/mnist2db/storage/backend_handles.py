@@ -24,9 +24,9 @@ from typing import Any, ClassVar
 import lmdb
 import plyvel
 
-from mnist2db.errors import BackendError
+from mnist2db.errors import BackendError, backend_message
 from mnist2db.formats.datum import key_text
-from mnist2db.storage.backends import backend_message, backend_named, file_kind, is_database_file
+from mnist2db.storage.backends import backend_named, file_kind, is_database_file
 from mnist2db.storage.db_checks import (
     check_leveldb_current,
     check_leveldb_logs,

@@ -12,10 +12,10 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from mnist2db.errors import BackendError, DatumError, Mnist2dbError
+from mnist2db.errors import BackendError, DatumError, Mnist2dbError, backend_message
 from mnist2db.formats.datum import check_datum, decode_datum, key_text
 from mnist2db.storage.backend_handles import ReadHandle, handle_class
-from mnist2db.storage.backends import backend_message, check_backend, detect_backend, file_kind
+from mnist2db.storage.backends import check_backend, detect_backend, file_kind
 
 # -- the design, written once ------------------------------------------------------------------
 #
