@@ -326,6 +326,7 @@ def test_no_class_is_made_by_a_metaclass() -> None:
 #: Modules of 500 lines or more, each with the second owner it is to be split by.
 LONG_MODULES_LEFT = {
     "mnist2db.formats.image": "the OpenCV path beside Pillow's (being changed by the scale work)",
+    "mnist2db.images.imageset": "being changed by the scale work: split once it lands",
 }
 
 
