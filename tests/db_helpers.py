@@ -89,7 +89,7 @@ def write_labels(path: Path, targets, backend: str = "lmdb", keys=None) -> None:
     from mnist2db.conversion import write_database
     from mnist2db.formats.datum import record_keys
     from mnist2db.formats.target_datum import encode_target_batch
-    from mnist2db.storage.staging import staged_database
+    from mnist2db.storage.db_staging import staged_database
 
     keys = list(keys if keys is not None else record_keys(0, len(targets)))
     with staged_database(path, backend) as staging:

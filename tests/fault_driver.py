@@ -14,7 +14,7 @@ import time
 
 import mnist2db.cli.app as cli
 import mnist2db.cli.convert_commands as convert_command
-import mnist2db.storage.staging as conv
+import mnist2db.storage.files as conv
 
 cfg = json.loads(sys.argv[1])
 

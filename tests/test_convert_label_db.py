@@ -91,7 +91,7 @@ def convert_killed(tmp_path: Path, out: Path, backend: str, kill: tuple[str, int
     script = textwrap.dedent(f"""
         import os, signal
         import mnist2db.storage.backends as backends
-        import mnist2db.storage.staging as staging
+        import mnist2db.storage.files as staging
         from mnist2db.cli.app import main
         kind, at = {kill!r}
         calls = [0]

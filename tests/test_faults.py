@@ -2,7 +2,7 @@
 odd destinations, readers during writes, decompression bombs, permissions.
 
 Processes that are killed or signalled run a small driver script (``fault_driver.py``) that replaces
-``mnist2db.storage.staging.checkpoint`` (a no-op hook at the staging life cycle's fixed points) or
+``mnist2db.storage.files.checkpoint`` (a no-op hook at the staging life cycle's fixed points) or
 the CLI's progress reporter with a function that writes a flag file and waits: the test
 then knows exactly where the child is when it strikes. Nothing else is patched.
 """
@@ -35,8 +35,8 @@ from mnist2db.cli.app import cli
 from mnist2db.conversion import STAGING_MARK, convert
 from mnist2db.errors import BackendError, IdxFormatError
 from mnist2db.storage.backends import detect_backend
+from mnist2db.storage.db_staging import remove_stale_staging
 from mnist2db.storage.readers import iter_db, open_reader
-from mnist2db.storage.staging import remove_stale_staging
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "mnist2db"
 

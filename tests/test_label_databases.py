@@ -1,5 +1,5 @@
 """Label databases beside image databases (mnist2db.label_databases) and databases placed
-together (mnist2db.storage.staging.staged_databases): same keys, same order, both or none,
+together (mnist2db.storage.db_staging.staged_databases): same keys, same order, both or none,
 a kill rolled back by the next writer."""
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from mnist2db.formats.label_table import open_label_table
 from mnist2db.formats.target_datum import decode_targets, encode_targets
 from mnist2db.label_databases import TargetSource, write_label_database
 from mnist2db.records import permutation
+from mnist2db.storage.db_journal import recover_databases
+from mnist2db.storage.db_staging import remove_stale_staging, staged_databases
 from mnist2db.storage.readers import open_reader
-from mnist2db.storage.staging import recover_databases, remove_stale_staging, staged_databases
 from mnist2db.storage.targets import labels_path
 
 ROWS = b"".join(b"img %d.png %d %.3f -2.5\n" % (i, i % 2, i / 8) for i in range(10))
@@ -102,14 +103,15 @@ def test_an_existing_one_is_refused_before_any_work(tmp_path: Path) -> None:
 
 KILLED = """
 import os, signal, sys
-import mnist2db.storage.staging as staging
+import mnist2db.storage.files as files
 from mnist2db.conversion import write_database
+from mnist2db.storage.db_staging import staged_databases
 out, stage = sys.argv[1], sys.argv[2]
 def checkpoint(s, path):
     if s == stage:
         os.kill(os.getpid(), signal.SIGKILL)
-staging.checkpoint = checkpoint
-with staging.staged_databases([out, out + "_labels"], "lmdb", overwrite=True) as dirs:
+files.checkpoint = checkpoint
+with staged_databases([out, out + "_labels"], "lmdb", overwrite=True) as dirs:
     for d in dirs:
         write_database("lmdb", d, 8, [[b"new"]], 1, lambda d, t: None)
 """

@@ -104,7 +104,7 @@ def test_verify_other_widths_and_image_records(tmp_path: Path, pair: tuple[Path,
     labels = tmp_path / "mixed"
     from mnist2db.conversion import write_database
     from mnist2db.formats.target_datum import encode_targets
-    from mnist2db.storage.staging import staged_database
+    from mnist2db.storage.db_staging import staged_database
 
     values = [encode_targets([1.0, 2.0, 3.0])] * 3 + [encode_targets([1.0])]
     with staged_database(labels, "lmdb") as staging:

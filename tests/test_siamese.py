@@ -170,7 +170,7 @@ def test_interrupt_leaves_nothing(mnist_pair, tmp_path: Path) -> None:
     ipath, lpath, *_ = mnist_pair(50, 4, 4)
     out = tmp_path / "out" / "pairs"
     code = (
-        "import os, signal, sys, mnist2db.storage.staging as c\n"
+        "import os, signal, sys, mnist2db.storage.files as c\n"
         "def stop(stage, staging):\n"
         "    if stage == 'staged':\n"
         "        os.kill(os.getpid(), signal.SIGINT)\n"

@@ -36,6 +36,7 @@ from mnist2db.storage.backends import (
     open_writer,
     size_hint,
 )
+from mnist2db.storage.db_staging import staged_database, staged_databases
 from mnist2db.storage.files import TEMP_MARK
 from mnist2db.storage.metadata import (
     Recipe,
@@ -45,7 +46,6 @@ from mnist2db.storage.metadata import (
     write_digest,
     write_metadata,
 )
-from mnist2db.storage.staging import staged_database, staged_databases
 from mnist2db.storage.targets import labels_path
 
 if TYPE_CHECKING:

@@ -54,12 +54,12 @@ from mnist2db.formats.datum import (
     raw_layout,
     record_key,
 )
-from mnist2db.formats.png_codec import decode_image
+from mnist2db.formats.png_codec import decode_datum_image
 from mnist2db.formats.png_records import PngRecords, decode_png_record
 from mnist2db.formats.threaded import decode_many, decode_stream, inflate_many
+from mnist2db.storage.backend_handles import READ_HANDLES, ReadHandle
 from mnist2db.storage.backends import backend_message, detect_backend
 from mnist2db.storage.readers import DbReader, iterate
-from mnist2db.storage.readhandles import READ_HANDLES, ReadHandle
 
 if TYPE_CHECKING:
     from mnist2db.labeled_dataset import LabeledDataset
@@ -258,7 +258,9 @@ class DatumDataset:
         where = f"{self.path}: key {key_text(key)}"
         try:
             datum = decode_datum(value)
-            image = decode_image(datum.data, where) if datum.encoded else datum_to_array(datum)
+            image = (
+                decode_datum_image(datum.data, where) if datum.encoded else datum_to_array(datum)
+            )
         except DatumError as exc:
             if str(exc).startswith(where):
                 raise

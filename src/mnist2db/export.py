@@ -7,7 +7,7 @@ offset+count-1`` as the source stores them. The label file holds the Datum label
 uint8 (idx1): for a QMNIST source, the column the database was written with, not the
 source's idx2-int rows (the other seven columns are not in the database).
 
-The two files appear together or not at all (:mod:`mnist2db.storage.placement`): both targets are
+The two files appear together or not at all (:mod:`mnist2db.storage.file_placement`): both targets are
 checked before any work, both are written under temporary names, and both are placed, the
 first put back if the second cannot be.
 """
@@ -30,13 +30,14 @@ from mnist2db.errors import (
 )
 from mnist2db.formats.datum import check_datum, decode_datum, key_text
 from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
-from mnist2db.formats.png import datum_encoding, decoded_datum
+from mnist2db.formats.png import datum_encoding
+from mnist2db.formats.png_codec import decoded_datum
 from mnist2db.progress import Progress, reporting
 from mnist2db.records import permutation
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
+from mnist2db.storage.file_placement import check_file_target, place_together, recover_together
 from mnist2db.storage.files import AtomicFile, make_parents, remove_made
 from mnist2db.storage.metadata import Recipe, item_range, read_metadata
-from mnist2db.storage.placement import check_file_target, place_together, recover_together
 from mnist2db.storage.readers import shared_reader
 from mnist2db.storage.targets import check_apart
 

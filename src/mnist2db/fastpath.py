@@ -55,9 +55,10 @@ FAST_PATH = frozenset(
         "mnist2db.records",
         "mnist2db.storage",
         "mnist2db.storage.backends",
+        "mnist2db.storage.db_journal",
+        "mnist2db.storage.db_staging",
         "mnist2db.storage.files",
         "mnist2db.storage.metadata",
-        "mnist2db.storage.staging",
         "mnist2db.storage.targets",
         "mnist2db.version",
     }

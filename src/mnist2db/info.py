@@ -19,7 +19,7 @@ from mnist2db.formats.idx import (
 from mnist2db.formats.idx_scan import IdxScan, scan_idx
 from mnist2db.formats.image_input import image_format
 from mnist2db.formats.png import datum_encoding as _datum_encoding
-from mnist2db.formats.png import decode_image
+from mnist2db.formats.png_codec import decode_datum_image
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
 from mnist2db.storage.backends import detect_backend
@@ -206,7 +206,7 @@ def db_info(path: str | os.PathLike[str], progress: Progress | None = None) -> D
                 # Every record as a reader sees it: an encoded image decoded (its header,
                 # chunks and size checked first), a raw one's shape and data checked.
                 shape = (
-                    _decoded_shape(decode_image(datum.data, where))
+                    _decoded_shape(decode_datum_image(datum.data, where))
                     if datum.encoded
                     else datum_shape(datum, where)
                 )

@@ -8,7 +8,7 @@ pycaffe's ``array_to_datum`` of the ``(N, 1, 1)`` float vector) is written under
 key. An image skipped because it cannot be read, a shuffle, several workers or a resumed
 run change which keys the image database holds and in what order; the label database
 follows whatever it holds. Both are staged and placed together
-(:func:`mnist2db.storage.staging.staged_databases`): they appear together or not at all.
+(:func:`mnist2db.storage.db_staging.staged_databases`): they appear together or not at all.
 
 The image records' own ``label`` is the first value when it is a whole number within
 int32, else 0 (:func:`mnist2db.formats.label_table.first_label`).

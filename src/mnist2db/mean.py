@@ -24,7 +24,7 @@ import numpy as np
 
 from mnist2db.errors import DatumError, Mnist2dbError, OutputError
 from mnist2db.formats.datum import key_text
-from mnist2db.formats.png import decoded_datum
+from mnist2db.formats.png_codec import decoded_datum
 from mnist2db.formats.protowire import encode_varint
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import (
@@ -33,8 +33,8 @@ from mnist2db.storage.backends import (
     check_batch_size,
     detect_backend,
 )
+from mnist2db.storage.file_placement import check_file_target
 from mnist2db.storage.files import AtomicFile
-from mnist2db.storage.placement import check_file_target
 from mnist2db.storage.readers import iter_db
 
 if TYPE_CHECKING:
@@ -257,7 +257,7 @@ def check_mean_target(
 
     Args:
         inputs: the database(s) the mean is computed from: ``out`` may be neither one of
-            them nor a file inside one (:func:`mnist2db.storage.placement.check_file_target`).
+            them nor a file inside one (:func:`mnist2db.storage.file_placement.check_file_target`).
 
     Raises:
         OutputExistsError: ``out`` exists and ``overwrite`` is false, it is not a file, or it

@@ -19,8 +19,8 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from mnist2db.errors import RenderError
+from mnist2db.storage.file_placement import check_file_target
 from mnist2db.storage.files import AtomicFile
-from mnist2db.storage.placement import check_file_target
 
 if TYPE_CHECKING:
     from mnist2db.storage.files import PathArg

@@ -16,7 +16,7 @@ from mnist2db.errors import ArgumentError, DatumError, IdxFormatError, RecordInd
 from mnist2db.formats.datum import datum_to_array, decode_datum, key_text
 from mnist2db.formats.idx import check_pair
 from mnist2db.formats.idx_reader import open_idx
-from mnist2db.formats.png import decode_image
+from mnist2db.formats.png_codec import decode_datum_image
 from mnist2db.records import check_label_column, check_range
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
 from mnist2db.storage.readers import shared_reader
@@ -190,7 +190,7 @@ def _db_records(
                 raise DatumError(f"{where}: {exc}") from None
             del value
             if datum.encoded:
-                image = decode_image(datum.data, where)
+                image = decode_datum_image(datum.data, where)
             elif not len(datum.data) and not len(datum.float_data):
                 raise DatumError(f"{where}: an empty Datum (no data, no float_data): no image")
             else:

@@ -45,9 +45,9 @@ from mnist2db.storage.backends import (
     check_backend,
     check_batch_size,
 )
+from mnist2db.storage.db_staging import staged_database
 from mnist2db.storage.metadata import pairs_metadata, write_metadata
 from mnist2db.storage.spill import spill_to_map
-from mnist2db.storage.staging import staged_database
 
 if TYPE_CHECKING:
     from mnist2db.storage.files import PathArg

@@ -23,12 +23,8 @@ from mnist2db.errors import DatumError, VerifyError
 from mnist2db.formats.datum import decode_datum, encode_batch, key_text, record_key
 from mnist2db.formats.idx import check_pair
 from mnist2db.formats.idx_reader import open_idx
-from mnist2db.formats.png import (
-    OLD_PNG_COMPRESSION,
-    decode_image,
-    decoded_datum,
-    encode_png_batch,
-)
+from mnist2db.formats.png import OLD_PNG_COMPRESSION, encode_png_batch
+from mnist2db.formats.png_codec import decode_datum_image, decoded_datum
 from mnist2db.progress import Progress, reporting
 from mnist2db.records import iter_records, permutation
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
@@ -57,7 +53,7 @@ def _same_decoded(value: bytes, image: np.ndarray, label: int) -> bool:
         datum = decode_datum(value)
         if not datum.encoded:
             return False
-        pixels = decode_image(datum.data, "")
+        pixels = decode_datum_image(datum.data, "")
     except DatumError:
         return False
     return (

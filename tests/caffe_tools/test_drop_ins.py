@@ -310,7 +310,7 @@ def test_caffe_lines_come_before_the_records(mnist_pair, tmp_path: Path) -> None
     staging checkpoint (reached before anything is written) prints a marker."""
     ipath, lpath, *_ = mnist_pair(5)
     code = (
-        "import sys, mnist2db.storage.staging as c, mnist2db.caffe_tools.drop_ins as compat\n"
+        "import sys, mnist2db.storage.files as c, mnist2db.caffe_tools.drop_ins as compat\n"
         "c.checkpoint = lambda stage, staging: sys.stderr.write(f'<{stage}>\\n')\n"
         "sys.argv = ['convert_mnist_data', *sys.argv[1:]]\n"
         "compat.main()\n"

@@ -17,7 +17,7 @@ from PIL import Image
 
 from mnist2db.errors import DatumError
 from mnist2db.formats.png import encode_png
-from mnist2db.formats.png_codec import decode_image, decode_png
+from mnist2db.formats.png_codec import decode_datum_image, decode_png
 from mnist2db.formats.threaded import decode_many
 
 WHERE = "db: key 00000007"
@@ -196,7 +196,7 @@ def test_mnist2db_pngs_decode_to_their_pixels() -> None:
 def test_a_jpeg_still_decodes_through_pillow() -> None:
     buffer = io.BytesIO()
     Image.fromarray(np.full((8, 8, 3), (10, 200, 30), np.uint8)).save(buffer, format="JPEG")
-    decoded = decode_image(buffer.getvalue(), WHERE)
+    decoded = decode_datum_image(buffer.getvalue(), WHERE)
     assert decoded.shape == (3, 8, 8)
     assert abs(int(decoded[0, 4, 4]) - 30) < 8 and abs(int(decoded[2, 4, 4]) - 10) < 8  # BGR
 
@@ -208,7 +208,7 @@ GOOD = encode_png(np.arange(35, dtype=np.uint8).reshape(5, 7))
 
 def refused(data: bytes) -> str:
     with pytest.raises(DatumError) as caught:
-        decode_image(data, WHERE)
+        decode_datum_image(data, WHERE)
     text = str(caught.value)
     assert text.startswith(WHERE + ": ") and "\n" not in text
     return text
@@ -284,7 +284,7 @@ def test_every_truncation_and_every_single_byte_change_is_decoded_or_refused() -
             mutated = bytearray(png)
             mutated[position] = value
             try:
-                decoded = decode_image(bytes(mutated), WHERE)
+                decoded = decode_datum_image(bytes(mutated), WHERE)
             except DatumError as exc:
                 assert str(exc).startswith(WHERE + ": ")
             else:  # only a change the CRC does not cover (a CRC's own lucky bytes) decodes
@@ -298,7 +298,7 @@ def test_random_bytes_after_a_png_header_never_escape_as_another_error(
 ) -> None:
     data = (GOOD[:cut] + tail) if cut < len(GOOD) else GOOD + tail
     try:
-        decode_image(data, WHERE)
+        decode_datum_image(data, WHERE)
     except DatumError as exc:
         assert str(exc).startswith(WHERE + ": ")
 
@@ -311,22 +311,22 @@ def test_decode_many_keeps_the_order_and_raises_the_first_failure_in_order() -> 
     images = rng.integers(0, 256, (700, 6, 5), dtype=np.uint8)
     pngs = [encode_png(image) for image in images]
     wheres = [f"key {i}" for i in range(len(pngs))]
-    decoded = decode_many(decode_image, pngs, wheres)
+    decoded = decode_many(decode_datum_image, pngs, wheres)
     np.testing.assert_array_equal(np.stack(decoded)[:, 0], images)
     pngs[300] = pngs[500] = b"broken"
     with pytest.raises(DatumError, match=r"^key 300: "):
-        decode_many(decode_image, pngs, wheres)
+        decode_many(decode_datum_image, pngs, wheres)
 
 
 def test_decode_many_in_a_forked_child_uses_its_own_threads() -> None:
     pngs = [encode_png(np.full((3, 3), i % 256, np.uint8)) for i in range(300)]
     wheres = ["x"] * len(pngs)
-    assert len(decode_many(decode_image, pngs, wheres)) == 300  # the parent's pool exists
+    assert len(decode_many(decode_datum_image, pngs, wheres)) == 300  # the parent's pool exists
 
     def child() -> str:  # on a thread of the child: a pool of the parent's would hang it
         result: list[int] = []
         thread = threading.Thread(
-            target=lambda: result.append(len(decode_many(decode_image, pngs, wheres))),
+            target=lambda: result.append(len(decode_many(decode_datum_image, pngs, wheres))),
             daemon=True,
         )
         thread.start()
@@ -344,7 +344,7 @@ def general_path(value: bytes) -> tuple[np.ndarray, int] | str:
 
     try:
         datum = decode_datum(value)
-        return decode_image(datum.data, WHERE), int(datum.label)
+        return decode_datum_image(datum.data, WHERE), int(datum.label)
     except DatumError as exc:
         return str(exc)
 

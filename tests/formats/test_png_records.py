@@ -18,16 +18,16 @@ from png_helpers import ENCODERS, hostile_records, image_of, png_of, record, sam
 from mnist2db.errors import DatumError
 from mnist2db.formats.datum import decode_datum
 from mnist2db.formats.png import PNG_COMPRESSIONS, encode_png_batch
-from mnist2db.formats.png_codec import decode_image
+from mnist2db.formats.png_codec import decode_datum_image
 from mnist2db.formats.png_records import PngRecords
 from mnist2db.formats.threaded import inflate_many
 
 
 def general(value: bytes) -> tuple[np.ndarray, int] | str:
-    """What the general path gives: protobuf, then decode_image; or its error."""
+    """What the general path gives: protobuf, then decode_datum_image; or its error."""
     try:
         datum = decode_datum(value)
-        return decode_image(datum.data, "db: key 00000001"), int(datum.label)
+        return decode_datum_image(datum.data, "db: key 00000001"), int(datum.label)
     except DatumError as exc:
         return str(exc)
 

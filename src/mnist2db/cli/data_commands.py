@@ -34,7 +34,7 @@ from mnist2db.render import (
     write_png_grid,
 )
 from mnist2db.show import find_labels, select_records
-from mnist2db.storage.placement import check_file_target
+from mnist2db.storage.file_placement import check_file_target
 from mnist2db.verify import verify_db
 
 

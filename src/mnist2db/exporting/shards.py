@@ -33,6 +33,7 @@ from typing import Any
 from mnist2db.errors import ArgumentError, OutputError, OutputExistsError
 from mnist2db.exporting.samples import Sample, class_names, iter_samples, key_fields, sample_key
 from mnist2db.progress import Progress, reporting
+from mnist2db.storage.file_placement import check_file_target
 from mnist2db.storage.files import (
     TEMP_MARK,
     AtomicFile,
@@ -41,7 +42,6 @@ from mnist2db.storage.files import (
     remove_stale,
     temp_prefix,
 )
-from mnist2db.storage.placement import check_file_target
 from mnist2db.storage.readers import DbReader, shared_reader
 
 MANIFEST_FORMAT = "mnist2db webdataset shards"

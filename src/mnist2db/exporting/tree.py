@@ -24,13 +24,14 @@ from mnist2db.storage.files import (
     fsync_dir,
     make_parents,
     mkdtemp_beside,
+    move_noreplace,
     remove_made,
     remove_stale,
     rmtree,
+    swap,
     temp_prefix,
     umask,
 )
-from mnist2db.storage.staging import move_noreplace, swap
 from mnist2db.storage.targets import check_apart, check_parent, symlink_refusal
 
 #: The file that marks a directory as an export's, and counts what it holds.

@@ -444,9 +444,9 @@ def datum_to_array(datum: Any) -> np.ndarray:
     import numpy as np
 
     if datum.encoded:
-        from mnist2db.formats.png import decode_image
+        from mnist2db.formats.png_codec import decode_datum_image
 
-        return decode_image(datum.data, "encoded Datum")
+        return decode_datum_image(datum.data, "encoded Datum")
 
     shape = datum_shape(datum)
     if len(datum.data) or datum.HasField("data"):

@@ -13,9 +13,9 @@ each with its CRC-32; filter type 0 on every row), with two compressions
 (:mod:`mnist2db.formats.deflate`), whose bytes are a function of the image alone; and
 ``"small"``, zlib at :data:`PNG_ZLIB`, deterministic for a given zlib. Both are several
 times faster than Pillow per image. Reading
-goes through :mod:`mnist2db.formats.png_codec`: PNGs by zlib and numpy (Pillow for the kinds it
-leaves), any other image (JPEG) by Pillow; every reader of the project calls
-:func:`decode_image`.
+is :mod:`mnist2db.formats.png_codec`'s: PNGs by zlib and numpy (Pillow for the kinds it
+leaves), any other image (JPEG) by Pillow; every reader of the project calls its
+:func:`~mnist2db.formats.png_codec.decode_datum_image`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ from mnist2db.formats.deflate import max_stream_size, zlib_stream, zlib_streams
 from mnist2db.formats.protowire import encode_varint
 
 if TYPE_CHECKING:
-    from typing import Any
-
     import numpy as np
 
 
@@ -324,31 +322,3 @@ def datum_encoding(datum: object) -> str:
     if len(getattr(datum, "float_data", ())):
         return "float_data"
     return "empty"
-
-
-def decode_image(data: bytes, where: str) -> np.ndarray:
-    """An encoded Datum's image as Caffe's data layer decodes it: ``(c, h, w)`` uint8, BGR
-    for colour (OpenCV's order), 1 channel for grey (:mod:`mnist2db.formats.png_codec`: PNG by
-    zlib and numpy, anything else by Pillow; 16-bit refused as Caffe refuses it).
-
-    Raises:
-        DatumError: the data is not an image that can be decoded, naming ``where``.
-    """
-    from mnist2db.formats.png_codec import decode_image as decode
-
-    return decode(data, where)
-
-
-def decoded_datum(datum: Any, where: str) -> Any:
-    """``datum`` with an encoded image replaced by its raw pixels (``encoded`` false, the
-    decoded shape); a raw Datum is returned as it is. Changes ``datum`` in place.
-
-    Raises:
-        DatumError: the image cannot be decoded.
-    """
-    if datum.encoded:
-        image = decode_image(datum.data, where)
-        datum.channels, datum.height, datum.width = (int(d) for d in image.shape)
-        datum.data = image.tobytes()
-        datum.encoded = False
-    return datum

@@ -28,7 +28,7 @@ by :mod:`mnist2db.formats.png_records`.
 from __future__ import annotations
 
 import zlib
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -348,7 +348,7 @@ def _arrange(rows: np.ndarray, header: PngHeader) -> np.ndarray:
 # -- Pillow: every other image ----------------------------------------------------------
 
 
-def decode_image(data: bytes, where: str) -> np.ndarray:
+def decode_datum_image(data: bytes, where: str) -> np.ndarray:
     """An encoded Datum's image as Caffe's data layer decodes it: PNG by
     :func:`decode_png`, anything else (JPEG, ...) by Pillow; ``(c, h, w)`` uint8.
 
@@ -358,6 +358,21 @@ def decode_image(data: bytes, where: str) -> np.ndarray:
     if data[:8] == SIGNATURE:
         return decode_png(data, where)
     return _decode_with_pillow(data, where)
+
+
+def decoded_datum(datum: Any, where: str) -> Any:
+    """``datum`` with an encoded image replaced by its raw pixels (``encoded`` false, the
+    decoded shape); a raw Datum is returned as it is. Changes ``datum`` in place.
+
+    Raises:
+        DatumError: the image cannot be decoded.
+    """
+    if datum.encoded:
+        image = decode_datum_image(datum.data, where)
+        datum.channels, datum.height, datum.width = (int(d) for d in image.shape)
+        datum.data = image.tobytes()
+        datum.encoded = False
+    return datum
 
 
 def _pillow_limit() -> int:

@@ -16,7 +16,7 @@ Given the database's first record, everything in a record but the zlib stream, i
 and the label is a function of the record's length; so a record is checked by two slice
 compares, the CRC, and, once inflated, the inflated length and the rows' filter bytes
 (all 0: None). A record that differs anywhere is not decoded here but by the general
-decoder (protobuf, then :func:`~mnist2db.formats.png_codec.decode_image`), which gives the
+decoder (protobuf, then :func:`~mnist2db.formats.png_codec.decode_datum_image`), which gives the
 same image and label where this gives one, and names what is wrong where it refuses.
 """
 
@@ -254,7 +254,7 @@ def decode_png_record(value: bytes) -> tuple[np.ndarray, int] | None:
     or names what is wrong).
 
     The same image and label as protobuf and
-    :func:`~mnist2db.formats.png_codec.decode_image` give: the shape fields are not used
+    :func:`~mnist2db.formats.png_codec.decode_datum_image` give: the shape fields are not used
     (Caffe's data layer takes the decoded image's).
     """
     if len(value) < 64 or value[-2:] != b"\x38\x01" or value[-4] != 0x28 or value[-3] >= 0x80:

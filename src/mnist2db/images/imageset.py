@@ -17,7 +17,7 @@ in the keys), and reported. What Caffe aborts on or silently gets wrong is refus
 anything is written, in one line: a key over LMDB's 511 bytes, more than 10**8 lines, a
 root folder without its ``/``, a type that cannot be encoded; ``check_size`` refuses the
 first image of another size; a run in which no image could be read writes nothing. The
-database is staged and placed whole (:mod:`mnist2db.storage.staging`); batches are bounded
+database is staged and placed whole (:mod:`mnist2db.storage.db_staging`); batches are bounded
 by records and by bytes.
 """
 
@@ -50,10 +50,10 @@ from mnist2db.images.workers import OrderedDecoding, attempt, decode_in_order, d
 from mnist2db.label_databases import write_label_database
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import DEFAULT_BATCH_SIZE, check_backend, check_batch_size
+from mnist2db.storage.db_staging import staged_database, staged_databases, stale_staging
+from mnist2db.storage.file_placement import check_file_target, place_together
 from mnist2db.storage.files import AtomicFile, temp_prefix
 from mnist2db.storage.metadata import write_metadata
-from mnist2db.storage.placement import check_file_target, place_together
-from mnist2db.storage.staging import staged_database, staged_databases, stale_staging
 from mnist2db.storage.targets import check_apart, labels_path
 
 if TYPE_CHECKING:

@@ -85,8 +85,8 @@ def convert_images(
             :func:`mnist2db.images.imageset.write_imageset_idx`; nothing is then written.
     """
     from mnist2db.records import fresh_seed, permutation
+    from mnist2db.storage.file_placement import check_file_target
     from mnist2db.storage.metadata import imageset_metadata
-    from mnist2db.storage.placement import check_file_target
 
     if to not in TARGETS:
         raise ArgumentError(f"unknown target {to!r}: expected one of {', '.join(TARGETS)}")

@@ -3,7 +3,7 @@
 Every conversion of :func:`mnist2db.images.imageset.write_imageset` writes its plan in its
 staging directory first (:data:`PLAN_FILE`: the root, the list's name, a digest of every
 entry in order, the options that make a record, the backend, the shuffle seed). A killed run leaves that directory beside the destination, named for its dead
-process (:mod:`mnist2db.storage.staging`). ``--resume`` adopts it when its plan is this
+process (:mod:`mnist2db.storage.db_staging`). ``--resume`` adopts it when its plan is this
 run's: the batches it committed stay (their keys, ``%08d_PATH``, say up to which entry of
 the list), the entries after the last committed one are converted again, and the records
 are those of an uninterrupted run. A plan that differs is refused in one line naming what
@@ -26,8 +26,8 @@ from typing import Any, NamedTuple
 
 from mnist2db.errors import Mnist2dbError, printable
 from mnist2db.formats.image_list import ListEntry
+from mnist2db.storage.db_staging import stale_staging
 from mnist2db.storage.files import owner_pid, temp_prefix
-from mnist2db.storage.staging import stale_staging
 
 #: The plan's file in a staging directory (removed before the database is placed).
 PLAN_FILE = "mnist2db-resume.json"

@@ -5,8 +5,10 @@ fsync, modes that follow the umask, and the final rename.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
+from collections.abc import Callable
 
 from mnist2db.fastpath import TYPE_CHECKING
 
@@ -357,3 +359,88 @@ def write_journal(path: str, entries: object) -> None:
         journal.flush()
         os.fsync(journal.fileno())
     fsync_dir(os.path.dirname(path))
+
+
+# -- the final rename: never over an existing name, or an atomic exchange -----------------------
+
+#: renameat2(2)'s flags: fail if the target exists; exchange the two atomically.
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+
+
+def _load_renameat2() -> Callable[[str, str, int], None] | None:
+    """renameat2(2) from libc, for moves that never replace (or that swap) atomically."""
+    try:
+        # The running program's own symbols include libc's; ctypes.util.find_library
+        # would cost ~15 ms of start-up (it imports subprocess).
+        libc = ctypes.CDLL(None, use_errno=True)
+        func = libc.renameat2
+    except (OSError, AttributeError):
+        return None
+    at_fdcwd = -100
+
+    def renameat2(src: str, dst: str, flags: int) -> None:
+        if func(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), flags) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), dst)
+
+    return renameat2
+
+
+_renameat2 = _load_renameat2()
+
+
+def move_noreplace(src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst``, failing with FileExistsError if ``dst`` exists."""
+    if _renameat2 is not None:
+        try:
+            _renameat2(src, dst, _RENAME_NOREPLACE)
+            return
+        except OSError as exc:
+            if exc.errno == errno.EEXIST:
+                raise FileExistsError(errno.EEXIST, "exists", dst) from None
+            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+                raise
+    # No renameat2 (or the file system lacks it): check, then rename.
+    if os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, "exists", dst)
+    os.rename(src, dst)
+
+
+def swap(src: str, dst: str) -> None:
+    """Exchange ``src`` and ``dst`` atomically where the OS can; else move the old one aside."""
+    if _renameat2 is not None:
+        try:
+            _renameat2(src, dst, _RENAME_EXCHANGE)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+                raise
+    aside = src + ".old"
+    os.rename(dst, aside)
+    try:
+        os.rename(src, dst)
+    except OSError:
+        os.rename(aside, dst)
+        raise
+    os.rename(aside, src)
+
+
+# -- the kill tests' hook ---------------------------------------------------------------------
+
+
+def checkpoint(stage: str, staging: str) -> None:
+    """A no-op called at fixed points of the staging life cycle, for the fault tests.
+
+    The tests replace it (``mnist2db.storage.files.checkpoint``), in a child process, to
+    pause there and kill the process; every caller calls it through this module, so the
+    replacement is the one called. Stages: ``"staging"`` (the staging directory exists,
+    nothing written yet), ``"staged"`` (the database is complete and flushed, about to be
+    moved), ``"placed"`` (moved into place; ``staging`` now holds nothing, or the replaced
+    database, still to be removed), ``"cleanup"`` (about to remove a staging directory that
+    still exists). Files placed together
+    (:func:`mnist2db.storage.file_placement.place_together`) add ``"pair-first"`` (the first
+    file placed, the second not yet); databases placed together
+    (:func:`mnist2db.storage.db_journal.place_journalled`) add ``"databases-first"`` (the
+    first database placed).
+    """

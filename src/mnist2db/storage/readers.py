@@ -14,15 +14,15 @@ from typing import Any
 
 from mnist2db.errors import BackendError, DatumError, Mnist2dbError
 from mnist2db.formats.datum import check_datum, decode_datum, key_text
-from mnist2db.storage.backends import backend_message, check_backend, detect_backend, file_kind
-from mnist2db.storage.readhandles import (
+from mnist2db.storage.backend_handles import (
     READ_HANDLES,
     ReadHandle,
 )
+from mnist2db.storage.backends import backend_message, check_backend, detect_backend, file_kind
 
 # -- the design, written once ------------------------------------------------------------------
 #
-# * One handle per database per process (storage/readhandles.py has one class per backend, chosen
+# * One handle per database per process (storage/backend_handles.py has one class per backend, chosen
 #   once from READ_HANDLES), shared by every reader open on it (open_db, open_reader,
 #   iter_db, info, verify, export, show): py-lmdb refuses a second environment on the same
 #   files in one process, and LevelDB a second open. The table below is guarded by a lock,
@@ -40,7 +40,7 @@ from mnist2db.storage.readhandles import (
 #   of a closed dataset opens the handle again. LMDB's hot path (dataset[i]) takes no pin:
 #   LMDB's environment is never closed explicitly (outside a forked child) but dropped,
 #   and each transaction keeps its environment alive, so it ends when its last transaction
-#   does (see readhandles.LmdbHandle).
+#   does (see backend_handles.LmdbHandle).
 # * fork(): LMDB's rule is that an environment is never used across fork. In the child,
 #   every inherited LMDB environment is closed (harmless with lock=False: there are no
 #   reader slots to clear) and reopened on first use. A LevelDB handle cannot be shared by

@@ -10,7 +10,7 @@
   never a symbolic link, the current directory, or a directory that holds it
   (:func:`check_destination`, :func:`check_replaceable`).
 
-:mod:`mnist2db.storage.staging` (databases) and :mod:`mnist2db.storage.placement` (files)
+:mod:`mnist2db.storage.db_staging` (databases) and :mod:`mnist2db.storage.file_placement` (files)
 call these; nothing else decides where an output may go.
 """
 
@@ -91,8 +91,8 @@ def check_replaceable(out: str, backend: str) -> None:
             f"{out}: holds only {METADATA_NAME}, not {name} database (its files are missing); "
             "refusing to replace it (remove it, or choose another name)"
         )
+    from mnist2db.storage.backend_handles import held_elsewhere
     from mnist2db.storage.readers import probe_database  # off the start-up path
-    from mnist2db.storage.readhandles import held_elsewhere
 
     reason: str | None = probe_database(backend, out)
     if reason is not None and held_elsewhere(reason):

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mnist2db.errors import ArgumentError, OutputError, OutputExistsError
-from mnist2db.storage import staging
+from mnist2db.storage import files as file_system
 from mnist2db.storage.files import (
     TEMP_MARK,
     AtomicFile,
@@ -197,7 +197,7 @@ def _place_locked(files: Sequence[AtomicFile]) -> None:
             file.committed = True
             placed.append(entry)
             if len(placed) == 1:
-                staging.checkpoint("pair-first", file.path)
+                file_system.checkpoint("pair-first", file.path)
         fsync_dir(os.path.dirname(journal_path))
         os.unlink(journal_path)  # the commit point
     except BaseException:

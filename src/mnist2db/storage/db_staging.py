@@ -15,8 +15,6 @@ then write the database into ``staging`` with :func:`backends.open_writer`.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -25,110 +23,28 @@ from mnist2db.errors import (
     OutputError,
     OutputExistsError,
 )
-from mnist2db.fastpath import TYPE_CHECKING
+from mnist2db.storage import files
 from mnist2db.storage.backends import check_backend
+from mnist2db.storage.db_journal import place_journalled, recover_databases
 from mnist2db.storage.files import (
     fsync_dir,
     fsync_tree,
     make_parents,
     mkdtemp_beside,
+    move_noreplace,
     owner_pid,
     pid_alive,
-    read_journal,
     remove_made,
     remove_stale,
     rmtree,
+    swap,
     temp_prefix,
     umask,
-    write_journal,
 )
 from mnist2db.storage.targets import check_destination, is_owned_file
 
-if TYPE_CHECKING:
-    from typing import Any
-
 #: Free space (bytes) below which a failed write is blamed on a full file system.
 _LOW_SPACE = 1 << 20
-
-_RENAME_NOREPLACE = 1
-
-
-_RENAME_EXCHANGE = 2
-
-
-def _load_renameat2() -> Callable[[str, str, int], None] | None:
-    """renameat2(2) from libc, for moves that never replace (or that swap) atomically."""
-    try:
-        # The running program's own symbols include libc's; ctypes.util.find_library
-        # would cost ~15 ms of start-up (it imports subprocess).
-        libc = ctypes.CDLL(None, use_errno=True)
-        func = libc.renameat2
-    except (OSError, AttributeError):
-        return None
-    at_fdcwd = -100
-
-    def renameat2(src: str, dst: str, flags: int) -> None:
-        if func(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), flags) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), dst)
-
-    return renameat2
-
-
-_renameat2 = _load_renameat2()
-
-
-def move_noreplace(src: str, dst: str) -> None:
-    """Rename ``src`` to ``dst``, failing with FileExistsError if ``dst`` exists."""
-    if _renameat2 is not None:
-        try:
-            _renameat2(src, dst, _RENAME_NOREPLACE)
-            return
-        except OSError as exc:
-            if exc.errno == errno.EEXIST:
-                raise FileExistsError(errno.EEXIST, "exists", dst) from None
-            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
-                raise
-    # No renameat2 (or the file system lacks it): check, then rename.
-    if os.path.lexists(dst):
-        raise FileExistsError(errno.EEXIST, "exists", dst)
-    os.rename(src, dst)
-
-
-def swap(src: str, dst: str) -> None:
-    """Exchange ``src`` and ``dst`` atomically where the OS can; else move the old one aside."""
-    if _renameat2 is not None:
-        try:
-            _renameat2(src, dst, _RENAME_EXCHANGE)
-            return
-        except OSError as exc:
-            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
-                raise
-    aside = src + ".old"
-    os.rename(dst, aside)
-    try:
-        os.rename(src, dst)
-    except OSError:
-        os.rename(aside, dst)
-        raise
-    os.rename(aside, src)
-
-
-# -- staging and placement -----------------------------------------------------------------
-
-
-def checkpoint(stage: str, staging: str) -> None:
-    """A no-op called at fixed points of the staging life cycle, for the fault tests.
-
-    The tests replace it, in a child process, to pause there and kill the process. Stages:
-    ``"staging"`` (the staging directory exists, nothing written yet), ``"staged"`` (the
-    database is complete and flushed, about to be moved), ``"placed"`` (moved into place;
-    ``staging`` now holds nothing, or the replaced database, still to be removed),
-    ``"cleanup"`` (about to remove a staging directory that still exists). Pairs of files
-    (:func:`mnist2db.storage.placement.place_together`) add ``"pair-first"`` (the first file placed, the second
-    not yet; see :mod:`mnist2db.storage.placement`); databases placed together
-    (:func:`staged_databases`) add ``"databases-first"`` (the first database placed).
-    """
 
 
 def remove_stale_staging(out: str | os.PathLike[str]) -> list[str]:
@@ -295,7 +211,7 @@ def _stage_and_place(
             os.chmod(staging, 0o777 & ~umask())
         except OSError as exc:
             raise OutputError(f"{out}: cannot set permissions of {staging}: {exc}") from None
-        checkpoint("staging", staging)
+        files.checkpoint("staging", staging)
         try:
             yield staging
         except BackendError as exc:
@@ -304,12 +220,12 @@ def _stage_and_place(
             fsync_tree(staging)
         except OSError as exc:
             raise OutputError(f"{out}: cannot flush the database to disk: {exc}") from None
-        checkpoint("staged", staging)
+        files.checkpoint("staged", staging)
         swapped = _place(staging, out, backend, overwrite, inputs)
-        checkpoint("placed", staging)
+        files.checkpoint("placed", staging)
     finally:
         if os.path.lexists(staging):
-            checkpoint("cleanup", staging)
+            files.checkpoint("cleanup", staging)
             if swapped:
                 _discard_replaced(staging, backend, out)
             else:
@@ -345,19 +261,6 @@ def _place(
 
 # -- databases that appear together: an image database and its label database -------------
 
-#: ``.<name>.mnist2db-dbpair-<pid>-<random>``: the journal of databases being placed together.
-_DBPAIR_MARK = ".mnist2db-dbpair-"
-#: The largest journal read (a few paths a database).
-_JOURNAL_LIMIT = 1 << 16
-
-
-def _identity(path: str) -> list[int] | None:
-    try:
-        st = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return None
-    return [st.st_dev, st.st_ino]
-
 
 @contextlib.contextmanager
 def staged_databases(
@@ -374,11 +277,10 @@ def staged_databases(
     made before the body runs (``on_checked`` called once they pass), and on success all of
     them placed.
 
-    Two renames are not one step, so a journal beside the first destination names every
-    database and its staging directory before the first is placed, and is removed once all
-    are (the commit point). A failure puts back what was placed (a replaced database
-    swapped back); a kill leaves the journal, and the next writer of any of ``outs``
-    (:func:`remove_stale_staging`, :func:`recover_databases`) rolls it back the same way.
+    They are placed under a journal (:func:`mnist2db.storage.db_journal.place_journalled`):
+    a failure puts back what was placed (a replaced database swapped back); a kill leaves
+    the journal, and the next writer of any of ``outs`` (:func:`remove_stale_staging`,
+    :func:`~mnist2db.storage.db_journal.recover_databases`) rolls it back the same way.
 
     ``adopt``: for each of ``outs``, a staging directory of a killed run to continue (as
     :func:`staged_database`'s), or None for a fresh one.
@@ -433,7 +335,7 @@ def staged_databases(
                     os.chmod(staging, 0o777 & ~umask())
                 except OSError as exc:
                     raise OutputError(f"{out}: cannot stage it: {exc.strerror}") from None
-            checkpoint("staging", stagings[0])
+            files.checkpoint("staging", stagings[0])
             try:
                 yield list(stagings)
             except BackendError as exc:
@@ -447,13 +349,17 @@ def staged_databases(
                     fsync_tree(staging)
                 except OSError as exc:
                     raise OutputError(f"{out}: cannot flush the database to disk: {exc}") from None
-            checkpoint("staged", stagings[0])
-            swapped = _place_together(stagings, names, backend, overwrite, inputs)
-            checkpoint("placed", stagings[0])
+            files.checkpoint("staged", stagings[0])
+            swapped = place_journalled(
+                stagings,
+                names,
+                lambda staging, out: _place(staging, out, backend, overwrite, inputs),
+            )
+            files.checkpoint("placed", stagings[0])
         finally:
             for i, (staging, out) in enumerate(zip(stagings, names, strict=False)):
                 if os.path.lexists(staging):
-                    checkpoint("cleanup", staging)
+                    files.checkpoint("cleanup", staging)
                     if i < len(swapped) and swapped[i]:
                         _discard_replaced(staging, backend, out)
                     else:
@@ -461,105 +367,3 @@ def staged_databases(
     except BaseException:
         remove_made(made)
         raise
-
-
-def _journal_path(out: str) -> str:
-    parent, name = os.path.split(os.path.abspath(out))
-    prefix = temp_prefix(name).replace(".mnist2db-tmp-", _DBPAIR_MARK)
-    return os.path.join(parent, f"{prefix}{os.getpid()}-{os.urandom(6).hex()}")
-
-
-def _place_together(
-    stagings: list[str], outs: list[str], backend: str, overwrite: bool, inputs: list[Any]
-) -> list[bool]:
-    """Place every staged database (journalled); which ones swapped an old one out."""
-
-    entries = [
-        {"target": os.path.abspath(out), "staging": staging, "new": _identity(staging),
-         "replaces": os.path.lexists(out)}
-        for staging, out in zip(stagings, outs, strict=True)
-    ]  # fmt: skip
-    journal = _journal_path(outs[0])
-    try:
-        write_journal(journal, entries)
-    except OSError as exc:
-        raise OutputError(f"{outs[0]}: cannot write in its directory: {exc.strerror}") from None
-    placed: list[dict[str, Any]] = []
-    try:
-        for entry, staging, out in zip(entries, stagings, outs, strict=True):
-            swapped = _place(staging, out, backend, overwrite, inputs)
-            entry["replaces"] = swapped
-            placed.append(entry)
-            if len(placed) == 1:
-                checkpoint("databases-first", out)
-        os.unlink(journal)  # the commit point
-        fsync_dir(os.path.dirname(journal))
-    except BaseException:
-        for entry in reversed(placed):
-            with contextlib.suppress(OSError):
-                _roll_back(entry)
-        with contextlib.suppress(OSError):
-            os.unlink(journal)
-        raise
-    return [bool(entry["replaces"]) for entry in entries]
-
-
-def _roll_back(entry: dict[str, Any]) -> None:
-    """Undo one placement of a journal, only while the target still is the database placed."""
-    target, staging = entry["target"], entry["staging"]
-    if _identity(target) != entry["new"]:
-        return  # never placed, or replaced since by someone else: left alone
-    if entry.get("replaces") and os.path.lexists(staging):
-        swap(staging, target)  # the old database back; the new one in the staging name
-    elif not os.path.lexists(staging):
-        os.rename(target, staging)
-    fsync_dir(os.path.dirname(target))
-
-
-def recover_databases(out: str | os.PathLike[str]) -> None:
-    """Roll back databases that a killed :func:`staged_databases` placed only in part, when
-    ``out`` is one of them: each one placed is put back as it was (while it still is the
-    one placed), and the journal removed. A run still going is left alone; a file that is
-    not such a journal (a FIFO, a link, a large file, one naming other paths) is never read
-    on, never removed."""
-    out = os.path.abspath(os.fspath(out))
-    parent = os.path.dirname(out)
-    try:
-        found = [e for e in os.scandir(parent) if _DBPAIR_MARK in e.name]
-    except OSError:
-        return
-    for entry in found:
-        pid = owner_pid(entry.name.rpartition(_DBPAIR_MARK)[2])
-        if pid is None or pid == os.getpid() or pid_alive(pid):
-            continue
-        journal = read_journal(entry.path, _JOURNAL_LIMIT)
-        if not isinstance(journal, list):
-            continue
-        records = [r for r in journal if _journalled(r, pid)]
-        if journal and (len(records) != len(journal) or out not in (r["target"] for r in records)):
-            continue
-        for record in reversed(records):
-            with contextlib.suppress(OSError):
-                _roll_back(record)
-        with contextlib.suppress(OSError):
-            os.unlink(entry.path)
-        for record in records:  # the staging of every one of them, the dead run's
-            target = record["target"]
-            remove_stale(parent, temp_prefix(os.path.basename(target)), directories=True)
-
-
-def _journalled(record: object, pid: int) -> bool:
-    """A journal entry as :func:`_place_together` writes them, naming a staging directory
-    of the dead process beside its target: anything else is not acted on."""
-    if not isinstance(record, dict):
-        return False
-    target, staging = record.get("target"), record.get("staging")
-    if not (isinstance(target, str) and isinstance(staging, str)):
-        return False
-    parent, name = os.path.split(staging)
-    prefix = f"{temp_prefix(os.path.basename(target))}{pid}-"
-    return (
-        os.path.dirname(target) == parent
-        and name.startswith(prefix)
-        and isinstance(record.get("new"), list)
-    )
