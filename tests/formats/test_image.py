@@ -13,7 +13,13 @@ import pytest
 from PIL import Image, ImageOps
 
 from mnist2db.errors import ImageError
-from mnist2db.formats.image import decode_image, encode_image, image_format, read_image, to_chw
+from mnist2db.formats.image import (
+    decode_image,
+    encode_image,
+    image_format,
+    read_image,
+    to_chw,
+)
 
 IMAGES = os.path.join(os.path.dirname(__file__), os.pardir, "data", "imageset", "images")
 
@@ -166,6 +172,9 @@ def test_to_chw() -> None:
     image = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
     assert to_chw(image)[1].tolist() == image[:, :, 1].tolist()
     assert to_chw(image[:, :, 0]).shape == (1, 2, 3)
+    flipped = image[:, ::-1, 0]  # not contiguous: the record joins to_chw's buffer as it is
+    assert to_chw(flipped).flags.c_contiguous
+    assert bytes(to_chw(flipped)) == flipped.tobytes()
 
 
 def test_png_is_written_as_opencv_writes_it() -> None:

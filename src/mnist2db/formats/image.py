@@ -411,7 +411,7 @@ def to_chw(image: np.ndarray) -> np.ndarray:
     import numpy as np
 
     if image.ndim == 2:
-        return image[None]
+        return np.ascontiguousarray(image)[None]
     return np.ascontiguousarray(image.transpose(2, 0, 1))
 
 

@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING
 
 from mnist2db.errors import printable
 from mnist2db.formats.datum import datum_prefix
-from mnist2db.formats.image import decode_image, encode_image, png_planes, read_image, to_chw
+from mnist2db.formats.image import (
+    decode_image,
+    encode_image,
+    png_planes,
+    read_image,
+    to_chw,
+)
 from mnist2db.formats.image_input import check_fits_a_record, read_image_file
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.formats.protowire import encode_varint
@@ -63,11 +69,11 @@ def image_record(
     image = decode_image(contents, color=color, where=os.fsdecode(filename))
     if resize is not None:
         image = resize_linear(image, resize[0], resize[1])
-    pixels = to_chw(image)
-    shape = (int(pixels.shape[0]), int(pixels.shape[1]), int(pixels.shape[2]))
-    if encoding is None:
-        data = pixels.tobytes()
-        return datum_prefix(*shape, len(data)) + data + label + b"\x38\x00", shape
+    height, width = int(image.shape[0]), int(image.shape[1])
+    shape = (1 if image.ndim == 2 else int(image.shape[2]), height, width)
+    if encoding is None:  # one copy of the pixels, into the record
+        prefix = datum_prefix(*shape, shape[0] * height * width)
+        return b"".join((prefix, to_chw(image).data, label, b"\x38\x00")), shape
     if resize is None and matches_ext(filename, encoding):
         data = contents
     else:

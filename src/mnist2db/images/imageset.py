@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
 #: Bytes of records per transaction at most (a batch also stops at ``batch_size`` records):
 #: LMDB holds a transaction's dirty pages in memory until it commits.
-BATCH_BYTES = 32 << 20
+BATCH_BYTES = 16 << 20
 
 #: A source of entries: called once per pass (the list is read twice: checked, then written).
 Entries = Callable[[], Iterable[ListEntry]]

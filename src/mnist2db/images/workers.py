@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import struct
 import sys
 import time
 import warnings
@@ -46,11 +47,15 @@ AHEAD = 8
 #: Bytes of results a worker gathers into one message (one image may exceed it alone).
 MESSAGE_BYTES = 1 << 18
 #: Bytes of results held by the parent while an earlier entry is still being decoded.
-WINDOW_BYTES = 32 << 20
+WINDOW_BYTES = 16 << 20
 #: Seconds one image may take before its worker is taken for hung and killed.
 DEFAULT_TIMEOUT = 60.0
 
 _PR_SET_PDEATHSIG = 1
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt
+_HEAP_KEPT = 16 << 20
+_HEAD = struct.Struct("<I")  # a message's pickle's size
+_LENGTH, _LONG_LENGTH = struct.Struct("!i"), struct.Struct("!Q")  # Connection's framing
 _PIPE_BYTES = 1 << 20
 
 
@@ -76,9 +81,74 @@ def _shown(root: bytes, entry: ListEntry) -> str:
 
 
 def _size(result: Any) -> int:
-    if isinstance(result, tuple) and result and isinstance(result[0], bytes):
+    if isinstance(result, tuple) and result and isinstance(result[0], (bytes, memoryview)):
         return len(result[0])
     return int(getattr(result, "nbytes", 0)) or len(str(result))
+
+
+def _pack(results: list[Any]) -> bytes:
+    """One message of results. A result ``(bytes, ...)`` (a record) travels as its bytes
+    alone, after a pickle of everything else: no pickling of the records, and the parent
+    takes them as views of the message, without a copy."""
+    sizes: list[int] = []
+    rest: list[Any] = []
+    blobs: list[bytes] = []
+    for result in results:
+        if isinstance(result, tuple) and result and isinstance(result[0], bytes):
+            sizes.append(len(result[0]))
+            rest.append(result[1:])
+            blobs.append(result[0])
+        else:
+            sizes.append(-1)
+            rest.append(result)
+    head = pickle.dumps((sizes, rest), protocol=pickle.HIGHEST_PROTOCOL)
+    return b"".join((_HEAD.pack(len(head)), head, *blobs))
+
+
+def _receive(conn: Connection) -> bytes | bytearray:
+    """One message ``conn.send_bytes`` sent, read straight into one buffer (Connection's own
+    reader copies each chunk twice more).
+
+    Raises:
+        EOFError: the other end closed (or died) before the message was whole.
+    """
+    fd = conn.fileno()
+    size = _LENGTH.unpack(_read_into(fd, bytearray(_LENGTH.size)))[0]
+    if size == -1:  # over 2 GiB: an 8-byte length follows
+        size = _LONG_LENGTH.unpack(_read_into(fd, bytearray(_LONG_LENGTH.size)))[0]
+    first = os.read(fd, size)  # the whole message, mostly: one copy, no zeroed buffer
+    if len(first) == size:
+        return first
+    if not first:
+        raise EOFError
+    buffer = bytearray(size)
+    buffer[: len(first)] = first
+    return _read_into(fd, buffer, len(first))
+
+
+def _read_into(fd: int, buffer: bytearray, at: int = 0) -> bytearray:
+    view = memoryview(buffer)
+    while at < len(buffer):
+        got = os.readv(fd, [view[at:]])
+        if not got:
+            raise EOFError
+        at += got
+    return buffer
+
+
+def _unpack(message: bytes | bytearray) -> list[Any]:
+    """:func:`_pack`'s results, each record's bytes a ``memoryview`` of ``message``."""
+    view = memoryview(message)
+    at = _HEAD.size + _HEAD.unpack_from(view)[0]
+    sizes, rest = pickle.loads(view[_HEAD.size : at])
+    results: list[Any] = []
+    for size, other in zip(sizes, rest, strict=True):
+        if size < 0:
+            results.append(other)
+        else:
+            results.append((view[at : at + size], *other))
+            at += size
+    return results
 
 
 def _serve(
@@ -92,6 +162,7 @@ def _serve(
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:
         return  # the parent died before the death signal was asked for
+    _keep_the_heap()
     while True:
         try:
             task = tasks.recv()
@@ -105,10 +176,20 @@ def _serve(
             results.append(attempt(work, root, entry))
             size += _size(results[-1])
             if size >= MESSAGE_BYTES:
-                conn.send(results)
+                conn.send_bytes(_pack(results))
                 results, size = [], 0
         if results:
-            conn.send(results)
+            conn.send_bytes(_pack(results))
+
+
+def _keep_the_heap() -> None:
+    """Let a worker's allocator keep up to :data:`_HEAP_KEPT` of freed memory, for the next
+    image, instead of giving every buffer back to the kernel and faulting it in again (glibc
+    maps each allocation over 128 KiB on its own: a photo's pixels, its record, a message)."""
+    with contextlib.suppress(OSError, AttributeError):
+        mallopt = ctypes.CDLL(None).mallopt
+        mallopt(_M_MMAP_THRESHOLD, _HEAP_KEPT)
+        mallopt(_M_TRIM_THRESHOLD, _HEAP_KEPT)
 
 
 class _Worker:
@@ -320,7 +401,7 @@ def _run(
         """One message of ``worker``'s results into ``ready``; False at its end of file."""
         nonlocal held
         try:
-            results = pickle.loads(worker.conn.recv_bytes())
+            results = _unpack(_receive(worker.conn))
         except (EOFError, OSError):
             return False
         worker.since = time.monotonic()
