@@ -3,7 +3,8 @@ databases; os_helpers.py: mounts and processes)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,19 @@ def _separate_stderr_on_click_8_1() -> None:
 
 
 _separate_stderr_on_click_8_1()
+
+
+@pytest.fixture(autouse=True)
+def _the_working_directory_comes_back() -> Iterator[None]:
+    """A test that changes directory (os.chdir, not monkeypatch.chdir) would leave the rest
+    of the run in its tmp_path, which is removed when it passes: every later relative path
+    would fail. It fails instead, and the directory is put back."""
+    before = os.getcwd()
+    yield
+    after = os.getcwd() if os.path.isdir(".") else None
+    if after != before:
+        os.chdir(before)
+        pytest.fail(f"the test left the working directory in {after} (use monkeypatch.chdir)")
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ int32, else 0 (:func:`mnist2db.formats.label_table.first_label`).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -231,6 +231,69 @@ class PairCheck(NamedTuple):
     width: int
 
 
+def iter_pairs(
+    images: str,
+    labels: str,
+    image_records: Iterable[tuple[bytes, Any]],
+    label_records: Iterable[tuple[bytes, bytes]],
+    *,
+    start: int = 0,
+    counts: tuple[int, int] | None = None,
+) -> Iterator[tuple[bytes, Any, np.ndarray]]:
+    """``(key, image value, targets)`` of an image database and its label database read in
+    step (``image_records`` and ``label_records`` in key order, from record ``start``): the
+    pair check of :func:`verify_label_db`, for any reader of both in one pass.
+
+    ``counts``: the two databases' record counts, compared before the first pair (so that
+    a pair of other lengths is refused before any work).
+
+    Raises:
+        VerifyError: naming the first key that breaks the pair: a record missing on either
+            side, another key at a position, a label record of another width than the first.
+        DatumError: a label record is not one.
+    """
+    from itertools import zip_longest
+
+    from mnist2db.errors import VerifyError
+    from mnist2db.formats.datum import key_text
+    from mnist2db.formats.target_datum import decode_targets
+
+    if counts is not None and counts[0] != counts[1]:
+        raise VerifyError(
+            f"{labels}: {counts[1]} label records for the {counts[0]} records of {images}: "
+            "not its label database"
+        )
+    count = start
+    width: int | None = None
+    for image, label in zip_longest(image_records, label_records):
+        if label is None:
+            raise VerifyError(
+                f"{labels}: no label record for the image key {key_text(bytes(image[0]))} "
+                f"(record {count}: it holds fewer records than {images})"
+            )
+        key, value = bytes(label[0]), bytes(label[1])
+        if image is None:
+            raise VerifyError(
+                f"{labels}: key {key_text(key)} (record {count}) has no image record in "
+                f"{images} (it holds more records)"
+            )
+        if bytes(image[0]) != key:
+            raise VerifyError(
+                f"{labels}: key {key_text(key)} at record {count}, where {images} holds "
+                f"{key_text(bytes(image[0]))}"
+            )
+        targets = decode_targets(value, f"{labels}: key {key_text(key)}", width)
+        if width is None:
+            width = len(targets)
+        elif len(targets) != width:
+            raise VerifyError(
+                f"{labels}: key {key_text(key)} holds {len(targets)} values, the first "
+                f"record {width}"
+            )
+        count += 1
+        yield key, image[1], targets
+
+
 def verify_label_db(
     db: str | os.PathLike[str],
     label_db: str | os.PathLike[str],
@@ -244,47 +307,19 @@ def verify_label_db(
         VerifyError: naming the first key that breaks it.
         BackendError: either is not a database.
     """
-    from itertools import zip_longest
-
-    from mnist2db.errors import VerifyError
-    from mnist2db.formats.datum import key_text
-    from mnist2db.formats.target_datum import decode_targets
     from mnist2db.progress import reporting
 
     report = reporting(progress)
     images, labels = os.fsdecode(db), os.fsdecode(label_db)
     count = 0
-    width: int | None = None
+    width = 0
     with open_reader(images) as image_reader, open_reader(labels) as label_reader:
         total = len(image_reader)
-        pairs = zip_longest(image_reader.iter_keys(), label_reader)
-        for image_key, label in pairs:
-            if label is None:
-                raise VerifyError(
-                    f"{labels}: no label record for the image key {key_text(bytes(image_key))} "
-                    f"(record {count}: it holds fewer records than {images})"
-                )
-            key, value = bytes(label[0]), bytes(label[1])
-            if image_key is None:
-                raise VerifyError(
-                    f"{labels}: key {key_text(key)} (record {count}) has no image record in "
-                    f"{images} (it holds more records)"
-                )
-            if bytes(image_key) != key:
-                raise VerifyError(
-                    f"{labels}: key {key_text(key)} at record {count}, where {images} holds "
-                    f"{key_text(bytes(image_key))}"
-                )
-            targets = decode_targets(value, f"{labels}: key {key_text(key)}", width)
-            if width is None:
-                width = len(targets)
-            elif len(targets) != width:
-                raise VerifyError(
-                    f"{labels}: key {key_text(key)} holds {len(targets)} values, the first "
-                    f"record {width}"
-                )
+        keys = ((key, None) for key in image_reader.iter_keys())
+        for _, _, targets in iter_pairs(images, labels, keys, label_reader):
+            width = len(targets)
             count += 1
             if count % 1000 == 0:
                 report(count, total)
     report(count, count)
-    return PairCheck(count, width or 0)
+    return PairCheck(count, width)

@@ -8,10 +8,10 @@ Recorded with ``caffe test -model tests/data/labels/check_pair.prototxt -iterati
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 from PIL import Image
 
@@ -34,10 +34,10 @@ def build(root: Path) -> None:
     (root / "values.txt").write_text("".join(lines))
 
 
-def test_the_pair_reads_as_caffe_read_it(tmp_path: Path) -> None:
+def test_the_pair_reads_as_caffe_read_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     record = json.loads(RECORD.read_text())
     build(tmp_path)
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)
     args = ["imageset", "--list", "values.txt", "--values", "3", "--gray", "--shuffle",
             "--seed", "11", "photos/", "db"]  # fmt: skip
     result = CliRunner().invoke(cli, args)

@@ -67,6 +67,20 @@ def test_fashion_class_folders_come_back_as_their_idx(tmp_path: Path) -> None:
     assert (tmp_path / "again-images-idx3-ubyte").read_bytes() == out_images
 
 
+def test_skipped_names_holding_a_newline_or_an_escape_stay_on_their_line(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    for name in ("cat", "dog"):
+        (root / name).mkdir(parents=True)
+        Image.new("L", (4, 3), 7).save(root / name / "a.png")
+    (root / "cat" / ".two\nlines").write_bytes(b"")
+    (root / ".\x1b[31mred").mkdir()
+    result = run("imageset", root, tmp_path / "out")
+    assert result.exit_code == 0, result.stderr
+    line = next(x for x in result.stderr.splitlines() if x.startswith("skipped 2 hidden"))
+    assert line == "skipped 2 hidden folders and files: .\\x1b[31mred, cat/.two\\x0alines"
+    assert "2 classes: cat, dog" in result.stderr.splitlines()
+
+
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
     root = tmp_path / "tree"

@@ -41,7 +41,7 @@ def values_of(i: int) -> list[float]:
 
 
 @pytest.fixture
-def work(tmp_path: Path) -> Path:
+def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """photos/ with COUNT small images (``img N.png``: a space in each name), and
     values.txt listing them with three values each (the first a whole number)."""
     root = tmp_path / "photos"
@@ -52,7 +52,7 @@ def work(tmp_path: Path) -> Path:
         Image.fromarray(rng.integers(0, 256, (4, 3), dtype=np.uint8)).save(root / f"img {i}.png")
         lines.append(f"img {i}.png " + " ".join(repr(v) for v in values_of(i)))
     (tmp_path / "values.txt").write_text("\n".join(lines) + "\n")
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)
     return tmp_path
 
 

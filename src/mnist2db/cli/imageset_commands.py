@@ -13,6 +13,7 @@ from mnist2db.cli.options import (
     quiet_option,
     shuffle_options,
 )
+from mnist2db.errors import printable
 from mnist2db.records import seed_note
 
 
@@ -104,16 +105,22 @@ def imageset(
     for reason in skipped:
         echo(f"skipped: {reason}", err=True)
     if done.hidden:
-        shown = ", ".join(done.hidden[:5]) + (" …" if len(done.hidden) > 5 else "")
+        shown = _names(done.hidden, 5)
         echo(f"skipped {len(done.hidden)} hidden folders and files: {shown}", err=True)
     if done.repeated:
-        shown = ", ".join(done.repeated[:5]) + (" …" if len(done.repeated) > 5 else "")
+        shown = _names(done.repeated, 5)
         echo(f"skipped {len(done.repeated)} links to folders already walked: {shown}", err=True)
     if done.classes:
-        echo(f"{len(done.classes)} classes: {', '.join(done.classes[:10])}"
-             + (" …" if len(done.classes) > 10 else ""), err=True)  # fmt: skip
+        echo(f"{len(done.classes)} classes: {_names(done.classes, 10)}", err=True)
     if done.seed is not None:
         echo(seed_note(done.seed), err=True)
     echo(done.result.summary(), err=True)
     for path in done.extra:
         echo(f"Wrote {path}.", err=True)
+
+
+def _names(names: tuple[str, ...], most: int) -> str:
+    """The first ``most`` names, comma-separated, each on the line it is printed in (a
+    newline or an escape in a file name shown as ``\\x0a``, as in the library's messages)."""
+    shown = ", ".join(printable(name).replace("\n", "\\x0a") for name in names[:most])
+    return shown + (" …" if len(names) > most else "")
