@@ -28,7 +28,8 @@ from mnist2db.errors import (
     OutputError,
     printable,
 )
-from mnist2db.formats.datum import check_datum, decode_datum, key_text
+from mnist2db.exporting.samples import read_record
+from mnist2db.formats.datum import key_text
 from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
 from mnist2db.formats.png import datum_encoding
 from mnist2db.formats.png_codec import decoded_datum
@@ -60,14 +61,7 @@ class ExportResult:
 
 def _decode_record(db_path: str, key: bytes, value: bytes) -> Any:
     """A record as a raw Datum: parsed, checked, an encoded image decoded."""
-    where = f"{db_path}: key {key_text(key)}"
-    try:
-        datum = decode_datum(value)
-        check_datum(datum, where)
-    except DatumError as exc:
-        text = str(exc)
-        raise DatumError(text if text.startswith(where) else f"{where}: {text}") from None
-    return decoded_datum(datum, where)
+    return decoded_datum(read_record(db_path, key, value), f"{db_path}: key {key_text(key)}")
 
 
 def default_prefix(db: str | os.PathLike[str]) -> str:

@@ -13,6 +13,7 @@ from mnist2db.cli.options import (
     Path,
     db_argument,
     label_column_option,
+    label_db_option,
     optional_sources_arguments,
     overwrite_option,
     quiet_option,
@@ -193,9 +194,10 @@ def info(path: str) -> None:
 @click.command()
 @db_argument
 @optional_sources_arguments
-@click.option("--label-db", type=Path(file_okay=False, path_type=str), default=None,
-              help="Check that this is DB's label database (DB_labels): the same keys in the "
-                   "same order, one label record of one width each.")  # fmt: skip
+@label_db_option(
+    "Check that this is DB's label database (DB_labels): the same keys in the same order, "
+    "one label record of one width each."
+)
 @click.option(
     "--isolated",
     is_flag=True,
@@ -296,22 +298,17 @@ def verify(
     is_flag=True,
     help="--to webdataset: finish a killed export, after the shards its manifest lists.",
 )
+@label_db_option(
+    "--to files and webdataset: DB's label database (DB_labels: float targets under DB's "
+    "keys, checked to be its pair), written to OUT/targets.csv (files) or each sample's "
+    "KEY.json (webdataset)."
+)
 @overwrite_option(
     "existing files of the same names (idx), or an earlier export (files, webdataset)"
 )
 @quiet_option
-def export(
-    db: str,
-    out_dir: str,
-    to: str,
-    prefix: str | None,
-    classes: str | None,
-    shard_size: int | None,
-    shard_bytes: int | None,
-    resume: bool,
-    overwrite: bool,
-    quiet: bool,
-) -> None:
+def export(db: str, out_dir: str, to: str, prefix: str | None, quiet: bool,
+           **options: Any) -> None:  # fmt: skip
     """Write database DB back out: as IDX image and label files (--to idx, into directory
     OUT), or as image files and a Caffe list (--to files, directory OUT).
 
@@ -340,20 +337,27 @@ def export(
     """
     if to != "idx" and prefix is not None:
         raise click.UsageError("--prefix names IDX files: it is for --to idx")
-    if to == "idx" and classes is not None:
-        raise click.UsageError("--classes is for --to files and --to webdataset")
-    shard_options = {"--shard-size": shard_size, "--shard-bytes": shard_bytes, "--resume": resume}
-    for name, value in shard_options.items():
-        if to != "webdataset" and value:
-            raise click.UsageError(f"{name} is for --to webdataset")
+    for name in ("classes", "label_db"):
+        if to == "idx" and options[name] is not None:
+            option = "--" + name.replace("_", "-")
+            raise click.UsageError(f"{option} is for --to files and --to webdataset")
+    shard_options = ("shard_size", "shard_bytes", "resume")
+    for name in shard_options:
+        if to != "webdataset" and options[name]:
+            raise click.UsageError(f"--{name.replace('_', '-')} is for --to webdataset")
+    if options["shard_size"] is None:
+        del options["shard_size"]  # the library's default
     if to == "files":
-        _export_files(db, out_dir, classes, overwrite, quiet)
+        for name in shard_options:
+            options.pop(name, None)
+        _export_files(db, out_dir, quiet, options)
         return
     if to == "webdataset":
-        _export_shards(db, out_dir, classes, shard_size, shard_bytes, resume, overwrite, quiet)
+        _export_shards(db, out_dir, quiet, options)
         return
     with library_errors(), progress_reporter("Exporting", quiet) as progress:
-        result = export_db(db, out_dir, prefix=prefix, overwrite=overwrite, progress=progress)
+        result = export_db(db, out_dir, prefix=prefix, overwrite=options["overwrite"],
+                           progress=progress)  # fmt: skip
     if not quiet:
         echo(
             f"Wrote {result.images} and {result.labels} ({result.count} items, "
@@ -364,11 +368,11 @@ def export(
             echo(f"  {note}", err=True)
 
 
-def _export_files(db: str, out: str, classes: str | None, overwrite: bool, quiet: bool) -> None:
+def _export_files(db: str, out: str, quiet: bool, options: dict[str, Any]) -> None:
     from mnist2db.exporting.folder import export_files
 
     with library_errors(), progress_reporter("Exporting", quiet) as progress:
-        result = export_files(db, out, classes=classes, overwrite=overwrite, progress=progress)
+        result = export_files(db, out, **options, progress=progress)
     if quiet:
         return
     echo(
@@ -385,25 +389,15 @@ def _export_files(db: str, out: str, classes: str | None, overwrite: bool, quiet
              + "; ".join(result.examples), err=True)  # fmt: skip
     if result.classes:
         echo(f"  {len(result.classes)} class names in classes.txt", err=True)
+    if result.targets:
+        echo(f"  {result.targets} target values a record in targets.csv", err=True)
 
 
-def _export_shards(
-    db: str,
-    out: str,
-    classes: str | None,
-    shard_size: int | None,
-    shard_bytes: int | None,
-    resume: bool,
-    overwrite: bool,
-    quiet: bool,
-) -> None:
-    from mnist2db.exporting.shards import DEFAULT_SHARD_SIZE, export_webdataset
+def _export_shards(db: str, out: str, quiet: bool, options: dict[str, Any]) -> None:
+    from mnist2db.exporting.shards import export_webdataset
 
     with library_errors(), progress_reporter("Exporting", quiet) as progress:
-        result = export_webdataset(
-            db, out, shard_size=shard_size or DEFAULT_SHARD_SIZE, shard_bytes=shard_bytes,
-            classes=classes, overwrite=overwrite, resume=resume, progress=progress,
-        )  # fmt: skip
+        result = export_webdataset(db, out, **options, progress=progress)
     if quiet:
         return
     shards = len(result.shards)
@@ -416,3 +410,5 @@ def _export_shards(
         echo(f"  {result.resumed} records were in the shards of the killed export", err=True)
     if result.mapped:
         echo(f"  {result.mapped} keys are not sample names: mapped, the key in KEY.json", err=True)
+    if result.targets:
+        echo(f"  {result.targets} target values a record in each KEY.json", err=True)

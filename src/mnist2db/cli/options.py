@@ -101,6 +101,14 @@ def seed_option(help_text: str) -> Decorator:
     return click.option("--seed", type=click.IntRange(0, 2**64 - 1), default=None, help=help_text)
 
 
+def label_db_option(help_text: str) -> Decorator:
+    """``--label-db LABEL_DB``: the label database beside DB (``DB_labels``, float targets under
+    DB's keys: :mod:`mnist2db.label_databases`)."""
+    return click.option(
+        "--label-db", type=Path(file_okay=False, path_type=str), default=None, help=help_text
+    )
+
+
 def dataset_option(help_text: str) -> Decorator:
     return click.option(
         "--dataset",

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mnist2db.errors import OutputError
@@ -38,6 +39,7 @@ from mnist2db.exporting.samples import (
     file_stem,
     iter_samples,
 )
+from mnist2db.exporting.targets import TargetStream, column_names, csv_field, value_texts
 from mnist2db.exporting.tree import MARKER, MARKER_FORMAT, staged_tree
 from mnist2db.formats.datum import key_text
 from mnist2db.progress import Progress, reporting
@@ -46,11 +48,9 @@ from mnist2db.storage.readers import shared_reader
 LIST_NAME = "list.txt"
 CLASSES_NAME = "classes.txt"
 RENAMED_NAME = "renamed.tsv"
-#: Float targets beside the list (the label databases of issue 28), when a database has them:
-#: reserved now; not written yet (the label database had not landed). The hook: read the
-#: label database beside ``db`` in step with the records and write ``path,target_0,...``
-#: rows here (a header first), and the same values in each sample's ``KEY.json``
-#: (:func:`mnist2db.exporting.shards.sample_members`).
+#: Float targets beside the list (``label_db``: a label database, :mod:`mnist2db.label_databases`):
+#: a header ``path,v0,...`` and a row a record, in the list's order
+#: (:mod:`mnist2db.exporting.targets`).
 TARGETS_NAME = "targets.csv"
 #: What a list line names for a line ``convert_imageset`` skipped (a gap in its keys' numbers:
 #: an image it could not read): a path that is never written, so that it skips it again and
@@ -71,7 +71,8 @@ class FilesResult:
     their ``convert_imageset`` key names, ``named`` at ``LABEL/KEY.EXT``, ``mapped`` under a
     safe name (listed in ``renamed.tsv``), ``shared`` sharing an equal file of the same
     path; ``encoded`` stored bytes as they are, ``raw`` written as PNG; ``files`` and
-    ``bytes`` on disk; ``classes`` the class names written (none: not known)."""
+    ``bytes`` on disk; ``classes`` the class names written (none: not known); ``targets``
+    the values a record in ``targets.csv``."""
 
     out: str
     count: int
@@ -85,6 +86,8 @@ class FilesResult:
     bytes: int
     classes: tuple[str, ...]
     examples: tuple[str, ...]
+    #: Values a record in ``targets.csv`` (0: no ``label_db``).
+    targets: int = 0
 
 
 class _Tree:
@@ -185,6 +188,7 @@ def export_files(
     out: str | os.PathLike[str],
     *,
     classes: str | os.PathLike[str] | None = None,
+    label_db: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> FilesResult:
@@ -192,28 +196,40 @@ def export_files(
 
     One pass in key order, a batch of records in memory at a time. ``classes``: a file of
     class names, one a line in label order (default: ``DB.classes.txt`` beside ``db`` when
-    it exists).
+    it exists). ``label_db``: ``db``'s label database, read in the same pass (checked to be
+    its pair, as ``verify --label-db`` checks), its targets written to ``out/targets.csv``.
 
     Raises:
         OutputExistsError: ``out`` exists (without ``overwrite``, or is not an export's), or
             is, holds or lies inside the database.
         DatumError: a record is not a Datum, or is raw with other than 1 or 3 channels.
+        VerifyError: ``label_db`` is not ``db``'s label database (naming the first key that
+            breaks the pair; the counts before any work).
         OutputError: a file cannot be written (a full disk: nothing is left under ``out``).
         BackendError: ``db`` is not a database.
     """
     progress = reporting(progress)
     db_path = os.fsdecode(db)
     out_path = os.fsdecode(out)
+    labels_path = os.fsdecode(label_db) if label_db is not None else None
     names, classes_path = class_names(db_path, classes)
-    inputs = [db_path] + ([classes_path] if classes_path else [])
+    inputs = [db_path] + [p for p in (classes_path, labels_path) if p]
     counts = dict.fromkeys(("restored", "shared", "named", "mapped", "encoded", "raw"), 0)
     examples: list[str] = []
-    with shared_reader(db_path) as reader:
+    with contextlib.ExitStack() as stack:
+        reader = stack.enter_context(shared_reader(db_path))
         total = len(reader)
+        records: Iterable[tuple[bytes, bytes]] = reader
+        targets = None
+        if labels_path is not None:
+            label_reader = stack.enter_context(shared_reader(labels_path))
+            targets = TargetStream(db_path, labels_path, reader, label_reader)
+            records = targets.records(reader, label_reader)
         with staged_tree(out_path, inputs, overwrite) as staging:
             tree = _Tree(staging)
             try:
-                count = _write_tree(reader, db_path, tree, counts, examples, total, progress)
+                count = _write_tree(records, db_path, tree, counts, examples, total, progress,
+                                    targets)  # fmt: skip
                 if names:
                     text = "".join(f"{name}\n" for name in names).encode("utf-8")
                     _write_file(os.path.join(staging, CLASSES_NAME), text, tree)
@@ -222,6 +238,7 @@ def export_files(
                     "version": 1,
                     "to": "files",
                     "source": db_path,
+                    **({"label_db": labels_path} if labels_path is not None else {}),
                     "records": count,
                     **counts,
                     "files": tree.files,
@@ -239,6 +256,7 @@ def export_files(
     return FilesResult(
         out_path, count, counts["restored"], counts["named"], counts["mapped"], counts["shared"],
         counts["encoded"], counts["raw"], tree.files, tree.bytes, names, tuple(examples),
+        targets.width if targets is not None else 0,
     )  # fmt: skip
 
 
@@ -250,23 +268,31 @@ def _write_file(path: str, data: bytes, tree: _Tree) -> None:
 
 
 def _write_tree(
-    reader: object,
+    records: Iterable[tuple[bytes, bytes]],
     db_path: str,
     tree: _Tree,
     counts: dict[str, int],
     examples: list[str],
     total: int,
     progress: Progress,
+    targets: TargetStream | None = None,
 ) -> int:
-    """Every record's file and its list line; returns the count."""
+    """Every record's file and its list line (and its targets' row); returns the count."""
     listing = open(os.path.join(tree.root, LIST_NAME), "wb", buffering=1 << 20)  # noqa: SIM115
     renamed = None
+    table = None
+    if targets is not None:
+        table = open(os.path.join(tree.root, TARGETS_NAME), "wb", buffering=1 << 20)  # noqa: SIM115
+        head = ",".join(["path", *column_names(targets.width)]).encode() + b"\n"
+        table.write(head)
+        tree.files += 1
+        tree.bytes += len(head)
     count = 0
     list_bytes = 0
     line_number = 0  # the list's next line: convert_imageset numbers its keys by line
     fillers = 0
     try:
-        for sample in iter_samples(db_path, reader):  # type: ignore[arg-type]
+        for sample in iter_samples(db_path, records):
             number = _caffe_number(sample.key)
             if number is not None and line_number < number <= line_number + SKIPPED_LIMIT - fillers:
                 gap = b"".join(
@@ -283,6 +309,10 @@ def _write_tree(
             line = f"{path} {sample.label}\n".encode()
             listing.write(line)
             list_bytes += len(line)
+            if table is not None and targets is not None:
+                row = ",".join([csv_field(path), *value_texts(targets.take())]).encode() + b"\n"
+                table.write(row)
+                tree.bytes += len(row)
             if how == "mapped":
                 if renamed is None:
                     renamed = open(os.path.join(tree.root, RENAMED_NAME), "wb")  # noqa: SIM115
@@ -298,13 +328,16 @@ def _write_tree(
             if count % _PROGRESS_EVERY == 0:
                 progress(count, total)
         listing.close()
+        if table is not None:
+            table.close()
     except OSError as exc:
         # A buffered write names no file: the list's (the image files name theirs).
         raise OSError(exc.errno, exc.strerror, exc.filename or listing.name) from None
     finally:
-        if not listing.closed:
-            with contextlib.suppress(OSError):
-                listing.close()
+        for stream in (listing, table):
+            if stream is not None and not stream.closed:
+                with contextlib.suppress(OSError):
+                    stream.close()
         if renamed is not None:
             renamed.close()
     tree.files += 1

@@ -124,7 +124,12 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
-def _decode(db_path: str, key: bytes, value: bytes) -> Any:
+def read_record(db_path: str, key: bytes, value: bytes) -> Any:
+    """The Datum of one record, parsed and checked; a bad one refused naming the key.
+
+    Raises:
+        DatumError: ``db_path: key KEY: what is wrong``.
+    """
     where = f"{db_path}: key {key_text(key)}"
     try:
         datum = decode_datum(value)
@@ -188,7 +193,7 @@ def iter_samples(db_path: str, records: Iterable[tuple[bytes, bytes]]) -> Iterat
         key, value = bytes(key), bytes(value)
         raw = layout.read(key, value) if layout is not None else None
         if raw is None:
-            datum = _decode(db_path, key, value)
+            datum = read_record(db_path, key, value)
             if datum.encoded:
                 if batch:
                     yield from _raw_samples(batch)

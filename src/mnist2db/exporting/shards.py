@@ -6,7 +6,8 @@ the sample ``KEY.EXT`` (its file's bytes, as ``export --to files`` writes them:
 :mod:`mnist2db.exporting.samples`) and ``KEY.cls`` (the label, in decimal), plus
 ``KEY.json`` when there is more to say: the source key, when ``KEY`` is not the key itself
 (a loader cuts a member's name at its first dot, so a key that is not plain is mapped,
-:func:`~mnist2db.exporting.samples.sample_key`). Members are plain USTAR entries (mode 0644,
+:func:`~mnist2db.exporting.samples.sample_key`), and the targets of a label database
+(``label_db``: every sample then has one, :mod:`mnist2db.exporting.targets`). Members are plain USTAR entries (mode 0644,
 time 0, owner 0), so a shard's bytes depend on the records alone.
 
 ``OUT.shards.json`` lists every shard (name, records, bytes, SHA-256, first and last key)
@@ -30,8 +31,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from mnist2db.errors import ArgumentError, OutputError, OutputExistsError
 from mnist2db.exporting.samples import Sample, class_names, iter_samples, key_fields, sample_key
+from mnist2db.exporting.targets import TargetStream, column_names, sample_json
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.file_placement import check_file_target
 from mnist2db.storage.files import (
@@ -76,6 +80,8 @@ class ShardsResult:
     mapped: int
     bytes: int
     classes: tuple[str, ...]
+    #: Values a record in each ``KEY.json`` (0: no ``label_db``).
+    targets: int = 0
 
 
 def _ustar_template() -> tuple[bytes, int]:
@@ -104,14 +110,17 @@ def _member(name: str, data: bytes) -> list[bytes]:
     return [header, data, b"\0" * (-len(data) % _BLOCK)]
 
 
-def sample_members(sample: Sample, name: str, mapped: bool) -> list[bytes]:
+def sample_members(
+    sample: Sample, name: str, mapped: bool, targets: np.ndarray | None = None
+) -> list[bytes]:
     """The tar members of one sample, as pieces to write: ``NAME.EXT``, ``NAME.cls``, and
-    ``NAME.json`` when the name is not the key."""
+    ``NAME.json`` when the name is not the key or there are ``targets`` (the source key, the
+    label, the targets: :func:`~mnist2db.exporting.targets.sample_json`)."""
     parts = _member(f"{name}.{sample.ext}", sample.data)
     parts += _member(f"{name}.cls", b"%d" % sample.label)
-    if mapped:
-        text = json.dumps({**key_fields(sample.key), "label": sample.label}, ensure_ascii=False)
-        parts += _member(f"{name}.json", text.encode("utf-8"))
+    if mapped or targets is not None:
+        text = sample_json(key_fields(sample.key), sample.label, targets)
+        parts += _member(f"{name}.json", text)
     return parts
 
 
@@ -234,7 +243,8 @@ def _file_sha256(path: str) -> str:
 
 def _check_resumable(out: str, manifest: dict[str, Any], options: dict[str, Any]) -> None:
     """Refuse to resume from a manifest of other options, or whose shards changed."""
-    for name, value in options.items():
+    for name in [*options, *(["label_db"] if "label_db" not in options else [])]:
+        value = options.get(name)
         if manifest.get(name) != value:
             raise OutputExistsError(
                 f"{manifest_name(out)}: written with {name} {manifest.get(name)!r}, not "
@@ -256,7 +266,9 @@ def _check_resumable(out: str, manifest: dict[str, Any], options: dict[str, Any]
             )
 
 
-def _check_targets(out: str, db_path: str, overwrite: bool, resume: bool) -> dict[str, Any] | None:
+def _check_targets(
+    out: str, inputs: list[str], overwrite: bool, resume: bool
+) -> dict[str, Any] | None:
     """Every check before any work; returns the manifest found (None: no earlier export)."""
     if not out:
         raise ArgumentError("the output prefix is empty: name the shards' path prefix")
@@ -264,7 +276,7 @@ def _check_targets(out: str, db_path: str, overwrite: bool, resume: bool) -> dic
         raise ArgumentError(f"{out}: a path prefix of the shards (OUT-000000.tar), not a directory")
     manifest_path = manifest_name(out)
     for target in (manifest_path, shard_name(out, 0)):
-        check_file_target(target, True, [db_path], makes_parents=True)
+        check_file_target(target, True, inputs, makes_parents=True)
     manifest = _read_manifest(manifest_path)
     present = _existing_shards(out)
     if resume:
@@ -300,12 +312,15 @@ def export_webdataset(
     shard_size: int = DEFAULT_SHARD_SIZE,
     shard_bytes: int | None = None,
     classes: str | os.PathLike[str] | None = None,
+    label_db: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
     resume: bool = False,
     progress: Progress | None = None,
 ) -> ShardsResult:
     """Write every record of ``db`` to WebDataset shards ``OUT-000000.tar``, … and
-    ``OUT.shards.json`` (see the module's docstring).
+    ``OUT.shards.json`` (see the module's docstring). ``label_db``: ``db``'s label database,
+    read in the same pass (checked to be its pair, as ``verify --label-db`` checks), its
+    targets in each sample's ``KEY.json``.
 
     Raises:
         ArgumentError: ``shard_size`` or ``shard_bytes`` below 1, both ``overwrite`` and
@@ -314,6 +329,8 @@ def export_webdataset(
             with ``overwrite``: a shard no manifest lists), a shard would land on the
             database, or the export to resume was made otherwise or changed since.
         DatumError: a record is not a Datum, or is raw with other than 1 or 3 channels.
+        VerifyError: ``label_db`` is not ``db``'s label database (naming the first key that
+            breaks the pair; the counts before any shard).
         OutputError: a shard cannot be written (a full disk: no partial shard is left).
     """
     progress = reporting(progress)
@@ -323,13 +340,17 @@ def export_webdataset(
         raise ArgumentError("--shard-size and --shard-bytes are at least 1")
     if overwrite and resume:
         raise ArgumentError("--overwrite starts again, --resume goes on: choose one")
+    labels_path = os.fsdecode(label_db) if label_db is not None else None
     names, _ = class_names(db_path, classes)
-    found = _check_targets(out_path, db_path, overwrite, resume)
-    options = {
+    inputs = [db_path] + ([labels_path] if labels_path is not None else [])
+    found = _check_targets(out_path, inputs, overwrite, resume)
+    options: dict[str, Any] = {
         "source": os.path.abspath(db_path),
         "shard_size": shard_size,
         "shard_bytes": shard_bytes,
     }
+    if labels_path is not None:
+        options["label_db"] = os.path.abspath(labels_path)
     parent = os.path.dirname(out_path) or os.curdir
     try:
         made = make_parents(parent)
@@ -337,11 +358,17 @@ def export_webdataset(
         raise OutputError(f"{out_path}: cannot create its directory: {exc.strerror}") from None
     try:
         _remove_stale_temporaries(out_path)
-        with shared_reader(db_path) as reader:
+        with contextlib.ExitStack() as stack:
+            reader = stack.enter_context(shared_reader(db_path))
+            pair = None
+            if labels_path is not None:
+                label_reader = stack.enter_context(shared_reader(labels_path))
+                pair = (TargetStream(db_path, labels_path, reader, label_reader), label_reader)
             if resume and found is not None:
                 _check_resumable(out_path, found, options)
             return _write_shards(reader, db_path, out_path, found if resume else None,
-                                 sorted(_listed(out_path, found)), options, names, progress)  # fmt: skip
+                                 sorted(_listed(out_path, found)), options, names, progress,
+                                 pair)  # fmt: skip
     except OSError as exc:
         remove_made(made)
         raise OutputError(
@@ -367,6 +394,7 @@ def _write_shards(
     options: dict[str, Any],
     names: tuple[str, ...],
     progress: Progress,
+    pair: tuple[TargetStream, DbReader] | None = None,
 ) -> ShardsResult:
     total = len(reader)
     shards: list[dict[str, Any]] = list(resumed["shards"]) if resumed else []
@@ -376,6 +404,7 @@ def _write_shards(
         **options,
         "records": total,
         "classes": list(names),
+        **({"targets": column_names(pair[0].width)} if pair is not None else {}),
         "complete": False,
         "shards": shards,
         "replacing": replacing,
@@ -387,9 +416,15 @@ def _write_shards(
     records: Iterator[tuple[bytes, bytes]]
     if shards:
         # The smallest key after the last one exported: the last key and a 0 byte.
-        records = reader.iter_from(bytes.fromhex(shards[-1]["last_key_hex"]) + b"\0")
+        after = bytes.fromhex(shards[-1]["last_key_hex"]) + b"\0"
+        records = reader.iter_from(after)
+        if pair is not None:
+            records = pair[0].records(records, pair[1].iter_from(after), start=before)
     else:
         records = iter(reader)
+        if pair is not None:
+            records = pair[0].records(records, pair[1])
+    targets = pair[0] if pair is not None else None
     count, mapped = before, 0
     shard: _Shard | None = None
     previous = ""
@@ -399,7 +434,8 @@ def _write_shards(
             if name == previous:  # a loader groups consecutive members by name
                 name, renamed = f"{name}_{count}", True
             previous = name
-            members = sample_members(sample, name, renamed)
+            members = sample_members(sample, name, renamed,
+                                     targets.take() if targets is not None else None)  # fmt: skip
             size = sum(len(piece) for piece in members)
             if shard is not None and (
                 shard.count >= options["shard_size"]
@@ -439,4 +475,5 @@ def _write_shards(
         mapped,
         sum(int(entry["bytes"]) for entry in shards),
         names,
+        targets.width if targets is not None else 0,
     )

@@ -32,7 +32,7 @@ from mnist2db.storage.files import (
     temp_prefix,
     umask,
 )
-from mnist2db.storage.targets import check_apart, check_parent, symlink_refusal
+from mnist2db.storage.targets import check_directory_target
 
 #: The file that marks a directory as an export's, and counts what it holds.
 MARKER = "export.json"
@@ -107,21 +107,9 @@ def check_out_dir(out: str, inputs: list[str], overwrite: bool) -> None:
     """
     if not out:
         raise ArgumentError("the output directory is empty: name a directory to create")
-    bare = out.rstrip(os.sep) or out
-    check_apart(bare, inputs, database=True)
-    check_parent(bare, makes_parents=True)
-    if not os.path.lexists(bare):
+    if not check_directory_target(out, overwrite, inputs):
         return
-    if os.path.islink(bare):
-        raise symlink_refusal(bare)
-    if not overwrite:
-        raise OutputExistsError(f"{out}: already exists (use --overwrite to replace it)")
-    here = os.path.realpath(os.curdir)
-    real = os.path.realpath(bare)
-    if here == real or here.startswith(real.rstrip(os.sep) + os.sep):
-        raise OutputExistsError(
-            f"{out}: is the current directory or holds it; refusing to replace it"
-        )
+    bare = out.rstrip(os.sep) or out
     if not os.path.isdir(bare):
         raise OutputExistsError(f"{out}: exists and is not a directory; refusing to replace it")
     reason = not_ours(bare)

@@ -261,22 +261,38 @@ def check_destination(
 ) -> None:
     if not out:
         raise ArgumentError("the destination path is empty: name a directory to create")
+    if check_directory_target(out, overwrite, inputs):
+        check_replaceable(out.rstrip(os.sep) or out, backend)
+
+
+def check_directory_target(
+    out: str, overwrite: bool, inputs: Iterable[str | os.PathLike[str]]
+) -> bool:
+    """The checks of every directory an output replaces as a whole (a database, an export's
+    tree): apart from the inputs, a parent to write in; when it exists, not a link,
+    ``overwrite`` given, not the current directory nor holding it. Returns whether it
+    exists (the caller then checks that it is of the kind it replaces).
+
+    Raises:
+        OutputExistsError: naming ``out`` and what forbids replacing it.
+    """
     # "db/" names what "db" names, but would follow a link and hide a file: check "db".
     bare = out.rstrip(os.sep) or out
     check_apart(bare, inputs, database=True)
     check_parent(bare, makes_parents=True)
-    if os.path.lexists(bare):
-        if os.path.islink(bare):
-            raise symlink_refusal(bare)
-        if not overwrite:
-            raise OutputExistsError(f"{out}: already exists (use --overwrite to replace it)")
-        here = os.path.realpath(os.curdir)
-        real = os.path.realpath(bare)
-        if here == real or here.startswith(real.rstrip(os.sep) + os.sep):
-            raise OutputExistsError(
-                f"{out}: is the current directory or holds it; refusing to replace it"
-            )
-        check_replaceable(bare, backend)
+    if not os.path.lexists(bare):
+        return False
+    if os.path.islink(bare):
+        raise symlink_refusal(bare)
+    if not overwrite:
+        raise OutputExistsError(f"{out}: already exists (use --overwrite to replace it)")
+    here = os.path.realpath(os.curdir)
+    real = os.path.realpath(bare)
+    if here == real or here.startswith(real.rstrip(os.sep) + os.sep):
+        raise OutputExistsError(
+            f"{out}: is the current directory or holds it; refusing to replace it"
+        )
+    return True
 
 
 #: The suffix of a label database's name: ``OUT`` and ``OUT_labels``
