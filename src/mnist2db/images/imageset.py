@@ -41,6 +41,7 @@ from mnist2db.images.resume import (
     EntryDigest,
     check_plan,
     committed,
+    find_staged_labels,
     find_staged_run,
     remove_plan,
     write_plan,
@@ -213,7 +214,8 @@ def write_imageset(
             (without ``resume``) removes.
         targets: the entries' targets: a label database (``OUT_labels``,
             :mod:`mnist2db.label_databases`) is written beside, under the same keys, and
-            the two are placed together; ``entries()`` must be ``targets.entries()``.
+            the two are placed together (and resumed together); ``entries()`` must be
+            ``targets.entries()``.
 
     Raises:
         Mnist2dbError: a refusal (see the module docstring), no image readable, or the
@@ -247,22 +249,25 @@ def write_imageset(
     plan = {"root": os.fsdecode(root_bytes), "list": where, "entries": digest.hexdigest(),
             "lines": total, "backend": backend, "gray": gray,
             "resize": list(resize) if resize else None, "encoded": encoded,
-            "encode_type": encode_type, "check_size": check_size, "seed": seed}  # fmt: skip
-    if resume and targets is not None:
-        raise ArgumentError(
-            "--resume continues an image database alone: a label database beside it is "
-            "written again from the start (leave out --resume)"
-        )
+            "encode_type": encode_type, "check_size": check_size, "seed": seed,
+            "width": None if targets is None else targets.width,
+            "targets": None if targets is None else targets.digest()}  # fmt: skip
     run = find_staged_run(out) if resume else None
     if resume and run is None:
         raise Mnist2dbError(
             f"{out}: --resume: no staged run of it to continue (a killed conversion leaves "
             f"{temp_prefix(os.path.basename(os.path.normpath(out)))}PID-… beside it)"
         )
-    done = Committed(0, -1, None)
+    done = labels_done = Committed(0, -1, None)
+    outs = [out] if targets is None else [out, labels_path(out)]
+    adopt: list[str | None] = [None if run is None else run.path, None]
     if run is not None:
         check_plan(out, run, plan)
         done = committed(run.path, backend)
+        if targets is not None:  # the label database the killed run began beside, if any
+            adopt[1] = find_staged_labels(out, outs[1], run.path)
+            if adopt[1] is not None:
+                labels_done = committed(adopt[1], backend)
     elif on_stale is not None:
         for stale in stale_staging(out):
             on_stale(stale)
@@ -287,14 +292,14 @@ def write_imageset(
             first = (entry, shape[1])
             state["shape"] = shape[1]
     todo = (entry for entry in entries() if entry.line > done.last_line)
-    outs = [out] if targets is None else [out, labels_path(out)]
     labels = None
     staged: Any = (
         staged_database(out, backend, overwrite=overwrite, inputs=list(inputs),
-                        adopt=None if run is None else run.path)
+                        adopt=adopt[0])
         if targets is None
-        # A label database beside: the two staged and placed together (not resumable).
-        else staged_databases(outs, backend, overwrite=overwrite, inputs=list(inputs))
+        # A label database beside: the two staged and placed together.
+        else staged_databases(outs, backend, overwrite=overwrite, inputs=list(inputs),
+                              adopt=adopt)
     )  # fmt: skip
     with (
         staged as staged_paths,
@@ -320,7 +325,10 @@ def write_imageset(
                 + "; nothing written"
             )
         if targets is not None:  # under the keys just written, whatever was skipped
-            labels = write_label_database(backend, staging, stagings[1], targets, outs[1])
+            labels = write_label_database(backend, staging, stagings[1], targets, outs[1],
+                                          batch_size=batch_size,
+                                          committed=labels_done.records,
+                                          last_key=labels_done.last_key)  # fmt: skip
         if metadata is not None:
             source = {**metadata.get("source", {}), "items": total}
             write_metadata(staging, {**metadata, "source": source, "records": state["count"]}, out)
