@@ -372,7 +372,6 @@ ONE_HOME_CONSTANTS = {
     (1 << 31) - 1: "mnist2db.formats.datum",
 }
 CONSTANTS_LEFT = {
-    ("mnist2db.formats.image", b"\x89PNG\r\n\x1a\n"): "the scale work's file",
     ("mnist2db.formats.image_input", (1 << 31) - 1): "a record's largest size: protobuf's",
 }
 
@@ -403,6 +402,7 @@ LAZY_IMPORTS = {
     "mnist2db.formats.png_codec": (3, "Pillow, for encoded records that are not PNG only"),
     "mnist2db.formats.image_input": (1, "Pillow, for a header the reader cannot size itself"),
     "mnist2db.formats.opencv": (1, "cv2: an optional extra"),
+    "mnist2db.formats.image_encode": (1, "Pillow, for --encoded jpg only"),
     "mnist2db.cli.data_commands": (2, "the export command's modules (export's file)"),
 }
 

@@ -15,11 +15,11 @@ from PIL import Image, ImageOps
 from mnist2db.errors import ImageError
 from mnist2db.formats.image import (
     decode_image,
-    encode_image,
     image_format,
     read_image,
     to_chw,
 )
+from mnist2db.formats.image_encode import encode_image
 
 IMAGES = os.path.join(os.path.dirname(__file__), os.pardir, "data", "imageset", "images")
 

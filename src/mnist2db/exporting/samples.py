@@ -25,7 +25,7 @@ import numpy as np
 
 from mnist2db.errors import DatumError
 from mnist2db.formats.datum import check_datum, decode_datum, key_text, raw_layout
-from mnist2db.formats.image import encode_png as encode_colour_png
+from mnist2db.formats.image_encode import encode_png as encode_colour_png
 from mnist2db.formats.image_input import image_format
 from mnist2db.formats.png import encode_png_batch
 

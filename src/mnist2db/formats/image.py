@@ -1,4 +1,4 @@
-"""Image files read and written as Caffe's OpenCV reads and writes them, with Pillow and numpy.
+"""Image files read as Caffe's OpenCV reads them, with Pillow and numpy.
 
 Caffe's ``convert_imageset`` reads each image with ``cv::imread(path, IMREAD_COLOR)`` (or
 ``IMREAD_GRAYSCALE`` with ``--gray``) and stores the pixels BGR, channel after channel. The
@@ -14,20 +14,17 @@ pixels OpenCV 4.6 returns follow per-format rules, reproduced here (:func:`decod
 * TIFF's unassociated alpha is multiplied in (libtiff's RGBA interface, rounded);
 * the EXIF orientation of a JPEG or PNG is applied (flips and a transpose, ``ExifTransform``).
 
-Writing (:func:`encode_image`) follows ``cv::imencode`` with Caffe's defaults: PNG with the
-Sub filter on every row, zlib level 1 with ``Z_RLE`` and libpng's window and 8192-byte
-``IDAT`` chunks; JPEG through Pillow's libjpeg at quality 95, 4:2:0; BMP as OpenCV's
-writer lays it out. Other formats OpenCV writes (TIFF, WebP, PPM, ...) depend on library
-settings that are not reproduced: they are refused, naming the choices.
+Writing them as ``cv::imencode`` does is :mod:`mnist2db.formats.image_encode`'s.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import struct
 import zlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import numpy as np
 
 from mnist2db.errors import ImageError
 from mnist2db.formats.image_input import (
@@ -38,13 +35,8 @@ from mnist2db.formats.image_input import (
 )
 from mnist2db.formats.opencv import opencv
 
-if TYPE_CHECKING:
-    import numpy as np
-
 #: The formats OpenCV 4.6 reads, by Pillow's name for them (GIF is not among them).
 READ_FORMATS = ("BMP", "JPEG", "MPO", "PNG", "PPM", "TIFF", "WEBP")
-#: The extensions :func:`encode_image` writes, as ``imencode("." + ext)`` does.
-ENCODE_TYPES = ("png", "jpg", "jpeg", "jpe", "bmp", "dib")
 
 #: OpenCV's rounded grey weights (``icvCvt_BGR2Gray_8u``, ``cvtColor``), 14-bit fixed point.
 _CV_R, _CV_G, _CV_B = 4899, 9617, 1868
@@ -54,8 +46,6 @@ _CV15_R, _CV15_G, _CV15_B = 9798, 19235, 3735
 #: the rest of 32768.
 _PNG_R, _PNG_G, _PNG_B = 9797, 19234, 3737
 _EXIF_ORIENTATION = 0x0112
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_IDAT_SIZE = 8192
 
 
 def read_image(path: str | bytes, *, color: bool) -> np.ndarray:
@@ -85,8 +75,6 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
     if kind == "PNG":
         plain = _plain_png(data)
         if plain is not None:
-            import numpy as np
-
             mode, width, height, raw = plain
             grey = mode == "L"
             shape = (height, width) if grey else (height, width, 3)
@@ -99,8 +87,6 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
     if kind == "JPEG" and color is not None:
         cv2 = opencv()
         if cv2 is not None and _plain_jpeg(data):
-            import numpy as np
-
             flag = cv2.IMREAD_COLOR if color else cv2.IMREAD_GRAYSCALE
             decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flag)
             if decoded is not None:
@@ -229,8 +215,6 @@ def _may_orient(kind: str, data: bytes, opened: Any) -> bool:
 def _samples(opened: Any, kind: str, color: bool | None, data: bytes) -> tuple[np.ndarray, str]:
     """The image's 8-bit samples and their model: ``"grey"`` (h, w), ``"rgb"`` (h, w, 3)
     (or (h, w, 3) uint16 for a 16-bit colour PNG), ``"cmyk"`` (h, w, 4) as libjpeg gives them."""
-    import numpy as np
-
     mode = opened.mode
     if kind == "JPEG" and color is False and mode in ("RGB", "YCbCr"):
         # libjpeg's own grey output: the Y channel, chroma never converted.
@@ -305,8 +289,6 @@ def _png_gamma_tables(gamma: int) -> tuple[np.ndarray, np.ndarray]:
     """libpng's 8-bit ``gamma_to_1`` and ``gamma_from_1`` tables for a file gamma."""
     import math
 
-    import numpy as np
-
     def reciprocal(value: float) -> int:
         return int(math.floor(1e10 / value + 0.5))
 
@@ -349,8 +331,6 @@ def _png16_rgb(opened: Any) -> np.ndarray:
 def _convert(
     pixels: np.ndarray, model: str, kind: str, color: bool, gamma: int | None
 ) -> np.ndarray:
-    import numpy as np
-
     if model == "cmyk":
         return _cmyk(pixels, color)
     if model == "grey":
@@ -382,8 +362,6 @@ def _convert(
 
 def _cmyk(samples: np.ndarray, color: bool) -> np.ndarray:
     """OpenCV's ``icvCvt_CMYK2BGR_8u`` / ``icvCvt_CMYK2Gray_8u`` on libjpeg's CMYK."""
-    import numpy as np
-
     wide = samples.astype(np.int64)
     k = wide[:, :, 3]
     c, m, y = (k - (((255 - wide[:, :, i]) * k) >> 8) for i in range(3))
@@ -396,8 +374,6 @@ def _cmyk(samples: np.ndarray, color: bool) -> np.ndarray:
 
 def _orient(image: np.ndarray, orientation: int) -> np.ndarray:
     """OpenCV's ``ExifTransform``: the EXIF orientation undone by flips and a transpose."""
-    import numpy as np
-
     if orientation in (5, 6, 7, 8):
         image = np.swapaxes(image, 0, 1)
     flips = {2: (1,), 3: (0, 1), 4: (0,), 6: (1,), 7: (0, 1), 8: (0,)}.get(orientation, ())
@@ -408,118 +384,6 @@ def _orient(image: np.ndarray, orientation: int) -> np.ndarray:
 
 def to_chw(image: np.ndarray) -> np.ndarray:
     """``(h, w)`` or ``(h, w, c)`` pixels as Caffe's ``CVMatToDatum`` orders them: ``(c, h, w)``."""
-    import numpy as np
-
     if image.ndim == 2:
         return np.ascontiguousarray(image)[None]
     return np.ascontiguousarray(image.transpose(2, 0, 1))
-
-
-# -- writing, as cv::imencode ------------------------------------------------------------------
-
-
-def encode_image(image: np.ndarray, ext: str) -> bytes:
-    """``cv::imencode("." + ext, image)`` with no parameters: ``image`` is ``(h, w)`` grey or
-    ``(h, w, 3)`` BGR uint8.
-
-    Raises:
-        ImageError: ``ext`` is not one of :data:`ENCODE_TYPES`.
-    """
-    ext = ext.lower()
-    if ext == "png":
-        return encode_png(image)
-    if ext in ("jpg", "jpeg", "jpe"):
-        return encode_jpeg(image)
-    if ext in ("bmp", "dib"):
-        return encode_bmp(image)
-    raise ImageError(
-        f"cannot encode images as {ext!r}: the types written as Caffe writes them are "
-        f"{', '.join(ENCODE_TYPES)}"
-    )
-
-
-def _chunk(kind: bytes, body: bytes) -> bytes:
-    crc = zlib.crc32(body, zlib.crc32(kind))
-    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
-
-
-def encode_png(image: np.ndarray) -> bytes:
-    """OpenCV's PNG: Sub filter on every row, zlib level 1 with ``Z_RLE`` and the window
-    libpng picks for the image's size, ``IDAT`` chunks of 8192 bytes."""
-    import numpy as np
-
-    rows, cols = image.shape[:2]
-    channels = 1 if image.ndim == 2 else image.shape[2]
-    samples = image if channels == 1 else image[:, :, ::-1]  # png_set_bgr: stored RGB
-    flat = np.ascontiguousarray(samples, dtype=np.uint8).reshape(rows, cols * channels)
-    filtered = np.empty((rows, cols * channels + 1), dtype=np.uint8)
-    filtered[:, 0] = 1  # Sub
-    filtered[:, 1 : 1 + channels] = flat[:, :channels]
-    filtered[:, 1 + channels :] = flat[:, channels:] - flat[:, :-channels]
-    raw = filtered.tobytes()
-    window = 15
-    if len(raw) <= 16384:  # libpng's png_deflate_claim shrinks the window for small images
-        half = 1 << (window - 1)
-        while len(raw) + 262 <= half:
-            half >>= 1
-            window -= 1
-    compressor = zlib.compressobj(1, zlib.DEFLATED, max(window, 9), 8, zlib.Z_RLE)
-    stream = _optimize_cmf(compressor.compress(raw) + compressor.flush(), len(raw))
-    header = struct.pack(">IIBBBBB", cols, rows, 8, 0 if channels == 1 else 2, 0, 0, 0)
-    parts = [_PNG_SIGNATURE, _chunk(b"IHDR", header)]
-    for start in range(0, len(stream), _IDAT_SIZE):
-        parts.append(_chunk(b"IDAT", stream[start : start + _IDAT_SIZE]))
-    parts.append(_chunk(b"IEND", b""))
-    return b"".join(parts)
-
-
-def _optimize_cmf(stream: bytes, size: int) -> bytes:
-    """libpng's ``optimize_cmf``: the zlib header names the smallest window that holds
-    ``size`` bytes (the check bits recomputed), whatever window compressed them."""
-    cmf = stream[0]
-    if size > 16384 or cmf & 0x0F != 8 or cmf & 0xF0 > 0x70:
-        return stream
-    info = cmf >> 4
-    half = 1 << (info + 7)
-    if size > half:
-        return stream
-    while True:
-        half >>= 1
-        info -= 1
-        if not (info > 0 and size <= half):
-            break
-    cmf = (cmf & 0x0F) | (info << 4)
-    flags = stream[1] & 0xE0
-    flags += 0x1F - ((cmf << 8) + flags) % 0x1F
-    return bytes((cmf, flags)) + stream[2:]
-
-
-def encode_jpeg(image: np.ndarray) -> bytes:
-    """OpenCV's JPEG: libjpeg's defaults at quality 95 (4:2:0 for colour, baseline)."""
-    from PIL import Image
-
-    picture = Image.fromarray(image if image.ndim == 2 else image[:, :, ::-1].copy())
-    out = io.BytesIO()
-    picture.save(out, "JPEG", quality=95)
-    return out.getvalue()
-
-
-def encode_bmp(image: np.ndarray) -> bytes:
-    """OpenCV's BMP: bottom-up rows padded to 4 bytes, a grey ramp palette for grey images."""
-    import numpy as np
-
-    rows, cols = image.shape[:2]
-    channels = 1 if image.ndim == 2 else image.shape[2]
-    width = cols * channels
-    step = (width + 3) & -4
-    palette = b"".join(bytes((i, i, i, 0)) for i in range(256)) if channels == 1 else b""
-    header_size = 14 + 40 + len(palette)
-    body = np.zeros((rows, step), dtype=np.uint8)
-    body[:, :width] = np.ascontiguousarray(image, dtype=np.uint8).reshape(rows, width)
-    return (
-        b"BM"
-        + struct.pack("<IiI", header_size + step * rows, 0, header_size)
-        + struct.pack("<IiiHHIIiiII", 40, cols, rows, 1, channels * 8, 0, 0, 0, 0, 0, 0)
-        + palette
-        + body[::-1].tobytes()
-    )

@@ -12,11 +12,11 @@ from mnist2db.errors import printable
 from mnist2db.formats.datum import datum_prefix
 from mnist2db.formats.image import (
     decode_image,
-    encode_image,
     png_planes,
     read_image,
     to_chw,
 )
+from mnist2db.formats.image_encode import encode_image
 from mnist2db.formats.image_input import check_fits_a_record, read_image_file
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.formats.protowire import encode_varint

@@ -32,7 +32,7 @@ from mnist2db.conversion import write_database
 from mnist2db.errors import ArgumentError, ImageError, Mnist2dbError, OutputError, printable
 from mnist2db.formats.datum import KEY_LIMIT
 from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
-from mnist2db.formats.image import ENCODE_TYPES
+from mnist2db.formats.image_encode import ENCODE_TYPES
 from mnist2db.formats.image_input import check_resize
 from mnist2db.formats.image_list import KEY_LIMIT_LMDB, ListEntry, image_key
 from mnist2db.images.decoding import PixelWork, RecordWork, encoding_of, matches_ext
