@@ -198,9 +198,9 @@ _WRITES_AHEAD = 4
 
 
 class _Writer:
-    """One thread that writes and hashes the shards' bytes and commits each shard, in the
-    order given, while the caller builds the next bytes (writes, SHA-256 and fsync release
-    the GIL). An error of a task is raised by a later :meth:`submit` or by :meth:`drain`;
+    """One thread that writes and hashes the shards' bytes and commits each shard (fsync,
+    rename), in the order given, while the caller builds the next bytes (writes, SHA-256 and
+    fsync release the GIL; the manifest stays the caller's). An error of a task is raised by a later :meth:`submit` or by :meth:`drain`;
     after one, or once closing, the tasks left are skipped: a shard is committed only when
     every write before its commit was made."""
 
@@ -559,9 +559,20 @@ def _write_shards(
     made = len(shards)  # shards made so far (those listed, and those being committed)
     shard_size, shard_bytes = options["shard_size"], options["shard_bytes"]
 
+    committed: list[dict[str, Any]] = []  # placed by the writer, not listed yet
+
     def placed(entry: dict[str, Any]) -> None:  # on the writer's thread, shard by shard
-        shards.append(entry)
-        _write_manifest(manifest_path, manifest)
+        committed.append(entry)
+
+    def list_placed() -> None:
+        # Here, not on the writer's thread (a manifest's AtomicFile defers signals, which is
+        # the main thread's business), before the next shard is committed: at most one
+        # shard is ever placed and not listed (what _listed counts as ours).
+        writer.drain()
+        if committed:
+            shards.extend(committed)
+            committed.clear()
+            _write_manifest(manifest_path, manifest)
 
     writer = _Writer()
     try:
@@ -572,6 +583,7 @@ def _write_shards(
                     shard.count >= shard_size
                     or (shard_bytes and shard.size + len(data) > shard_bytes)
                 ):
+                    list_placed()
                     shard.finish(placed)
                     shard = None
                     progress(count, total)
@@ -582,9 +594,11 @@ def _write_shards(
                 count += 1
                 mapped += was_mapped
         if shard is not None:
+            list_placed()
             shard.finish(placed)
             shard = None
         writer.drain()
+        shards.extend(committed)  # listed by the manifest written below
     finally:
         writer.close()  # and the temporary of a shard not committed
     written = {entry["name"] for entry in shards}
