@@ -248,8 +248,9 @@ def iter_batches(db_path: str, records: Iterable[tuple[bytes, bytes]]) -> Iterat
         yield encoded
 
 
-#: Batches made ahead of their writer by :func:`prefetched` (memory's bound: a few batches).
-BATCHES_AHEAD = 2
+#: Batches made ahead of their writer by :func:`prefetched` (memory's bound: with the one
+#: being made and the one being written, three batches).
+BATCHES_AHEAD = 1
 _POLL = 0.1
 
 

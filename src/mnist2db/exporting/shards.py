@@ -192,9 +192,9 @@ def batch_tars(
     return tars, mapped, previous
 
 
-#: Writes (and commits) handed to the writer thread and not yet done, at most: memory's
-#: bound (each about :data:`_WRITE_SIZE` bytes).
-_WRITES_AHEAD = 4
+#: Bytes handed to the writer thread and not yet written, at most (memory's bound: one
+#: write more, a sample larger than that, may wait).
+_WRITES_AHEAD = 4 << 20
 
 
 class _Writer:
@@ -206,7 +206,8 @@ class _Writer:
 
     def __init__(self) -> None:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="mnist2db-shards")
-        self.pending: deque[Future[None]] = deque()
+        self.pending: deque[tuple[Future[None], int]] = deque()
+        self.pending_size = 0
         self.files: list[AtomicFile] = []
         self.stopped = False
 
@@ -219,15 +220,23 @@ class _Writer:
             self.stopped = True
             raise
 
-    def submit(self, task: Callable[..., None], *args: Any) -> None:
-        self.pending.append(self.pool.submit(self._run, task, args))
-        while self.pending and (self.pending[0].done() or len(self.pending) > _WRITES_AHEAD):
-            self.pending.popleft().result()
+    def submit(self, task: Callable[..., None], *args: Any, size: int = 0) -> None:
+        """Hand ``task(*args)`` (of ``size`` bytes to write) to the thread; wait first while
+        more than :data:`_WRITES_AHEAD` bytes are waiting."""
+        while self.pending and (self.pending[0][0].done() or self.pending_size > _WRITES_AHEAD):
+            self._wait()
+        self.pending.append((self.pool.submit(self._run, task, args), size))
+        self.pending_size += size
+
+    def _wait(self) -> None:
+        future, size = self.pending.popleft()
+        self.pending_size -= size
+        future.result()
 
     def drain(self) -> None:
         """Wait for every task; raise the first error."""
         while self.pending:
-            self.pending.popleft().result()
+            self._wait()
 
     def close(self) -> None:
         """Skip the tasks not begun, wait for the one running, and remove the temporary of
@@ -275,7 +284,8 @@ class _Shard:
 
     def _flush(self, end: bytes = b"") -> None:
         self.pending.append(end)
-        self.writer.submit(self._write, b"".join(self.pending))
+        data = b"".join(self.pending)
+        self.writer.submit(self._write, data, size=len(data))
         self.pending, self.pending_size = [], 0
 
     def finish(self, done: Callable[[dict[str, Any]], None]) -> None:
