@@ -122,3 +122,45 @@ def test_slips_read_as_meant(path: bytes, label: int, gap: bytes, tail: bytes) -
     """Tabs, doubled or trailing spaces and CRLF give the path and label the writer meant."""
     line = path + gap + str(label).encode() + tail
     assert parse_line(line, 5, "l") == ListEntry(5, path.rstrip(b" \t"), label)
+
+
+def test_an_index_reads_the_entries_again_in_any_order(tmp_path) -> None:
+    """A shuffle holds the entries' offsets, not the entries: read again by offset, in the
+    order given, each numbered by its place in it, as the entries themselves would be."""
+    import os
+
+    from mnist2db.formats.image_list import ImageList, ListIndex
+
+    text = b"a.png 1\n\n  \r\nb c.png\t2\r\nd.png  -3\n\n" + b"e/%d.jpg 4\n" * 3 + b"last.png 9"
+    listing = tmp_path / "list.txt"
+    listing.write_bytes(text)
+    listed = list(read_image_list(listing))
+    order = [6, 0, 3, 5, 1, 2, 4]
+    expected = [ListEntry(k, listed[i].path, listed[i].label) for k, i in enumerate(order)]
+    index = ListIndex(ImageList(listing))
+    assert len(index) == len(listed) == 7
+    assert list(index.entries(order)) == expected
+    assert list(index.entries(order)) == expected  # as often as asked
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    pid = os.fork()
+    if pid == 0:  # a pipe: read once, kept in a copy the index reads
+        with open(fifo, "wb") as stream:
+            stream.write(text)
+        os._exit(0)
+    kept = ImageList(fifo)
+    piped = ListIndex(kept)
+    os.waitpid(pid, 0)
+    try:
+        assert list(piped.entries(order)) == expected == list(piped.entries(order))
+    finally:
+        kept.close()
+
+
+def test_an_index_checks_every_line(tmp_path) -> None:
+    from mnist2db.formats.image_list import ImageList, ListIndex
+
+    listing = tmp_path / "list.txt"
+    listing.write_bytes(b"a.png 1\nb.png x\n")
+    with pytest.raises(ImageError, match=r"list.txt:2: the label 'x' is not a whole number"):
+        ListIndex(ImageList(listing))

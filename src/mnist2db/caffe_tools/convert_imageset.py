@@ -12,7 +12,7 @@ was killed, from the batches it committed: :mod:`mnist2db.images.resume`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mnist2db.caffe_tools.frame import OPENED_AT, log_here, run_tool, tool_main
 from mnist2db.caffe_tools.gflags import Flag, ParsedArgs
@@ -21,6 +21,9 @@ from mnist2db.records import fresh_seed, seed_note
 from mnist2db.storage.backends import DEFAULT_BACKEND
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from mnist2db.formats.image_list import ListEntry
     from mnist2db.label_databases import TargetSource
 
 PROG = "convert_imageset"
@@ -102,7 +105,7 @@ FLAGS: dict[str, Flag] = {
 def _convert(parsed: ParsedArgs, logger: Logger) -> None:
     from mnist2db.errors import ArgumentError
     from mnist2db.formats.image_input import ignore_decoder_warnings
-    from mnist2db.formats.image_list import ImageList, ListEntry
+    from mnist2db.formats.image_list import ImageList, ListIndex
     from mnist2db.images.imageset import Skipped, write_imageset
     from mnist2db.images.resume import staged_seed
     from mnist2db.storage.targets import check_destination
@@ -122,9 +125,11 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
     resize = (width, height) if width and height else None
     shuffle = bool(parsed["shuffle"])
     resume = bool(parsed["resume"])
-    order: list[ListEntry] | None = None
+    shuffled: ListIndex | None = None
+    picks: Any = None
     seed: int | None = None
     targets = _targets(parsed, listing)
+    listed_once = ImageList(listing)  # a pipe is read once, whatever the passes
     if shuffle:
         import numpy as np
 
@@ -141,20 +146,14 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
             count = targets.count()
             picks = np.argsort(np.random.PCG64(seed).random_raw(count), kind="stable")
             targets = type(targets)(targets.table, picks)  # the same rows, shuffled
-        else:
-            listed = list(ImageList(listing)())
-            picks = np.argsort(np.random.PCG64(seed).random_raw(len(listed)), kind="stable")
-            order = [
-                ListEntry(position, listed[i].path, listed[i].label)
-                for position, i in enumerate(picks.tolist())
-            ]
+        else:  # an index of the list's lines and the order, not the entries twice
+            shuffled = ListIndex(listed_once)
+            picks = np.argsort(np.random.PCG64(seed).random_raw(len(shuffled)), kind="stable")
 
-    listed_once = ImageList(listing)  # a pipe is read once, whatever the passes
-
-    def entries() -> list[ListEntry] | object:
+    def entries() -> Iterable[ListEntry]:
         if targets is not None:
             return targets.entries()
-        return order if order is not None else listed_once()
+        return shuffled.entries(picks) if shuffled is not None else listed_once()
 
     def started(total: int) -> None:
         logger.log("I", "convert_imageset.cpp:89", f"A total of {total} images.")
@@ -181,7 +180,7 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
 
     result = write_imageset(
         root,
-        entries,  # type: ignore[arg-type]
+        entries,
         db_path,
         backend,
         gray=bool(parsed["gray"]),

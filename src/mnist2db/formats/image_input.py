@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import struct
 import warnings
 from typing import Any
@@ -75,33 +76,69 @@ def read_image_file(path: str | bytes) -> bytes:
     Raises:
         ImageError: any of these does not hold, or the file cannot be read (naming it).
     """
-    shown = printable(os.fsdecode(path))
+    # On the descriptor itself (a file object costs more than reading a small image):
+    # opened non-blocking (a FIFO cannot hang it), checked with fstat, then read.
     try:
-        with open_regular(os.fsdecode(path)) as stream:
-            size = os.fstat(stream.fileno()).st_size
-            if size > MAX_FILE_BYTES:
-                raise ImageError(
-                    f"{shown}: {size} bytes; an image file is read up to {MAX_FILE_BYTES} "
-                    "bytes (protobuf's 2 GiB, what a record holds)"
-                )
-            # Small files in one read; a large one's signature first.
-            asked = size + 1 if size < _HEAD else _HEAD
-            data = stream.read(asked)
-            kind = image_format(data)
-            if kind is None:
-                raise ImageError(
-                    f"{shown}: not an image OpenCV reads (PNG, JPEG, BMP, PPM, TIFF, WebP)"
-                )
-            if len(data) == asked:
-                data += stream.read(size + 1 - len(data))
-            if len(data) > size:
-                raise ImageError(f"{shown}: grew while it was read (from {size} bytes)")
-    except NotRegularFile as exc:
-        raise ImageError(f"{shown}: {exc.strerror}: only an image file is read") from None
+        fd = os.open(path, _OPEN_FLAGS)
     except OSError as exc:
-        raise ImageError(f"{shown}: cannot read it: {exc.strerror}") from None
-    check_declared_size(data, kind, shown)
+        raise ImageError(f"{_shown(path)}: cannot read it: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            fd = -1
+            with open_regular(os.fsdecode(path)):  # says what it is (NotRegularFile)
+                pass
+            raise ImageError(f"{_shown(path)}: changed while it was read")
+        size = info.st_size
+        if size > MAX_FILE_BYTES:
+            raise ImageError(
+                f"{_shown(path)}: {size} bytes; an image file is read up to {MAX_FILE_BYTES} "
+                "bytes (protobuf's 2 GiB, what a record holds)"
+            )
+        # Small files in one read; a large one's signature first.
+        asked = size + 1 if size < _HEAD else _HEAD
+        data = _read(fd, asked)
+        kind = image_format(data)
+        if kind is None:
+            raise ImageError(
+                f"{_shown(path)}: not an image OpenCV reads (PNG, JPEG, BMP, PPM, TIFF, WebP)"
+            )
+        if len(data) == asked:
+            data += _read(fd, size + 1 - len(data))
+        if len(data) > size:
+            raise ImageError(f"{_shown(path)}: grew while it was read (from {size} bytes)")
+    except NotRegularFile as exc:
+        raise ImageError(f"{_shown(path)}: {exc.strerror}: only an image file is read") from None
+    except OSError as exc:
+        raise ImageError(f"{_shown(path)}: cannot read it: {exc.strerror}") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    check_declared_size(data, kind, _shown(path))
     return data
+
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def _read(fd: int, size: int) -> bytes:
+    """Up to ``size`` bytes, fewer only at the end of the file (one read may return less)."""
+    data = os.read(fd, size)
+    if len(data) == size or not data:
+        return data
+    parts = [data]
+    while size > len(data):
+        more = os.read(fd, size - len(data))
+        if not more:
+            break
+        parts.append(more)
+        data = b"".join(parts)  # rare: a file past Linux's 2 GiB read
+    return data
+
+
+def _shown(path: str | bytes) -> str:
+    return printable(os.fsdecode(path))
 
 
 def check_declared_size(data: bytes, kind: str | None, where: str) -> None:

@@ -13,11 +13,12 @@ and the options are recorded in the database's ``mnist2db.json``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mnist2db.errors import ArgumentError, OutputError
-from mnist2db.formats.image_list import ImageList, ListEntry, list_line
+from mnist2db.formats.image_list import ImageList, ListEntry, ListIndex, list_line
 from mnist2db.images.imageset import ImagesetResult, Skipped, write_imageset, write_imageset_idx
 from mnist2db.progress import Progress
 
@@ -99,11 +100,6 @@ def convert_images(
         seed = staged if staged >= 0 else None
     targets = None
     if labels is not None or values is not None:
-        if resume:
-            raise ArgumentError(
-                "--resume continues an image database alone: a label database beside it "
-                "(--labels, --values) is written again from the start (leave out --resume)"
-            )
         targets = _targets(listing, labels, values, to, shuffle, seed)
         seed = targets.seed
     base = os.fsencode(root)
@@ -128,22 +124,33 @@ def convert_images(
     else:
         entries = None
         where = listing
+    listed_once = ImageList(listing or "")  # a pipe is read once, whatever the passes
+    fixed = entries
+    shuffled: Callable[[], Iterator[ListEntry]] | None = None
+    lines = -1 if fixed is None else len(fixed)
     if targets is not None:
         pass
     elif shuffle:
+        # An index and the order, not the entries a second time: entry k of the shuffle is
+        # entry order[k], read again (from the tree's entries, or by offset from the list).
         if seed is None:
             seed = fresh_seed()
-        listed = entries if entries is not None else list(ImageList(listing or "")())
-        order = permutation(seed, len(listed)).tolist()
-        entries = [ListEntry(k, listed[i].path, listed[i].label) for k, i in enumerate(order)]
+        if fixed is not None:
+            order = permutation(seed, len(fixed))
+            shuffled = partial(_in_order, fixed, order)
+        else:
+            index = ListIndex(listed_once)
+            order = permutation(seed, len(index))
+            shuffled = partial(index.entries, order)
+        lines = len(order)
     else:
         seed = None
-    fixed = entries
-    listed_once = ImageList(listing or "")  # a pipe is read once, whatever the passes
 
     def source() -> Any:
         if targets is not None:
             return targets.source.entries()
+        if shuffled is not None:
+            return shuffled()
         return fixed if fixed is not None else listed_once()
 
     inputs = [root] + ([listing] if listing else []) + ([labels] if labels else [])
@@ -155,7 +162,7 @@ def convert_images(
         options = {"gray": gray, "resize": list(resize) if resize else None,
                    "encode_type": encoded, "check_size": check_size}  # fmt: skip
         metadata = imageset_metadata(root=root, listing=labels or listing or "class folders",
-                                     lines=len(fixed) if fixed is not None else -1,
+                                     lines=lines,
                                      options=options, seed=seed)  # fmt: skip
         result = write_imageset(
             prefix, source, out, backend, gray=gray, resize=resize,
@@ -165,7 +172,7 @@ def convert_images(
             seed=seed, on_stale=on_stale, targets=None if targets is None else targets.source,
         )  # fmt: skip
     if fixed is not None and listing is None:
-        _write_beside(extra, classes, fixed)
+        _write_beside(extra, classes, source())
     return OwnImagesResult(result, seed, classes, extra, hidden, repeated)
 
 
@@ -205,15 +212,23 @@ def _targets(
     return _Targets(TargetSource(table, order), seed if shuffle else None)
 
 
+def _in_order(entries: list[ListEntry], order: Iterable[int]) -> Iterator[ListEntry]:
+    """Entry ``order[k]`` of ``entries`` as entry ``k``."""
+    for number, i in enumerate(order):
+        entry = entries[i]
+        yield ListEntry(number, entry.path, entry.label)
+
+
 def _write_beside(
-    paths: tuple[str, ...], classes: tuple[str, ...], entries: list[ListEntry]
+    paths: tuple[str, ...], classes: tuple[str, ...], entries: Iterable[ListEntry]
 ) -> None:
-    """The class names and the generated list, each written whole or not at all."""
+    """The class names and the generated list (``entries``, in line order), each written
+    whole or not at all."""
     from mnist2db.storage.files import AtomicFile
 
     texts = (
         "".join(f"{name}\n" for name in classes).encode("utf-8", "surrogateescape"),
-        b"".join(list_line(e) for e in sorted(entries, key=lambda e: e.line)),
+        b"".join(map(list_line, entries)),
     )
     for path, text in zip(paths, texts, strict=True):
         try:
