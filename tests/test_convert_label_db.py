@@ -4,6 +4,10 @@ under the same keys, in the order any option gives (range, shuffle, transpose)."
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -78,3 +82,60 @@ def test_a_refused_label_database_leaves_nothing(tmp_path: Path) -> None:
     assert result.stderr.startswith(f"Error: {tmp_path}/out_labels: ")
     assert sorted(os.listdir(tmp_path)) == ["i", "l", "out_labels"]
     assert (tmp_path / "out_labels").read_text() == "mine"
+
+
+def convert_killed(tmp_path: Path, out: Path, backend: str, kill: tuple[str, int]) -> int:
+    """``mnist2db convert --label-db`` in a child process, in batches of 10, SIGKILLed at
+    its n-th batch write (``("batch", n)``: the images' batches come first, then the label
+    database's) or at a staging checkpoint (``("checkpoint", name)``); its exit status."""
+    script = textwrap.dedent(f"""
+        import os, signal
+        import mnist2db.storage.backends as backends
+        import mnist2db.storage.files as staging
+        from mnist2db.cli.app import main
+        kind, at = {kill!r}
+        calls = [0]
+        for writer in (backends.LmdbWriter, backends.LeveldbWriter):
+            def counted(self, items, write=writer.write_batch):
+                calls[0] += 1
+                if kind == "batch" and calls[0] == at:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                write(self, items)
+            writer.write_batch = counted
+        def checkpoint(stage, path):
+            if kind == "checkpoint" and stage == at:
+                os.kill(os.getpid(), signal.SIGKILL)
+        staging.checkpoint = checkpoint
+        main(["convert", "--label-db", "--batch-size", "10", "--backend", {backend!r},
+              {str(tmp_path / "i")!r}, {str(tmp_path / "l")!r}, {str(out)!r}])
+    """)
+    return subprocess.run([sys.executable, "-c", script], timeout=60).returncode
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_a_killed_pair_leaves_neither_and_runs_again(tmp_path: Path, backend: str) -> None:
+    """convert has no --resume: a kill anywhere (in the images, between the two databases,
+    in the labels, while the two are placed) leaves neither, and the same command run again
+    writes the pair an uninterrupted run writes."""
+    write_idx(tmp_path / "i", make_images(30, 4, 4))
+    write_idx(tmp_path / "l", qmnist_rows(30))
+    whole = tmp_path / "whole"
+    mnist2db.convert(tmp_path / "i", tmp_path / "l", whole, backend, label_db=True, batch_size=10)
+    # 3 image batches, then the label database's one.
+    for n, kill in enumerate([("batch", 2), ("batch", 4), ("checkpoint", "databases-first")]):
+        out = tmp_path / f"db{n}"
+        assert convert_killed(tmp_path, out, backend, kill) == -signal.SIGKILL
+        if kill[0] == "checkpoint":
+            assert out.exists() and not Path(f"{out}_labels").exists()  # the journal's half
+        else:
+            assert not out.exists() and not Path(f"{out}_labels").exists()
+        result = CliRunner().invoke(cli, ["convert", "--label-db", "--backend", backend,
+                                          str(tmp_path / "i"), str(tmp_path / "l"), str(out)])  # fmt: skip
+        assert result.exit_code == 0, (kill, result.output)
+        assert stored(out) == stored(whole), kill
+        assert stored(Path(f"{out}_labels")) == stored(Path(f"{whole}_labels")), kill
+        assert sorted(n for n in os.listdir(tmp_path) if "mnist2db" in n) == []
+    resumed = CliRunner().invoke(cli, ["convert", "--resume", str(tmp_path / "i"),
+                                       str(tmp_path / "l"), str(tmp_path / "db9")])  # fmt: skip
+    assert resumed.exit_code == 2
+    assert "no such option" in resumed.output.lower() and "--resume" in resumed.output

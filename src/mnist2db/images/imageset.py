@@ -41,6 +41,7 @@ from mnist2db.images.resume import (
     EntryDigest,
     check_plan,
     committed,
+    find_staged_labels,
     find_staged_run,
     remove_plan,
     write_plan,
@@ -213,7 +214,8 @@ def write_imageset(
             (without ``resume``) removes.
         targets: the entries' targets: a label database (``OUT_labels``,
             :mod:`mnist2db.label_databases`) is written beside, under the same keys, and
-            the two are placed together; ``entries()`` must be ``targets.entries()``.
+            the two are placed together (and resumed together); ``entries()`` must be
+            ``targets.entries()``.
 
     Raises:
         Mnist2dbError: a refusal (see the module docstring), no image readable, or the
@@ -247,22 +249,25 @@ def write_imageset(
     plan = {"root": os.fsdecode(root_bytes), "list": where, "entries": digest.hexdigest(),
             "lines": total, "backend": backend, "gray": gray,
             "resize": list(resize) if resize else None, "encoded": encoded,
-            "encode_type": encode_type, "check_size": check_size, "seed": seed}  # fmt: skip
-    if resume and targets is not None:
-        raise ArgumentError(
-            "--resume continues an image database alone: a label database beside it is "
-            "written again from the start (leave out --resume)"
-        )
+            "encode_type": encode_type, "check_size": check_size, "seed": seed,
+            "width": None if targets is None else targets.width,
+            "targets": None if targets is None else targets.digest()}  # fmt: skip
     run = find_staged_run(out) if resume else None
     if resume and run is None:
         raise Mnist2dbError(
             f"{out}: --resume: no staged run of it to continue (a killed conversion leaves "
             f"{temp_prefix(os.path.basename(os.path.normpath(out)))}PID-… beside it)"
         )
-    done = Committed(0, -1, None)
+    done = labels_done = Committed(0, -1, None)
+    outs = [out] if targets is None else [out, labels_path(out)]
+    adopt: list[str | None] = [None if run is None else run.path, None]
     if run is not None:
         check_plan(out, run, plan)
         done = committed(run.path, backend)
+        if targets is not None:  # the label database the killed run began beside, if any
+            adopt[1] = find_staged_labels(out, outs[1], run.path)
+            if adopt[1] is not None:
+                labels_done = committed(adopt[1], backend)
     elif on_stale is not None:
         for stale in stale_staging(out):
             on_stale(stale)
@@ -287,14 +292,14 @@ def write_imageset(
             first = (entry, shape[1])
             state["shape"] = shape[1]
     todo = (entry for entry in entries() if entry.line > done.last_line)
-    outs = [out] if targets is None else [out, labels_path(out)]
     labels = None
     staged: Any = (
         staged_database(out, backend, overwrite=overwrite, inputs=list(inputs),
-                        adopt=None if run is None else run.path)
+                        adopt=adopt[0])
         if targets is None
-        # A label database beside: the two staged and placed together (not resumable).
-        else staged_databases(outs, backend, overwrite=overwrite, inputs=list(inputs))
+        # A label database beside: the two staged and placed together.
+        else staged_databases(outs, backend, overwrite=overwrite, inputs=list(inputs),
+                              adopt=adopt)
     )  # fmt: skip
     with (
         staged as staged_paths,
@@ -305,6 +310,8 @@ def write_imageset(
         staging = stagings[0]
         write_plan(staging, plan)
         batches = _batches(decoded, check_size, batch_size, state, skip, where, first)
+        if backend == "lmdb":
+            batches = _unmapping(batches, os.path.join(staging, "data.mdb"))
 
         def report(written: int, total: int) -> None:
             progress(done.records + written, total)
@@ -318,7 +325,10 @@ def write_imageset(
                 + "; nothing written"
             )
         if targets is not None:  # under the keys just written, whatever was skipped
-            labels = write_label_database(backend, staging, stagings[1], targets, outs[1])
+            labels = write_label_database(backend, staging, stagings[1], targets, outs[1],
+                                          batch_size=batch_size,
+                                          committed=labels_done.records,
+                                          last_key=labels_done.last_key)  # fmt: skip
         if metadata is not None:
             source = {**metadata.get("source", {}), "items": total}
             write_metadata(staging, {**metadata, "source": source, "records": state["count"]}, out)
@@ -371,6 +381,39 @@ def _batches(
             batch, size = [], 0
     if batch:
         yield batch
+
+
+def _unmapping(batches: Iterator[list[tuple[bytes, bytes]]], path: str) -> Iterator[Any]:
+    """``batches``, and after each is written, LMDB's map of ``path`` let go of the pages it
+    touched: the kernel maps the file's pages around each one LMDB reads (64 KiB at a time),
+    many of them the records just written, and the resident set would grow with the
+    database (100 MiB at 50,000 photos, GiBs at ImageNet's size). They stay in the page
+    cache; only this process's mapping of them is dropped (Linux; elsewhere nothing)."""
+    target = os.path.realpath(path)
+    for batch in batches:
+        yield batch
+        release_mapped_pages(target)
+
+
+def release_mapped_pages(path: str) -> None:
+    """Drop this process's mapping of the file at ``path`` (its real path) from its resident
+    set: the pages stay in the page cache, and a read maps them again."""
+    name = os.fsencode(path)
+    try:
+        import ctypes
+
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+        madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        with open("/proc/self/maps", "rb") as maps:
+            spans = [line.split(None, 1)[0] for line in maps if line.rstrip().endswith(name)]
+        for span in spans:
+            start, end = (int(x, 16) for x in span.split(b"-"))
+            madvise(start, end - start, _MADV_DONTNEED)  # the pages stay in the page cache
+    except (OSError, AttributeError, ValueError):
+        pass  # not Linux: nothing to drop, or nothing known about it
+
+
+_MADV_DONTNEED = 4
 
 
 def _check_jobs(jobs: int | None) -> int:

@@ -100,11 +100,6 @@ def convert_images(
         seed = staged if staged >= 0 else None
     targets = None
     if labels is not None or values is not None:
-        if resume:
-            raise ArgumentError(
-                "--resume continues an image database alone: a label database beside it "
-                "(--labels, --values) is written again from the start (leave out --resume)"
-            )
         targets = _targets(listing, labels, values, to, shuffle, seed)
         seed = targets.seed
     base = os.fsencode(root)

@@ -8,6 +8,12 @@ run's: the batches it committed stay (their keys, ``%08d_PATH``, say up to which
 the list), the entries after the last committed one are converted again, and the records
 are those of an uninterrupted run. A plan that differs is refused in one line naming what
 differs. SIGINT and SIGTERM are not kills: they remove the staging directory, as always.
+
+A label database beside (:mod:`mnist2db.label_databases`) is staged by the same process
+(:func:`find_staged_labels` finds it by that process's id) and written after the images:
+the plan holds a digest of its label file too, and the resumed run adopts both staging
+directories, keeping the label records committed (which must end at the image key of the
+same record) and adding the rest.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any, NamedTuple
 from mnist2db.errors import Mnist2dbError, printable
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.storage.db_staging import stale_staging
+from mnist2db.storage.files import owner_pid, temp_prefix
 
 #: The plan's file in a staging directory (removed before the database is placed).
 PLAN_FILE = "mnist2db-resume.json"
@@ -31,7 +38,8 @@ _NAMES = {
     "encode_type": "--encode_type", "check_size": "--check_size",
     "root": "the root folder", "list": "the list",
     "lines": "the number of listed images", "entries": "the list's entries",
-    "seed": "the shuffle seed",
+    "seed": "the shuffle seed", "width": "the number of values an image has",
+    "targets": "the label values",
 }  # fmt: skip
 
 
@@ -43,12 +51,13 @@ class StagedRun(NamedTuple):
 
 
 class Committed(NamedTuple):
-    """What a staged database holds: ``records``, the list line of its last key (-1: none)
-    and its first key (None: empty)."""
+    """What a staged database holds: ``records``, the list line of its last key (-1: none),
+    its first key and its last key (None: empty)."""
 
     records: int
     last_line: int
     first_key: bytes | None
+    last_key: bytes | None = None
 
 
 class EntryDigest:
@@ -77,6 +86,22 @@ def find_staged_run(out: str) -> StagedRun | None:
     return None
 
 
+def find_staged_labels(out: str, labels_out: str, images_staging: str) -> str | None:
+    """The staging directory of the label database ``labels_out`` that the killed process
+    which left ``images_staging`` (the image database ``out``'s) made beside it; None if
+    it made none."""
+
+    def pid_of(path: str, target: str) -> int | None:
+        prefix = temp_prefix(os.path.basename(os.path.normpath(target)))
+        return owner_pid(os.path.basename(path)[len(prefix) :])
+
+    pid = pid_of(images_staging, out)
+    for path in stale_staging(labels_out):
+        if pid is not None and pid_of(path, labels_out) == pid:
+            return path
+    return None
+
+
 def staged_seed(out: str) -> int:
     """The shuffle seed of the staged run ``--resume`` would continue (-1: none recorded)."""
     run = find_staged_run(out)
@@ -101,11 +126,24 @@ def remove_plan(staging: str) -> None:
 
 def check_plan(out: str, run: StagedRun, plan: dict[str, Any]) -> None:
     """Raises Mnist2dbError naming the first difference between ``run``'s plan and ``plan``."""
-    for key, name in _NAMES.items():
+    keys = list(_NAMES)
+    if (plan.get("targets") is None) != (run.plan.get("targets") is None):
+        keys = ["targets"]  # a label database beside in one run only: that first
+    for key in keys:
+        name = _NAMES[key]
         if key in ("seed",) and plan.get(key) is None:
             continue  # a shuffle given no seed takes the staged one
         if run.plan.get(key) != plan.get(key):
-            if key == "entries":
+            if key == "targets" and plan.get(key) is None:
+                what = (
+                    "were written by the staged run (a label database beside: give "
+                    "--labels or --values again)"
+                )
+            elif key == "targets" and run.plan.get(key) is None:
+                what = "were not written by the staged run (it made no label database)"
+            elif key == "targets":
+                what = "differ from the staged run's (the label file changed)"
+            elif key == "entries":
                 what = "differ from the staged run's (the list file changed, or the order)"
             else:
                 what = f"is {_show(plan.get(key))}, the staged run's {_show(run.plan.get(key))}"
@@ -122,6 +160,11 @@ def _show(value: Any) -> str:
     if isinstance(value, list):
         return " × ".join(map(str, value))
     return printable(str(value))
+
+
+#: The file that says a staged directory holds a database yet (a label database is staged
+#: empty until the images are all written).
+_MADE = {"lmdb": "data.mdb", "leveldb": "CURRENT"}
 
 
 def _lmdb_keys(path: str) -> tuple[int, bytes | None, bytes | None]:
@@ -164,6 +207,8 @@ def committed(path: str, backend: str) -> Committed:
     Raises:
         Mnist2dbError: it cannot be read.
     """
+    if not os.path.exists(os.path.join(path, _MADE[backend])):
+        return Committed(0, -1, None)
     try:
         records, first, last = _KEYS[backend](path)
     except Exception as exc:  # the backends' own errors: one line
@@ -171,4 +216,4 @@ def committed(path: str, backend: str) -> Committed:
             f"{path}: --resume: the staged database cannot be read: {exc}; run without "
             "--resume to start again"
         ) from None
-    return Committed(records, -1 if last is None else int(last[:8]), first)
+    return Committed(records, -1 if last is None else int(last[:8]), first, last)

@@ -270,6 +270,7 @@ def staged_databases(
     overwrite: bool = False,
     inputs: Iterable[str | os.PathLike[str]] = (),
     on_checked: Callable[[], None] | None = None,
+    adopt: Sequence[str | None] = (),
 ) -> Iterator[list[str]]:
     """:func:`staged_database` for databases that appear together or not at all (an image
     database and its label database): a staging directory for each of ``outs``, every check
@@ -281,14 +282,23 @@ def staged_databases(
     the journal, and the next writer of any of ``outs`` (:func:`remove_stale_staging`,
     :func:`~mnist2db.storage.db_journal.recover_databases`) rolls it back the same way.
 
+    ``adopt``: for each of ``outs``, a staging directory of a killed run to continue (as
+    :func:`staged_database`'s), or None for a fresh one.
+
     Raises:
         OutputExistsError: a destination may not be written or replaced, or two are one.
         BackendError, OutputError: as :func:`staged_database`.
     """
     names = [os.fspath(out) for out in outs]
+    adopted = list(adopt) + [None] * (len(names) - len(adopt))
     if len(names) == 1:
         with staged_database(
-            names[0], backend, overwrite=overwrite, inputs=inputs, on_checked=on_checked
+            names[0],
+            backend,
+            overwrite=overwrite,
+            inputs=inputs,
+            on_checked=on_checked,
+            adopt=adopted[0],
         ) as one:
             yield [one]
         return
@@ -306,16 +316,22 @@ def staged_databases(
     swapped: list[bool] = []
     try:
         try:
-            for out in names:
+            for out, old in zip(names, adopted, strict=True):
                 written = os.path.dirname(out.rstrip(os.sep) or out) or os.curdir
                 made += _make_parent(out, written)
-                remove_stale_staging(out)
                 name = os.path.basename(os.path.normpath(out))
+                prefix = f"{temp_prefix(name)}{os.getpid()}-"
                 try:
-                    staging = mkdtemp_beside(
-                        os.path.realpath(written), f"{temp_prefix(name)}{os.getpid()}-"
-                    )
-                    stagings.append(staging)
+                    if old is not None:  # renamed for this process first: no one reclaims it
+                        staging = os.path.join(
+                            os.path.realpath(written), f"{prefix}{os.urandom(6).hex()}"
+                        )
+                        os.rename(old, staging)
+                        stagings.append(staging)
+                    remove_stale_staging(out)
+                    if old is None:
+                        staging = mkdtemp_beside(os.path.realpath(written), prefix)
+                        stagings.append(staging)
                     os.chmod(staging, 0o777 & ~umask())
                 except OSError as exc:
                     raise OutputError(f"{out}: cannot stage it: {exc.strerror}") from None
