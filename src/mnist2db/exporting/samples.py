@@ -29,8 +29,7 @@ from mnist2db.errors import DatumError
 from mnist2db.formats.datum import check_datum, decode_datum, key_text, raw_layout
 from mnist2db.formats.image_encode import encode_png as encode_colour_png
 from mnist2db.formats.image_input import image_format
-from mnist2db.formats.png import encode_png_batch
-from mnist2db.formats.png_codec import SIGNATURE
+from mnist2db.formats.png import PNG_SIGNATURE, encode_png_batch
 from mnist2db.formats.protowire import encode_varint
 
 T = TypeVar("T")
@@ -106,7 +105,7 @@ def _grey_pngs(images: np.ndarray) -> list[bytes]:
     n, rows, cols = images.shape
     head = 1 + 1 + 1 + len(encode_varint(rows)) + 1 + len(encode_varint(cols)) + 1
     return [
-        record[record.index(SIGNATURE, head) : -len(_ZERO_TAIL)]
+        record[record.index(PNG_SIGNATURE, head) : -len(_ZERO_TAIL)]
         for record in encode_png_batch(images, np.zeros(n, dtype=np.int64))
     ]
 
