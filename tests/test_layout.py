@@ -235,7 +235,7 @@ def _backend_compares(tree: ast.Module) -> int:
 #: Modules that still choose by a backend's name, each with its reason (to move to
 #: storage/backends' ``Backend`` when their owners' work has landed).
 BACKEND_COMPARES_LEFT = {
-    "mnist2db.images.imageset": "LMDB's key limit (Backend.key_limit)",
+    "mnist2db.images.datum_records": "LMDB's key limit (Backend.key_limit)",
 }
 
 
@@ -442,7 +442,7 @@ def test_the_batch_byte_bound_has_one_home() -> None:
     )
     assert set(found) <= {
         "mnist2db.storage.backends.BATCH_BYTES_LIMIT",
-        "mnist2db.images.imageset.BATCH_BYTES",
+        "mnist2db.images.datum_records.BATCH_BYTES",
     }
 
 

@@ -60,7 +60,7 @@ def convert(photos: Path, out: Path, backend: str, *, resume: bool, kill_after: 
     script = f"""
         import os, signal
         from mnist2db.formats.image_list import ImageList
-        from mnist2db.images.imageset import write_imageset
+        from mnist2db.images.datum_records import write_imageset
         from mnist2db.records import permutation
         from mnist2db.formats.image_list import ListEntry
         listed = list(ImageList({str(photos / "list.txt")!r})())

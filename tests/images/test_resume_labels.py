@@ -79,7 +79,7 @@ def convert(photos: Path, out: Path, backend: str, *, resume: bool = False, jobs
         import mnist2db.label_databases as labels
         import mnist2db.storage.files as staging
         from mnist2db.formats.label_table import open_label_table
-        from mnist2db.images.imageset import write_imageset
+        from mnist2db.images.datum_records import write_imageset
         from mnist2db.label_databases import TargetSource
         from mnist2db.records import permutation
         kind, after = {kill!r}

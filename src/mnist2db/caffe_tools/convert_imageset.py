@@ -2,7 +2,7 @@
 
 Caffe's command line (gflags: ``--gray --shuffle --backend --resize_width --resize_height
 --check_size --encoded --encode_type``, and gflags' and glog's own flags) and log lines;
-the records are Caffe's (:mod:`mnist2db.images.imageset`). Where Caffe aborts half-way or writes
+the records are Caffe's (:mod:`mnist2db.images.datum_records`). Where Caffe aborts half-way or writes
 nothing without a word, this refuses in one line and leaves nothing behind. Extensions:
 ``--overwrite`` (replace an existing database of the backend), ``--seed`` (a repeatable
 ``--shuffle``; Caffe's draws from ``/dev/urandom``), ``--jobs N`` or ``-j N`` (worker
@@ -106,7 +106,7 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
     from mnist2db.errors import ArgumentError
     from mnist2db.formats.image_input import ignore_decoder_warnings
     from mnist2db.formats.image_list import ImageList, ListIndex
-    from mnist2db.images.imageset import Skipped, write_imageset
+    from mnist2db.images.datum_records import Skipped, write_imageset
     from mnist2db.images.resume import staged_seed
     from mnist2db.storage.targets import check_destination
 

@@ -1,5 +1,5 @@
 """``mnist2db imageset``: a user's own images, from a list or a class-folder tree, to Caffe
-records (:func:`mnist2db.images.imageset.write_imageset`) or to an MNIST IDX pair.
+records (:func:`mnist2db.images.datum_records.write_imageset`) or to an MNIST IDX pair.
 
 With a list (Caffe's ``PATH LABEL`` lines, relative to ROOT) the records are exactly
 ``convert_imageset``'s. Without one, ROOT is a class-folder tree
@@ -19,7 +19,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mnist2db.errors import ArgumentError, OutputError
 from mnist2db.formats.image_list import ImageList, ListEntry, ListIndex, list_line
-from mnist2db.images.imageset import ImagesetResult, Skipped, write_imageset, write_imageset_idx
+from mnist2db.images.datum_records import (
+    ImagesetResult,
+    Skipped,
+    write_imageset,
+    write_imageset_idx,
+)
 from mnist2db.progress import Progress
 
 if TYPE_CHECKING:
@@ -73,7 +78,7 @@ def convert_images(
             encode every image as (``png``, ``jpg``, ``bmp``); None: raw pixels.
         shuffle, seed: a random order; ``seed`` repeats it (None: a fresh seed).
         jobs: worker processes decoding (None: one per processor this process may use).
-        resume, on_stale: see :func:`mnist2db.images.imageset.write_imageset` (a resumed
+        resume, on_stale: see :func:`mnist2db.images.datum_records.write_imageset` (a resumed
             shuffle given no seed takes the staged run's).
         labels: a label table with a header (CSV, whitespace, CelebA's layout) naming
             the images and their targets, instead of ``listing``; a label database
@@ -82,8 +87,8 @@ def convert_images(
             from the first line); a label database is written beside, as for ``labels``.
 
     Raises:
-        Mnist2dbError: see :func:`mnist2db.images.imageset.write_imageset` and
-            :func:`mnist2db.images.imageset.write_imageset_idx`; nothing is then written.
+        Mnist2dbError: see :func:`mnist2db.images.datum_records.write_imageset` and
+            :func:`mnist2db.images.datum_records.write_imageset_idx`; nothing is then written.
     """
     from mnist2db.records import fresh_seed, permutation
     from mnist2db.storage.file_placement import check_file_target

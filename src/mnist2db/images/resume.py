@@ -1,6 +1,6 @@
 """``--resume``: an imageset conversion killed part-way (SIGKILL, a power cut), continued.
 
-Every conversion of :func:`mnist2db.images.imageset.write_imageset` writes its plan in its
+Every conversion of :func:`mnist2db.images.datum_records.write_imageset` writes its plan in its
 staging directory first (:data:`PLAN_FILE`: the root, the list's name, a digest of every
 entry in order, the options that make a record, the backend, the shuffle seed). A killed run leaves that directory beside the destination, named for its dead
 process (:mod:`mnist2db.storage.db_staging`). ``--resume`` adopts it when its plan is this

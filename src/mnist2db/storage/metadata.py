@@ -131,7 +131,7 @@ def imageset_metadata(
     *, root: str, listing: str, lines: int, options: dict[str, Any], seed: int | None
 ) -> dict[str, Any]:
     """What :func:`write_metadata` records for a database of image files
-    (:mod:`mnist2db.images.imageset`): the root and list (or class folders), how the images
+    (:mod:`mnist2db.images.datum_records`): the root and list (or class folders), how the images
     were read (``options``: gray, resize, encode_type, check_size), the shuffle's seed."""
     return {
         "format": _FORMAT,
