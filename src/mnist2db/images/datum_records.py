@@ -1,4 +1,5 @@
-"""Image files to Caffe Datum records, as ``convert_imageset`` writes them, or to an IDX pair.
+"""Image files to Caffe Datum records, as ``convert_imageset`` writes them (an IDX pair
+instead: :mod:`mnist2db.images.idx_pair`).
 
 Each entry of a list (:mod:`mnist2db.formats.image_list`) names an image under a root
 folder (Caffe joins the two as text: ``ROOT + PATH``) and its label. Its record, under
@@ -29,13 +30,12 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mnist2db.conversion import write_database
-from mnist2db.errors import ArgumentError, ImageError, Mnist2dbError, OutputError, printable
+from mnist2db.errors import ArgumentError, ImageError, Mnist2dbError, printable
 from mnist2db.formats.datum import KEY_LIMIT
-from mnist2db.formats.idx import IMAGES_MAGIC, LABELS_MAGIC, pack_header
 from mnist2db.formats.image_encode import ENCODE_TYPES
 from mnist2db.formats.image_input import check_resize
-from mnist2db.formats.image_list import KEY_LIMIT_LMDB, ListEntry, image_key
-from mnist2db.images.decoding import PixelWork, RecordWork, encoding_of, matches_ext
+from mnist2db.formats.image_list import ListEntry, image_key
+from mnist2db.images.decoding import RecordWork, encoding_of, matches_ext
 from mnist2db.images.resume import (
     Committed,
     EntryDigest,
@@ -46,15 +46,14 @@ from mnist2db.images.resume import (
     remove_plan,
     write_plan,
 )
-from mnist2db.images.workers import OrderedDecoding, attempt, decode_in_order, default_jobs
+from mnist2db.images.workers import OrderedDecoding, attempt, default_jobs
 from mnist2db.label_databases import write_label_database
 from mnist2db.progress import Progress, reporting
-from mnist2db.storage.backends import DEFAULT_BATCH_SIZE, check_backend, check_batch_size
+from mnist2db.storage.backends import BACKEND, DEFAULT_BATCH_SIZE, check_backend, check_batch_size
 from mnist2db.storage.db_staging import staged_database, staged_databases, stale_staging
-from mnist2db.storage.file_placement import check_file_target, place_together
-from mnist2db.storage.files import AtomicFile, temp_prefix
+from mnist2db.storage.files import temp_prefix
 from mnist2db.storage.metadata import write_metadata
-from mnist2db.storage.targets import check_apart, labels_path
+from mnist2db.storage.targets import labels_path
 
 if TYPE_CHECKING:
     from mnist2db.label_databases import LabelsResult, TargetSource
@@ -127,6 +126,8 @@ def check_entries(
     """
     count = 0
     first: ListEntry | None = None
+    # The longest key the backend stores (LMDB's 511 bytes; an IDX pair has no keys).
+    key_limit = BACKEND[backend].key_limit if backend in BACKEND else None
     for entry in entries:
         count += 1
         first = first or entry
@@ -138,10 +139,10 @@ def check_entries(
                 "in line order there"
             )
         key = image_key(entry)
-        if backend == "lmdb" and len(key) > KEY_LIMIT_LMDB:
+        if key_limit is not None and len(key) > key_limit:
             raise Mnist2dbError(
                 f"{where}:{entry.line + 1}: the key {printable(os.fsdecode(key[:40]))}… is "
-                f"{len(key)} bytes; LMDB keys hold at most {KEY_LIMIT_LMDB} (shorten the "
+                f"{len(key)} bytes; LMDB keys hold at most {key_limit} (shorten the "
                 "path, or use --backend leveldb)"
             )
         if encoded or encode_type:
@@ -228,7 +229,7 @@ def write_imageset(
     root_bytes = os.fsencode(root)
     check_backend(backend)
     check_batch_size(batch_size)
-    jobs = _check_jobs(jobs)
+    jobs = check_jobs(jobs)
     check_resize(resize, 1 if gray else 3)
     if encode_type and encode_type.lower() not in ENCODE_TYPES:
         raise ImageError(
@@ -371,7 +372,7 @@ def _batches(
         elif shape != first[1]:
             state["mixed"] = True
             if check_size:
-                raise _other_size(where, entry, shape, *first,
+                raise other_size(where, entry, shape, *first,
                                   "--check_size: every image one size; or give a resize")  # fmt: skip
         batch.append((image_key(entry), value))
         size += len(value)
@@ -416,7 +417,12 @@ def release_mapped_pages(path: str) -> None:
 _MADV_DONTNEED = 4
 
 
-def _check_jobs(jobs: int | None) -> int:
+def check_jobs(jobs: int | None) -> int:
+    """The worker count ``--jobs`` asks for (None: the default; 0: none).
+
+    Raises:
+        ArgumentError: a negative count.
+    """
     if jobs is None:
         return default_jobs()
     if jobs < 0:
@@ -424,8 +430,9 @@ def _check_jobs(jobs: int | None) -> int:
     return jobs
 
 
-def _other_size(where: str, entry: ListEntry, shape: tuple[int, ...], first: ListEntry,
-                first_shape: tuple[int, ...], hint: str) -> ImageError:  # fmt: skip
+def other_size(where: str, entry: ListEntry, shape: tuple[int, ...], first: ListEntry,
+               first_shape: tuple[int, ...], hint: str) -> ImageError:  # fmt: skip
+    """An image of another size than the first one, in one line naming both."""
     return ImageError(
         f"{where}:{entry.line + 1}: {printable(os.fsdecode(entry.path))} is "
         + " × ".join(map(str, shape))
@@ -433,86 +440,3 @@ def _other_size(where: str, entry: ListEntry, shape: tuple[int, ...], first: Lis
         + " × ".join(map(str, first_shape))
         + f" ({hint})"
     )
-
-
-def write_imageset_idx(
-    root: str | bytes,
-    entries: Entries,
-    prefix: str,
-    *,
-    resize: tuple[int, int] | None = None,
-    overwrite: bool = False,
-    where: str = "list",
-    inputs: Iterable[str] = (),
-    progress: Progress | None = None,
-    on_skip: Callable[[Skipped], None] | None = None,
-    jobs: int | None = None,
-) -> ImagesetResult:
-    """Write the images ``entries()`` names as an MNIST pair, ``PREFIX-images-idx3-ubyte``
-    and ``PREFIX-labels-idx1-ubyte``: grey (as OpenCV reads grey), all one size (or
-    ``resize``), labels 0-255. Both files appear together, complete, or neither.
-
-    Raises:
-        Mnist2dbError: a target may not be written, a label outside 0-255, an image of
-            another size, no image readable; nothing is then written.
-    """
-
-    progress = reporting(progress)
-    started = time.perf_counter()
-    root_bytes = os.fsencode(root)
-    targets = (f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte")
-    for target in targets:
-        check_file_target(target, overwrite, list(inputs))
-    jobs = _check_jobs(jobs)
-    check_resize(resize, 1)
-    total = check_entries(entries(), root=root_bytes, backend="idx", encoded=False,
-                          encode_type=None, resize=resize, where=where)  # fmt: skip
-    if overwrite:  # a target replaced may not be one of the images (a list may name ../)
-        for target in (t for t in targets if os.path.lexists(t)):
-            check_apart(target, (os.fsdecode(root_bytes + e.path) for e in entries()))
-    for entry in entries():
-        if not 0 <= entry.label <= 255:
-            raise Mnist2dbError(
-                f"{where}:{entry.line + 1}: label {entry.label}: an idx1 label file holds "
-                "0 … 255 (write a database instead)"
-            )
-
-    skipped: list[Skipped] = []
-    count = 0
-    first: tuple[ListEntry, tuple[int, ...]] | None = None
-    try:
-        with AtomicFile(targets[0]) as images, AtomicFile(targets[1]) as labels:
-            images.write(pack_header(IMAGES_MAGIC, 0, 0, 0))
-            labels.write(pack_header(LABELS_MAGIC, 0))
-            for entry, image in decode_in_order(
-                entries(), PixelWork(root_bytes, resize), root_bytes, jobs
-            ):
-                if isinstance(image, str):
-                    skipped.append(Skipped(entry, image))
-                    if on_skip is not None:
-                        on_skip(skipped[-1])
-                    continue
-                if first is None:
-                    first = (entry, image.shape)
-                elif image.shape != first[1]:
-                    raise _other_size(where, entry, image.shape, *first,
-                                      "an IDX file holds one size: give a resize")  # fmt: skip
-                images.write(image.tobytes())
-                labels.write(bytes((entry.label,)))
-                count += 1
-                if count % 1000 == 0:
-                    progress(count, total)
-            if first is None:
-                raise ImageError(f"{where}: no image could be read; nothing written")
-            images.stream.seek(0)
-            images.write(pack_header(IMAGES_MAGIC, count, *first[1]))
-            labels.stream.seek(0)
-            labels.write(pack_header(LABELS_MAGIC, count))
-            place_together([images, labels])
-    except OSError as exc:
-        raise OutputError(f"{exc.filename or prefix}: cannot write: {exc.strerror}") from None
-    progress(count, total)
-    return ImagesetResult(
-        path=targets[0], backend="idx", count=count, lines=total, skipped=tuple(skipped),
-        shape=(1, int(first[1][0]), int(first[1][1])), seconds=time.perf_counter() - started,
-    )  # fmt: skip

@@ -19,12 +19,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mnist2db.errors import ArgumentError, OutputError
 from mnist2db.formats.image_list import ImageList, ListEntry, ListIndex, list_line
-from mnist2db.images.datum_records import (
-    ImagesetResult,
-    Skipped,
-    write_imageset,
-    write_imageset_idx,
-)
+from mnist2db.images.datum_records import ImagesetResult, Skipped, write_imageset
+from mnist2db.images.idx_pair import write_imageset_idx
 from mnist2db.progress import Progress
 
 if TYPE_CHECKING:
@@ -88,7 +84,7 @@ def convert_images(
 
     Raises:
         Mnist2dbError: see :func:`mnist2db.images.datum_records.write_imageset` and
-            :func:`mnist2db.images.datum_records.write_imageset_idx`; nothing is then written.
+            :func:`mnist2db.images.idx_pair.write_imageset_idx`; nothing is then written.
     """
     from mnist2db.records import fresh_seed, permutation
     from mnist2db.storage.file_placement import check_file_target
