@@ -17,8 +17,12 @@ from typing import TYPE_CHECKING, Any
 from mnist2db.caffe_tools.frame import OPENED_AT, log_here, run_tool, tool_main
 from mnist2db.caffe_tools.gflags import Flag, ParsedArgs
 from mnist2db.caffe_tools.glog import Logger
+from mnist2db.errors import ArgumentError
+from mnist2db.formats.image_input import ignore_decoder_warnings
+from mnist2db.formats.image_list import ImageList, ListIndex
 from mnist2db.records import fresh_seed, seed_note
 from mnist2db.storage.backends import DEFAULT_BACKEND
+from mnist2db.storage.targets import check_destination
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -103,12 +107,8 @@ FLAGS: dict[str, Flag] = {
 
 
 def _convert(parsed: ParsedArgs, logger: Logger) -> None:
-    from mnist2db.errors import ArgumentError
-    from mnist2db.formats.image_input import ignore_decoder_warnings
-    from mnist2db.formats.image_list import ImageList, ListIndex
     from mnist2db.images.datum_records import Skipped, write_imageset
     from mnist2db.images.resume import staged_seed
-    from mnist2db.storage.targets import check_destination
 
     root, listing, db_path = parsed.positional
     ignore_decoder_warnings()
@@ -223,7 +223,6 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
 
 def _targets(parsed: ParsedArgs, listing: str) -> TargetSource | None:
     """The label table --targets names (None without it): mnist2db's extension."""
-    from mnist2db.errors import ArgumentError
 
     kind = str(parsed["targets"])
     width = int(parsed["targets_width"])  # type: ignore[call-overload]

@@ -19,7 +19,9 @@ Writing them as ``cv::imencode`` does is :mod:`mnist2db.formats.image_encode`'s.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import struct
 import zlib
 from typing import Any
@@ -34,6 +36,7 @@ from mnist2db.formats.image_input import (
     read_image_file,
 )
 from mnist2db.formats.opencv import opencv
+from mnist2db.formats.png16 import decode_png16
 
 #: The formats OpenCV 4.6 reads, by Pillow's name for them (GIF is not among them).
 READ_FORMATS = ("BMP", "JPEG", "MPO", "PNG", "PPM", "TIFF", "WEBP")
@@ -265,8 +268,6 @@ def _samples(opened: Any, kind: str, color: bool | None, data: bytes) -> tuple[n
 
 def _pnm_maxval(data: bytes) -> int:
     """The maximum sample value in a PGM/PPM header (P2/P3/P5/P6); 1 for a bitmap."""
-    import re
-
     if data[1:2] in (b"1", b"4"):
         return 1
     fields = re.sub(rb"#[^\n]*", b" ", bytes(data[2:512])).split()
@@ -287,7 +288,6 @@ def _png_gamma(info: dict[Any, Any]) -> int | None:
 
 def _png_gamma_tables(gamma: int) -> tuple[np.ndarray, np.ndarray]:
     """libpng's 8-bit ``gamma_to_1`` and ``gamma_from_1`` tables for a file gamma."""
-    import math
 
     def reciprocal(value: float) -> int:
         return int(math.floor(1e10 / value + 0.5))
@@ -323,8 +323,6 @@ def _inverted_cmyk(opened: Any) -> bool:
 def _png16_rgb(opened: Any) -> np.ndarray:
     """A 16-bit colour PNG's samples in full (h, w, 3) uint16, alpha dropped: libpng's grey
     conversion works on them before keeping the high byte, and Pillow keeps only that."""
-    from mnist2db.formats.png16 import decode_png16
-
     return decode_png16(opened.fp, opened.size)
 
 

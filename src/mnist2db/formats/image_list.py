@@ -39,10 +39,7 @@ from typing import IO, NamedTuple
 from mnist2db.errors import ImageError
 from mnist2db.formats.datum import KEY_LIMIT
 from mnist2db.formats.text_lines import BLANKS, bounded_lines, shown
-from mnist2db.storage.backends import LMDB_KEY_LIMIT
 
-#: LMDB's largest key (what images/datum_records checks a key against before writing it).
-KEY_LIMIT_LMDB = LMDB_KEY_LIMIT
 _LABEL = re.compile(rb"[+-]?[0-9]+")
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 #: The longest line read: far past any path the system opens (PATH_MAX, 4096 bytes).

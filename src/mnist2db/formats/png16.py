@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
-if TYPE_CHECKING:
-    import numpy as np
+import numpy as np
 
 
 def _chunks(fp: IO[bytes]) -> tuple[bytes, bytes]:
@@ -46,8 +45,6 @@ def decode_png16(fp: IO[bytes], size: tuple[int, int]) -> np.ndarray:
     Raises:
         ValueError: the PNG is damaged, or interlaced (not handled here).
     """
-    import numpy as np
-
     where = fp.tell()
     try:
         header, data = _chunks(fp)
@@ -97,8 +94,6 @@ def decode_png16(fp: IO[bytes], size: tuple[int, int]) -> np.ndarray:
 
 def _sequential(line: np.ndarray, above: np.ndarray, bpp: int, kind: int) -> np.ndarray:
     """Unfilter Average (3) or Paeth (4): each pixel depends on the one before it."""
-    import numpy as np
-
     pixels = line.reshape(-1, bpp).astype(np.int32)
     up = above.reshape(-1, bpp).astype(np.int32)
     out = np.zeros_like(pixels)

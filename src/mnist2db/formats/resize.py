@@ -27,13 +27,9 @@ reads (~2 ms for that photo).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import numpy as np
 
 from mnist2db.formats.opencv import opencv
-
-if TYPE_CHECKING:
-    import numpy as np
-
 
 _COEF_BITS = 11
 _COEF_SCALE = 1 << _COEF_BITS
@@ -46,8 +42,6 @@ def _taps(source: int, target: int, *, clamp: bool) -> tuple[np.ndarray, np.ndar
     horizontal taps); rows keep their fractional weights over the edge row twice (its
     vertical taps, whose two weights are then rounded apart).
     """
-    import numpy as np
-
     scale = source / target
     f = ((np.arange(target, dtype=np.float64) + 0.5) * scale - 0.5).astype(np.float32)
     s = np.floor(f).astype(np.int64)
@@ -88,8 +82,6 @@ def resize_numpy(image: np.ndarray, width: int, height: int) -> np.ndarray:
     Raises:
         ValueError: a size below 1.
     """
-    import numpy as np
-
     if width < 1 or height < 1:
         raise ValueError(f"cannot resize to {width} × {height}")
     rows, cols = image.shape[:2]
