@@ -1,9 +1,10 @@
 """--resume for an image database and its label database: a real pair conversion in a child
 process, SIGKILLed at several points (after image batches; after the images, before or
-between the label batches; while the two are placed), continued with resume. Both staged
-databases keep their committed batches (the resumed child counts the batches it writes),
-and the pair equals an uninterrupted run's, key for key and byte for byte, its records'
-digests verified. A plan whose label source differs is refused in one line."""
+between the label batches; once both are written; while the two are placed), continued
+with resume. Both staged databases keep their committed batches (the resumed child counts
+the batches it writes), and the pair equals an uninterrupted run's, key for key and byte
+for byte, its records' digests verified. A plan whose label source differs is refused in
+one line."""
 
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def convert(photos: Path, out: Path, backend: str, *, resume: bool = False, jobs
             ) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """A pair conversion in a child process, in batches of BATCH records; ``kill``:
     ``("images", n)`` SIGKILLs it once n image batches are committed, ``("labels", n)``
-    once the images are all written and n label batches committed, ``("placing", 0)`` once
+    once the images are all written and n label batches committed, ``("done", 0)`` once
+    both are written (the plan not yet removed), ``("placing", 0)`` once
     the image database is placed and the label database not yet; ``caffe_order``: the
     drop-in's shuffle, not mnist2db's; ``alone``: the same images without their label
     database. It prints its records, and the image and label
@@ -107,6 +109,13 @@ def convert(photos: Path, out: Path, backend: str, *, resume: bool = False, jobs
             if kind == "placing" and stage == "databases-first":
                 os.kill(os.getpid(), signal.SIGKILL)
         staging.checkpoint = checkpoint
+        import mnist2db.images.imageset as imageset
+        remove_plan = imageset.remove_plan
+        def finished(path):
+            if kind == "done":
+                os.kill(os.getpid(), signal.SIGKILL)
+            remove_plan(path)
+        imageset.remove_plan = finished
         result = write_imageset({str(photos) + "/"!r}, source.entries, {str(out)!r},
                                 {backend!r}, batch_size={BATCH}, jobs={jobs},
                                 where={str(photos / listing)!r}, resume={resume},
@@ -150,7 +159,7 @@ def test_killed_pairs_resume_to_the_uninterrupted_pair(
     # (where it is killed, image batches left to write, label batches left to write)
     points = [(("images", 1), every - 1, every), (("images", 7), every - 7, every),
               (("labels", 0), 0, every), (("labels", 3), 0, every - 3),
-              (("labels", every - 1), 0, 1)]  # fmt: skip
+              (("labels", every - 1), 0, 1), (("done", 0), 0, 0)]  # fmt: skip
     if (backend, jobs) != ("lmdb", 2):  # one in each phase, and between the two
         points = points[1:4]
     for n, (kill, image_batches, label_batches) in enumerate(points):
