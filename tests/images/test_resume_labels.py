@@ -67,6 +67,7 @@ def digests(path: Path, backend: str) -> list[tuple[bytes, str]]:
 def convert(photos: Path, out: Path, backend: str, *, resume: bool = False, jobs: int = 2,
             seed: int | None = None, kill: tuple[str, int] = ("", -1),
             listing: str = "values.txt", caffe_order: bool = False, alone: bool = False,
+            header: bool = False,
             ) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """A pair conversion in a child process, in batches of BATCH records; ``kill``:
     ``("images", n)`` SIGKILLs it once n image batches are committed, ``("labels", n)``
@@ -85,7 +86,8 @@ def convert(photos: Path, out: Path, backend: str, *, resume: bool = False, jobs
         from mnist2db.label_databases import TargetSource
         from mnist2db.records import permutation
         kind, after = {kill!r}
-        table = open_label_table({str(photos / listing)!r}, header=False, width=3)
+        table = open_label_table({str(photos / listing)!r}, header={header},
+                                 width=None if {header} else 3)
         seed = {seed!r}
         order = None if seed is None else permutation(seed, TargetSource(table).count())
         if {caffe_order} and seed is not None:
@@ -288,3 +290,23 @@ def test_a_resume_whose_label_source_differs_is_refused(photos: Path, tmp_path: 
         f"{tmp_path / 'alone'}: --resume refused: the label values were not written by the "
         "staged run (it made no label database); run without --resume to start again"
     )
+
+
+def test_a_csv_table_resumes_from_the_command_line(photos: Path, tmp_path: Path) -> None:
+    rows = ["path,a,b,c\n"] + [
+        f"img {i:02d}.png," + ",".join(repr(v) for v in values_of(i)) + "\n" for i in range(COUNT)
+    ]
+    (photos / "table.csv").write_text("".join(rows))
+    table = photos / "table.csv"
+    whole = tmp_path / "whole"
+    made = cli("imageset", "--labels", table, "--backend", "leveldb", photos, whole)
+    assert made.returncode == 0, made.stderr
+    out = tmp_path / "db"
+    killed = convert(photos, out, "leveldb", kill=("labels", 1), listing="table.csv",
+                     header=True)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL
+    done = cli("imageset", "--labels", table, "--backend", "leveldb", "--resume", photos, out)
+    assert done.returncode == 0, done.stderr
+    assert digests(out, "leveldb") == digests(whole, "leveldb")
+    assert digests(labels_of(out), "leveldb") == digests(labels_of(whole), "leveldb")
+    assert len(digests(out, "leveldb")) == RECORDS and staged(out) == []
