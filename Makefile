@@ -75,9 +75,15 @@ format: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m pytest -q tests/test_proto.py
 
-# Speed and memory against the naive converter and the backends' floors (issue 5); ~2 minutes.
-# BENCH_ARGS="--markdown bench.md" also writes the tables as Markdown.
-bench: $(STAMP)
+# Speed and memory against the naive converter, the backends' floors, Caffe's tools where
+# built, and DALI where installed. BENCH_ARGS="--markdown bench.md" also writes the tables
+# as Markdown. The bench extra adds scikit-image: its photographs are the photo set.
+BENCH_STAMP := $(VENV)/.bench-stamp
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 
 clean:

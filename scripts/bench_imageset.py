@@ -70,19 +70,31 @@ def _rss(pid: int) -> int:
         return 0
 
 
-def run_once(argv: list[str], out: Path) -> tuple[float, float, int]:
-    """(wall s, CPU s of it and its children, peak KiB summed over them)."""
+def _pss(pid: int) -> int:
+    """Proportional set size, KiB: a page shared by n processes counts 1/n in each."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+    except (OSError, StopIteration):
+        return 0
+
+
+def run_once(argv: list[str], out: Path) -> tuple[float, float, int, int]:
+    """(wall s, CPU s of it and its children, peak KiB summed over them: resident sets and
+    proportional sets)."""
     shutil.rmtree(out, ignore_errors=True)
     os.sync()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    peak = [0]
+    peak = [0, 0]
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], sum(_rss(p) for p in _tree(proc.pid)))
+            pids = _tree(proc.pid)
+            peak[0] = max(peak[0], sum(_rss(p) for p in pids))
+            peak[1] = max(peak[1], sum(_pss(p) for p in pids))
             time.sleep(0.01)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -96,7 +108,7 @@ def run_once(argv: list[str], out: Path) -> tuple[float, float, int]:
         raise SystemExit(f"bench: {' '.join(argv)} failed ({proc.returncode}):\n{err.decode()}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     shutil.rmtree(out, ignore_errors=True)
-    return wall, cpu, peak[0]
+    return wall, cpu, peak[0], peak[1]
 
 
 def fashion_pngs(work: Path) -> tuple[Path, Path] | None:
@@ -139,11 +151,12 @@ def imageset_table(repeat: int = 5, count: int = 2000) -> list[str]:
     work = Path(tempfile.mkdtemp(prefix="mnist2db-bench-imageset-"))
     lines = [
         f"Your own images (issue 26): medians of {repeat} alternating runs; CPU is user + "
-        "system of the process and its workers; peak is the sum of their resident sets.",
+        "system of the process and its workers; peak is the sum of their resident sets (RSS: "
+        "a page shared by the workers counts in each) and of their proportional sets (PSS).",
         "",
         "| set | flags | Caffe wall s | ours wall s | × Caffe | ours CPU / wall | "
-        "ours peak MiB | Caffe peak MiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "ours peak RSS MiB | ours peak PSS MiB | Caffe peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     if caffe is None:
         lines.insert(1, "(no Caffe build found: set MNIST2DB_BENCH_CAFFE to its "
@@ -172,7 +185,7 @@ def imageset_table(repeat: int = 5, count: int = 2000) -> list[str]:
                 mine = [ours, *flags, rootarg, str(listing), str(out)]
                 theirs = [str(caffe), *[f for f in flags if not f.startswith("-j")],
                           rootarg, str(listing), str(out)] if caffe else None  # fmt: skip
-                runs: dict[str, list[tuple[float, float, int]]] = {"ours": [], "caffe": []}
+                runs: dict[str, list[tuple[float, float, int, int]]] = {"ours": [], "caffe": []}
                 for _ in range(repeat):
                     runs["ours"].append(run_once(mine, out))
                     if theirs:
@@ -180,6 +193,7 @@ def imageset_table(repeat: int = 5, count: int = 2000) -> list[str]:
                 wall = statistics.median(r[0] for r in runs["ours"])
                 cpu = statistics.median(r[1] / r[0] for r in runs["ours"])
                 peak = statistics.median(r[2] for r in runs["ours"]) / 1024
+                pss = statistics.median(r[3] for r in runs["ours"]) / 1024
                 if runs["caffe"]:
                     c_wall = statistics.median(r[0] for r in runs["caffe"])
                     ratio = statistics.median(
@@ -192,7 +206,7 @@ def imageset_table(repeat: int = 5, count: int = 2000) -> list[str]:
                     caffe_cols, c_peak_text = f"– | {wall:.2f} | –", "–"
                 shown = " ".join(flags) or "(none)"
                 lines.append(f"| {name} | `{shown}` | {caffe_cols} | {cpu:.2f} "
-                             f"| {peak:.0f} | {c_peak_text} |")  # fmt: skip
+                             f"| {peak:.0f} | {pss:.0f} | {c_peak_text} |")  # fmt: skip
             floor = [sys.executable, "-c", DECODE_FLOOR, rootarg, str(listing)]
             walls = [run_once(floor, work / "none")[0] for _ in range(repeat)]
             floors.append(f"- decode-only floor, {name}: Pillow's decode of every file in one "

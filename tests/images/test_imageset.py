@@ -197,3 +197,29 @@ def test_mean_refuses_another_size_naming_the_record(tmp_path: Path) -> None:
         f"Error: {path}: key 00000001_jpeg_420.jpg: shape 3 × 29 × 37 differs from the first "
         "record's 3 × 23 × 31\n"
     )
+
+
+def test_a_mapped_file_leaves_the_resident_set(tmp_path: Path) -> None:
+    """What keeps LMDB's map out of a long conversion's resident set: the pages of a mapped
+    file this process touched leave it, and read the same again."""
+    import mmap
+
+    from mnist2db.images.imageset import release_mapped_pages
+
+    path = tmp_path / "data.mdb"
+    path.write_bytes(bytes(range(256)) * (4 << 12))  # 4 MiB
+
+    def resident() -> int:
+        with open("/proc/self/smaps") as smaps:
+            lines = smaps.read().splitlines()
+        for i, line in enumerate(lines):
+            if line.endswith(str(path)):
+                return next(int(x.split()[1]) for x in lines[i:] if x.startswith("Rss:"))
+        raise AssertionError("not mapped")
+
+    with open(path, "rb") as stream, mmap.mmap(stream.fileno(), 0, prot=mmap.PROT_READ) as view:
+        assert sum(view[i] for i in range(0, len(view), 4096)) == 0  # every page touched
+        assert resident() >= 4000
+        release_mapped_pages(os.path.realpath(path))
+        assert resident() == 0
+        assert view[4097] == 1 and view[-1] == 255
