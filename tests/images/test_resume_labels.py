@@ -111,7 +111,7 @@ def convert(photos: Path, out: Path, backend: str, *, resume: bool = False, jobs
             if kind == "placing" and stage == "databases-first":
                 os.kill(os.getpid(), signal.SIGKILL)
         staging.checkpoint = checkpoint
-        import mnist2db.images.imageset as imageset
+        import mnist2db.images.datum_records as imageset
         remove_plan = imageset.remove_plan
         def finished(path):
             if kind == "done":
