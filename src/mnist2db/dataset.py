@@ -322,8 +322,10 @@ class DatumDataset:
                         found: list[Any] = list(map(self._lookup, keys))
                     except (AttributeError, TypeError):  # no transaction here yet, or closed
                         self._fetch(keys[0])
-                        lookup = self._lookup
-                        found = list(map(lookup, keys)) if lookup is not None else [None]
+                        try:
+                            found = list(map(self._lookup, keys))
+                        except (AttributeError, TypeError):  # closed again meanwhile
+                            found = [None]  # the general path below
                 except self._errors as exc:
                     raise self._failed(exc, backend_message(exc)) from exc
                 if None not in found:
