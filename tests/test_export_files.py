@@ -315,10 +315,12 @@ def test_killed_export_leaves_no_out(tmp_path: Path) -> None:
     assert len((out / "list.txt").read_text().splitlines()) == 10000
 
 
-def test_peak_memory_is_bounded(tmp_path: Path) -> None:
+@pytest.mark.parametrize("to", ["files", "webdataset"])
+def test_peak_memory_is_bounded(tmp_path: Path, to: str) -> None:
     """Records of 8 MiB each, 192 MiB in all: the export's own memory (anonymous, sampled
-    every millisecond) stays under 128 MiB. (The resident pages of LMDB's map of the
-    database file are the page cache's, clean, and are not counted.)"""
+    every millisecond) stays under 128 MiB, with its threads reading ahead and writing
+    behind. (The resident pages of LMDB's map of the database file are the page cache's,
+    clean, and are not counted.)"""
     blob = (CORPUS / "images" / "cat" / "tabby.jpg").read_bytes()
     datum = array_to_datum(np.zeros((1, 1, 1), np.uint8), 0)
     datum.data = blob + os.urandom((8 << 20) - len(blob))
@@ -333,6 +335,7 @@ def test_peak_memory_is_bounded(tmp_path: Path) -> None:
     code = (
         "import re, sys, threading, time\n"
         "from mnist2db.exporting.folder import export_files\n"
+        "from mnist2db.exporting.shards import export_webdataset\n"
         "peak, done = [0], []\n"
         "def sample():\n"
         "    while not done:\n"
@@ -341,15 +344,20 @@ def test_peak_memory_is_bounded(tmp_path: Path) -> None:
         "        time.sleep(0.001)\n"
         "thread = threading.Thread(target=sample)\n"
         "thread.start()\n"
-        "export_files(sys.argv[1], sys.argv[2])\n"
+        "(export_files if sys.argv[3] == 'files' else export_webdataset)(sys.argv[1], sys.argv[2])\n"
         "done.append(1)\n"
         "thread.join()\n"
         "print(peak[0])\n"
     )
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "big"),
-                           str(tmp_path / "files")], capture_output=True, text=True, check=True)  # fmt: skip
+                           str(tmp_path / "out" / "s"), to], capture_output=True, text=True,
+                          check=True)  # fmt: skip
     assert 0 < int(done.stdout) < 128 * 1024, f"peak anonymous memory {done.stdout} KiB"
-    assert len(list((tmp_path / "files" / "0").iterdir())) == 24
+    if to == "files":
+        assert len(list((tmp_path / "out" / "s" / "0").iterdir())) == 24
+    else:
+        manifest = json.loads((tmp_path / "out" / "s.shards.json").read_text())
+        assert manifest["complete"] and manifest["records"] == 24
 
 
 def test_mixed_encodings_keep_key_order(tmp_path: Path, backend: str) -> None:

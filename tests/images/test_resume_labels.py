@@ -1,9 +1,10 @@
 """--resume for an image database and its label database: a real pair conversion in a child
 process, SIGKILLed at several points (after image batches; after the images, before or
-between the label batches; while the two are placed), continued with resume. Both staged
-databases keep their committed batches (the resumed child counts the batches it writes),
-and the pair equals an uninterrupted run's, key for key and byte for byte, its records'
-digests verified. A plan whose label source differs is refused in one line."""
+between the label batches; once both are written; while the two are placed), continued
+with resume. Both staged databases keep their committed batches (the resumed child counts
+the batches it writes), and the pair equals an uninterrupted run's, key for key and byte
+for byte, its records' digests verified. A plan whose label source differs is refused in
+one line."""
 
 from __future__ import annotations
 
@@ -66,10 +67,12 @@ def digests(path: Path, backend: str) -> list[tuple[bytes, str]]:
 def convert(photos: Path, out: Path, backend: str, *, resume: bool = False, jobs: int = 2,
             seed: int | None = None, kill: tuple[str, int] = ("", -1),
             listing: str = "values.txt", caffe_order: bool = False, alone: bool = False,
+            header: bool = False,
             ) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """A pair conversion in a child process, in batches of BATCH records; ``kill``:
     ``("images", n)`` SIGKILLs it once n image batches are committed, ``("labels", n)``
-    once the images are all written and n label batches committed, ``("placing", 0)`` once
+    once the images are all written and n label batches committed, ``("done", 0)`` once
+    both are written (the plan not yet removed), ``("placing", 0)`` once
     the image database is placed and the label database not yet; ``caffe_order``: the
     drop-in's shuffle, not mnist2db's; ``alone``: the same images without their label
     database. It prints its records, and the image and label
@@ -83,7 +86,8 @@ def convert(photos: Path, out: Path, backend: str, *, resume: bool = False, jobs
         from mnist2db.label_databases import TargetSource
         from mnist2db.records import permutation
         kind, after = {kill!r}
-        table = open_label_table({str(photos / listing)!r}, header=False, width=3)
+        table = open_label_table({str(photos / listing)!r}, header={header},
+                                 width=None if {header} else 3)
         seed = {seed!r}
         order = None if seed is None else permutation(seed, TargetSource(table).count())
         if {caffe_order} and seed is not None:
@@ -107,6 +111,13 @@ def convert(photos: Path, out: Path, backend: str, *, resume: bool = False, jobs
             if kind == "placing" and stage == "databases-first":
                 os.kill(os.getpid(), signal.SIGKILL)
         staging.checkpoint = checkpoint
+        import mnist2db.images.imageset as imageset
+        remove_plan = imageset.remove_plan
+        def finished(path):
+            if kind == "done":
+                os.kill(os.getpid(), signal.SIGKILL)
+            remove_plan(path)
+        imageset.remove_plan = finished
         result = write_imageset({str(photos) + "/"!r}, source.entries, {str(out)!r},
                                 {backend!r}, batch_size={BATCH}, jobs={jobs},
                                 where={str(photos / listing)!r}, resume={resume},
@@ -150,7 +161,7 @@ def test_killed_pairs_resume_to_the_uninterrupted_pair(
     # (where it is killed, image batches left to write, label batches left to write)
     points = [(("images", 1), every - 1, every), (("images", 7), every - 7, every),
               (("labels", 0), 0, every), (("labels", 3), 0, every - 3),
-              (("labels", every - 1), 0, 1)]  # fmt: skip
+              (("labels", every - 1), 0, 1), (("done", 0), 0, 0)]  # fmt: skip
     if (backend, jobs) != ("lmdb", 2):  # one in each phase, and between the two
         points = points[1:4]
     for n, (kill, image_batches, label_batches) in enumerate(points):
@@ -279,3 +290,23 @@ def test_a_resume_whose_label_source_differs_is_refused(photos: Path, tmp_path: 
         f"{tmp_path / 'alone'}: --resume refused: the label values were not written by the "
         "staged run (it made no label database); run without --resume to start again"
     )
+
+
+def test_a_csv_table_resumes_from_the_command_line(photos: Path, tmp_path: Path) -> None:
+    rows = ["path,a,b,c\n"] + [
+        f"img {i:02d}.png," + ",".join(repr(v) for v in values_of(i)) + "\n" for i in range(COUNT)
+    ]
+    (photos / "table.csv").write_text("".join(rows))
+    table = photos / "table.csv"
+    whole = tmp_path / "whole"
+    made = cli("imageset", "--labels", table, "--backend", "leveldb", photos, whole)
+    assert made.returncode == 0, made.stderr
+    out = tmp_path / "db"
+    killed = convert(photos, out, "leveldb", kill=("labels", 1), listing="table.csv",
+                     header=True)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL
+    done = cli("imageset", "--labels", table, "--backend", "leveldb", "--resume", photos, out)
+    assert done.returncode == 0, done.stderr
+    assert digests(out, "leveldb") == digests(whole, "leveldb")
+    assert digests(labels_of(out), "leveldb") == digests(labels_of(whole), "leveldb")
+    assert len(digests(out, "leveldb")) == RECORDS and staged(out) == []

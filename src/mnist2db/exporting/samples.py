@@ -18,8 +18,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from queue import Full, Queue
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -28,6 +30,10 @@ from mnist2db.formats.datum import check_datum, decode_datum, key_text, raw_layo
 from mnist2db.formats.image import encode_png as encode_colour_png
 from mnist2db.formats.image_input import image_format
 from mnist2db.formats.png import encode_png_batch
+from mnist2db.formats.png_codec import SIGNATURE
+from mnist2db.formats.protowire import encode_varint
+
+T = TypeVar("T")
 
 #: The extension written for each format :func:`mnist2db.formats.image.image_format` names.
 EXTENSIONS = {"PNG": "png", "JPEG": "jpg", "BMP": "bmp", "TIFF": "tif", "WEBP": "webp"}
@@ -95,33 +101,18 @@ def _check_shape(shape: tuple[int, int, int], where: str) -> None:
 
 def _grey_pngs(images: np.ndarray) -> list[bytes]:
     """PNGs of ``(n, rows, cols)`` grey images, by the batch encoder ``convert --encoded png``
-    uses: each Datum it makes is cut back to its PNG (field 4), whose length precedes it."""
+    uses: each Datum it makes is cut back to its PNG (field 4): from the PNG signature after
+    the Datum's head to the label 0 and ``encoded: true`` that end it."""
     n, rows, cols = images.shape
-    head = 1 + 1 + 1 + len(_varint(rows)) + 1 + len(_varint(cols)) + 1
-    out = []
-    for record in encode_png_batch(images, np.zeros(n, dtype=np.int64)):
-        size, shift, at = 0, 0, head
-        while True:
-            byte = record[at]
-            size |= (byte & 0x7F) << shift
-            at += 1
-            if byte < 0x80:
-                break
-            shift += 7
-        out.append(record[at : at + size])
-    return out
+    head = 1 + 1 + 1 + len(encode_varint(rows)) + 1 + len(encode_varint(cols)) + 1
+    return [
+        record[record.index(SIGNATURE, head) : -len(_ZERO_TAIL)]
+        for record in encode_png_batch(images, np.zeros(n, dtype=np.int64))
+    ]
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(low | 0x80)
-        else:
-            out.append(low)
-            return bytes(out)
+#: What ends a record :func:`encode_png_batch` makes of label 0: the label, ``encoded: true``.
+_ZERO_TAIL = b"\x28\x00\x38\x01"
 
 
 def read_record(db_path: str, key: bytes, value: bytes) -> Any:
@@ -140,23 +131,24 @@ def read_record(db_path: str, key: bytes, value: bytes) -> Any:
     return datum
 
 
-def _raw_samples(batch: list[_Raw]) -> list[Sample]:
-    """The samples of raw records, in order: grey records of one shape encoded together."""
-    made: list[Sample | None] = [None] * len(batch)
+def _raw_batch(batch: list[_Raw]) -> SampleBatch:
+    """The PNGs of raw records, in order: grey records of one shape encoded together."""
+    made: list[bytes] = [b""] * len(batch)
     grey: dict[tuple[int, int], list[int]] = {}
-    for i, (key, label, (channels, height, width), data) in enumerate(batch):
+    for i, (_, _, (channels, height, width), data) in enumerate(batch):
         if channels == 1:
             grey.setdefault((height, width), []).append(i)
         else:
             planes = np.frombuffer(data, dtype=np.uint8).reshape(channels, height, width)
-            made[i] = Sample(key, label, encode_colour_png(planes.transpose(1, 2, 0)), "png", False)
+            made[i] = encode_colour_png(planes.transpose(1, 2, 0))
     for (rows, cols), where in grey.items():
         joined = b"".join([batch[i][3] for i in where])
         images = np.frombuffer(joined, dtype=np.uint8).reshape(len(where), rows, cols)
         for i, data in zip(where, _grey_pngs(images), strict=True):
-            key, label = batch[i][:2]
-            made[i] = Sample(key, label, data, "png", False)
-    return [sample for sample in made if sample is not None]
+            made[i] = data
+    keys = [raw[0] for raw in batch]
+    labels = [raw[1] for raw in batch]
+    return SampleBatch(keys, labels, made, ["png"] * len(batch), False)
 
 
 class _FixedLayout:
@@ -177,16 +169,44 @@ class _FixedLayout:
         return key, value[-1], self.shape, value[self.offset : self.offset + self.size]
 
 
-def iter_samples(db_path: str, records: Iterable[tuple[bytes, bytes]]) -> Iterator[Sample]:
-    """The samples of ``records`` (``(key, value)`` in key order), in the same order.
+class SampleBatch(NamedTuple):
+    """Consecutive samples, as columns: ``keys``, ``labels``, ``data`` (the files' bytes),
+    ``exts``; ``encoded``: all stored bytes as they are, or all PNGs of raw pixels."""
 
-    An encoded record is passed on at once (its bytes are the file's); raw records are
-    gathered, up to :data:`BATCH_RECORDS` and :data:`BATCH_BYTES`, to be encoded together.
+    keys: list[bytes]
+    labels: list[int]
+    data: list[bytes]
+    exts: list[str]
+    encoded: bool
+
+    def samples(self) -> Iterator[Sample]:
+        for key, label, data, ext in zip(self.keys, self.labels, self.data, self.exts,
+                                         strict=True):  # fmt: skip
+            yield Sample(key, label, data, ext, self.encoded)
+
+
+def iter_samples(db_path: str, records: Iterable[tuple[bytes, bytes]]) -> Iterator[Sample]:
+    """The samples of ``records`` (``(key, value)`` in key order), in the same order
+    (:func:`iter_batches`, made ahead on a thread: :func:`prefetched`, one by one).
 
     Raises:
         DatumError: a value is not a Datum, or a raw one is not an image a file can hold.
     """
-    batch: list[_Raw] = []
+    for batch in prefetched(iter_batches(db_path, records)):
+        yield from batch.samples()
+
+
+def iter_batches(db_path: str, records: Iterable[tuple[bytes, bytes]]) -> Iterator[SampleBatch]:
+    """The samples of ``records`` (``(key, value)`` in key order), in the same order, in
+    batches of at most :data:`BATCH_RECORDS` records and about :data:`BATCH_BYTES` bytes
+    (memory's bound): encoded records pass on their stored bytes; raw ones, gathered, are
+    encoded together.
+
+    Raises:
+        DatumError: a value is not a Datum, or a raw one is not an image a file can hold.
+    """
+    raws: list[_Raw] = []
+    encoded = SampleBatch([], [], [], [], True)
     size = 0
     layout: _FixedLayout | None = None
     for key, value in records:
@@ -195,24 +215,90 @@ def iter_samples(db_path: str, records: Iterable[tuple[bytes, bytes]]) -> Iterat
         if raw is None:
             datum = read_record(db_path, key, value)
             if datum.encoded:
-                if batch:
-                    yield from _raw_samples(batch)
-                    batch, size = [], 0
-                label, data = int(datum.label), datum.data
+                if raws:
+                    yield _raw_batch(raws)
+                    raws, size = [], 0
+                data = datum.data
+                encoded.keys.append(key)
+                encoded.labels.append(int(datum.label))
+                encoded.data.append(data)
+                encoded.exts.append(extension(data))
                 del datum, value  # the record's one copy is the sample's
-                yield Sample(key, label, data, extension(data), True)
+                size += len(data)
+                if len(encoded.keys) >= BATCH_RECORDS or size >= BATCH_BYTES:
+                    yield encoded
+                    encoded, size = SampleBatch([], [], [], [], True), 0
                 continue
             raw = _raw_fields(datum, key, f"{db_path}: key {key_text(key)}")
             if layout is None:
                 layout = _FixedLayout(value)
                 if layout.size:
                     _check_shape(layout.shape, f"{db_path}: key {key_text(key)}")
-        batch.append(raw)
+        if encoded.keys:
+            yield encoded
+            encoded, size = SampleBatch([], [], [], [], True), 0
+        raws.append(raw)
         size += len(raw[3])
-        if len(batch) >= BATCH_RECORDS or size >= BATCH_BYTES:
-            yield from _raw_samples(batch)
-            batch, size = [], 0
-    yield from _raw_samples(batch)
+        if len(raws) >= BATCH_RECORDS or size >= BATCH_BYTES:
+            yield _raw_batch(raws)
+            raws, size = [], 0
+    if raws:
+        yield _raw_batch(raws)
+    if encoded.keys:
+        yield encoded
+
+
+#: Batches made ahead of their writer by :func:`prefetched` (memory's bound: with the one
+#: being made and the one being written, three batches).
+BATCHES_AHEAD = 1
+_POLL = 0.1
+
+
+def prefetched(items: Iterator[T], ahead: int = BATCHES_AHEAD) -> Iterator[T]:
+    """``items``, made on a thread of their own at most ``ahead`` items before they are
+    taken: the decoding and encoding of the next batches go on while the caller writes
+    (its file creations, writes and flushes release the GIL). An exception of ``items``
+    is raised here, in order; closing this iterator (a failure, an interruption) stops the
+    thread and closes ``items`` in it."""
+    queue: Queue[tuple[bool, Any]] = Queue(ahead)
+    stop = threading.Event()
+    end = object()
+
+    def put(entry: tuple[bool, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                queue.put(entry, timeout=_POLL)
+                return True
+            except Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put((True, item)):
+                    return
+            put((True, end))
+        except BaseException as exc:  # handed to the caller's thread, raised there
+            put((False, exc))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=produce, name="mnist2db-export", daemon=True)
+    thread.start()
+    try:
+        while True:
+            made, item = queue.get()
+            if not made:
+                raise item
+            if item is end:
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
 
 
 # -- names ---------------------------------------------------------------------------------

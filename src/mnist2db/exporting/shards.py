@@ -27,14 +27,23 @@ import json
 import os
 import re
 import tarfile
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from mnist2db.errors import ArgumentError, OutputError, OutputExistsError
-from mnist2db.exporting.samples import Sample, class_names, iter_samples, key_fields, sample_key
+from mnist2db.exporting.samples import (
+    SampleBatch,
+    class_names,
+    iter_batches,
+    key_fields,
+    prefetched,
+    sample_key,
+)
 from mnist2db.exporting.targets import TargetStream, column_names, sample_json
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.file_placement import check_file_target
@@ -84,53 +93,171 @@ class ShardsResult:
     targets: int = 0
 
 
-def _ustar_template() -> tuple[bytes, int]:
+def _ustar_template() -> bytes:
     """A USTAR header of an empty name and size 0 (mode 0644, owner 0, time 0, a regular
-    file), its checksum field blank, and the sum of its bytes (the checksum's base)."""
+    file), its checksum field blank (spaces, as the checksum counts it)."""
     info = tarfile.TarInfo("")
     info.mode, info.mtime = 0o644, 0
     header = bytearray(info.tobuf(format=tarfile.USTAR_FORMAT))
     header[124:136] = b"\0" * 12  # size: filled per member
     header[148:156] = b" " * 8  # the checksum counts its own field as spaces
-    return bytes(header), sum(header)
+    return bytes(header)
 
 
-_TEMPLATE, _TEMPLATE_SUM = _ustar_template()
+_TEMPLATE = _ustar_template()
+
+
+#: The padding after a member's data, by its length modulo a block.
+_PADDING = [b"\0" * (-n % _BLOCK) for n in range(_BLOCK)]
+_NAME_LIMIT = 100
+_OCTAL_11 = 3 * np.arange(10, -1, -1)
+_OCTAL_6 = 3 * np.arange(5, -1, -1)
+
+
+def _headers(names: list[bytes], sizes: list[int]) -> bytes:
+    """The USTAR headers of members named ``names`` (UTF-8, at most 100 bytes) holding
+    ``sizes`` bytes, one block each, all at once: the template with the name, the size and
+    the checksum (the sum of the header's bytes, its own field counted as spaces) in
+    octal, as tarfile writes them."""
+    n = len(names)
+    blocks = np.empty((n, _BLOCK), np.uint8)
+    blocks[:] = np.frombuffer(_TEMPLATE, np.uint8)
+    joined = b"".join([name.ljust(_NAME_LIMIT, b"\0") for name in names])
+    blocks[:, :_NAME_LIMIT] = np.frombuffer(joined, np.uint8).reshape(n, _NAME_LIMIT)
+    size = np.array(sizes, np.int64)[:, None]
+    blocks[:, 124:135] = ((size >> _OCTAL_11) & 7) + 48
+    blocks[:, 135] = 0
+    checksum = blocks.sum(axis=1, dtype=np.int64)[:, None]
+    blocks[:, 148:154] = ((checksum >> _OCTAL_6) & 7) + 48
+    blocks[:, 154] = 0
+    return blocks.tobytes()
+
+
+def _member_name(name: str) -> bytes:
+    encoded = name.encode("utf-8")
+    if len(encoded) > _NAME_LIMIT:
+        raise OutputError(f"{name}: a member name over 100 bytes (a USTAR limit)")
+    return encoded
 
 
 def _member(name: str, data: bytes) -> list[bytes]:
-    """One USTAR member (header, data, padding), as tarfile writes it, several times faster."""
-    encoded = name.encode("utf-8")
-    if len(encoded) > 100:
-        raise OutputError(f"{name}: a member name over 100 bytes (a USTAR limit)")
-    size = b"%011o\0" % len(data)
-    checksum = _TEMPLATE_SUM + sum(encoded) + sum(size)
-    header = b"".join((encoded, _TEMPLATE[len(encoded) : 124], size, _TEMPLATE[136:148],
-                       b"%06o\0 " % checksum, _TEMPLATE[156:]))  # fmt: skip
-    return [header, data, b"\0" * (-len(data) % _BLOCK)]
+    """One USTAR member (header, data, padding), as tarfile writes it."""
+    return [_headers([_member_name(name)], [len(data)]), data, _PADDING[len(data) % _BLOCK]]
 
 
-def sample_members(
-    sample: Sample, name: str, mapped: bool, targets: np.ndarray | None = None
-) -> list[bytes]:
-    """The tar members of one sample, as pieces to write: ``NAME.EXT``, ``NAME.cls``, and
-    ``NAME.json`` when the name is not the key or there are ``targets`` (the source key, the
-    label, the targets: :func:`~mnist2db.exporting.targets.sample_json`)."""
-    parts = _member(f"{name}.{sample.ext}", sample.data)
-    parts += _member(f"{name}.cls", b"%d" % sample.label)
-    if mapped or targets is not None:
-        text = sample_json(key_fields(sample.key), sample.label, targets)
-        parts += _member(f"{name}.json", text)
-    return parts
+def batch_tars(
+    batch: SampleBatch, previous: str, count: int, targets: TargetStream | None = None
+) -> tuple[list[bytes], list[bool], str]:
+    """Each sample of ``batch`` as its bytes in a tar: the members ``NAME.EXT``, ``NAME.cls``,
+    and ``NAME.json`` when the name is not the key or there are ``targets`` (the source key,
+    the label, the targets: :func:`~mnist2db.exporting.targets.sample_json`); the headers of
+    the whole batch made at once (:func:`_headers`).
+
+    ``previous``: the name of the sample before (``count``: its number, plus one); a name
+    equal to the one before is made unique (a loader groups consecutive members by name).
+    Returns the samples' bytes, whether each name is mapped, and the last name.
+    """
+    names: list[bytes] = []
+    data: list[bytes] = []
+    members: list[int] = []
+    mapped: list[bool] = []
+    for i, key in enumerate(batch.keys):
+        name, renamed = sample_key(key)
+        if name == previous:
+            name, renamed = f"{name}_{count + i}", True
+        previous = name
+        stem = name.encode()
+        label = batch.labels[i]
+        names += (stem + b"." + batch.exts[i].encode(), stem + b".cls")
+        data += (batch.data[i], b"%d" % label)
+        values = targets.take() if targets is not None else None
+        if renamed or values is not None:
+            names.append(stem + b".json")
+            data.append(sample_json(key_fields(key), label, values))
+        members.append(len(names))
+        mapped.append(renamed)
+    for member in names:
+        if len(member) > _NAME_LIMIT:
+            _member_name(member.decode())  # the refusal
+    headers = _headers(names, [len(piece) for piece in data]) if names else b""
+    tars = []
+    start = 0
+    for end in members:
+        pieces: list[bytes] = []
+        for j in range(start, end):
+            piece = data[j]
+            pieces += (headers[j * _BLOCK : (j + 1) * _BLOCK], piece, _PADDING[len(piece) % _BLOCK])
+        tars.append(b"".join(pieces))
+        start = end
+    return tars, mapped, previous
+
+
+#: Bytes handed to the writer thread and not yet written, at most (memory's bound: one
+#: write more, a sample larger than that, may wait).
+_WRITES_AHEAD = 4 << 20
+
+
+class _Writer:
+    """One thread that writes and hashes the shards' bytes and commits each shard (fsync,
+    rename), in the order given, while the caller builds the next bytes (writes, SHA-256 and
+    fsync release the GIL; the manifest stays the caller's). An error of a task is raised by a later :meth:`submit` or by :meth:`drain`;
+    after one, or once closing, the tasks left are skipped: a shard is committed only when
+    every write before its commit was made."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="mnist2db-shards")
+        self.pending: deque[tuple[Future[None], int]] = deque()
+        self.pending_size = 0
+        self.files: list[AtomicFile] = []
+        self.stopped = False
+
+    def _run(self, task: Callable[..., None], args: tuple[Any, ...]) -> None:
+        if self.stopped:
+            return
+        try:
+            task(*args)
+        except BaseException:
+            self.stopped = True
+            raise
+
+    def submit(self, task: Callable[..., None], *args: Any, size: int = 0) -> None:
+        """Hand ``task(*args)`` (of ``size`` bytes to write) to the thread; wait first while
+        more than :data:`_WRITES_AHEAD` bytes are waiting."""
+        while self.pending and (self.pending[0][0].done() or self.pending_size > _WRITES_AHEAD):
+            self._wait()
+        self.pending.append((self.pool.submit(self._run, task, args), size))
+        self.pending_size += size
+
+    def _wait(self) -> None:
+        future, size = self.pending.popleft()
+        self.pending_size -= size
+        future.result()
+
+    def drain(self) -> None:
+        """Wait for every task; raise the first error."""
+        while self.pending:
+            self._wait()
+
+    def close(self) -> None:
+        """Skip the tasks not begun, wait for the one running, and remove the temporary of
+        every shard not committed."""
+        self.stopped = True
+        self.pool.shutdown(wait=True)
+        self.pending.clear()
+        for file in self.files:
+            file.discard()
 
 
 class _Shard:
     """One shard being written: an :class:`AtomicFile`, its hash, its count and keys; small
-    members gathered up to :data:`_WRITE_SIZE` bytes, written and hashed together."""
+    members gathered up to :data:`_WRITE_SIZE` bytes, written and hashed together on the
+    writer's thread."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, writer: _Writer) -> None:
         self.path = path
+        self.writer = writer
         self.file = AtomicFile(path).create()
+        writer.files.append(self.file)
         self.digest = hashlib.sha256()
         self.count = 0
         self.size = 0
@@ -139,10 +266,11 @@ class _Shard:
         self.pending: list[bytes] = []
         self.pending_size = 0
 
-    def add(self, key: bytes, members: list[bytes], size: int) -> None:
-        self.pending += members
-        self.pending_size += size
-        self.size += size
+    def add(self, key: bytes, data: bytes) -> None:
+        """Add one sample's bytes in the tar."""
+        self.pending.append(data)
+        self.pending_size += len(data)
+        self.size += len(data)
         self.count += 1
         if self.first is None:
             self.first = key
@@ -150,26 +278,36 @@ class _Shard:
         if self.pending_size >= _WRITE_SIZE:
             self._flush()
 
-    def _flush(self) -> None:
-        data = b"".join(self.pending)
+    def _write(self, data: bytes) -> None:
         self.file.write(data)
         self.digest.update(data)
+
+    def _flush(self, end: bytes = b"") -> None:
+        self.pending.append(end)
+        data = b"".join(self.pending)
+        self.writer.submit(self._write, data, size=len(data))
         self.pending, self.pending_size = [], 0
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self, done: Callable[[dict[str, Any]], None]) -> None:
+        """End the shard; on the writer's thread, once its bytes are written, commit it
+        (fsync, rename) and call ``done`` with its manifest entry."""
         end = b"\0" * (2 * _BLOCK)  # the end-of-archive marker
-        self.pending.append(end)
         self.size += len(end)
-        self._flush()
+        self._flush(end)
+        self.writer.submit(self._commit, done)
+
+    def _commit(self, done: Callable[[dict[str, Any]], None]) -> None:
         self.file.commit()
-        return {
-            "name": os.path.basename(self.path),
-            "records": self.count,
-            "bytes": self.size,
-            "sha256": self.digest.hexdigest(),
-            "first_key_hex": (self.first or b"").hex(),
-            "last_key_hex": self.last.hex(),
-        }
+        done(
+            {
+                "name": os.path.basename(self.path),
+                "records": self.count,
+                "bytes": self.size,
+                "sha256": self.digest.hexdigest(),
+                "first_key_hex": (self.first or b"").hex(),
+                "last_key_hex": self.last.hex(),
+            }
+        )
 
 
 def _read_manifest(path: str) -> dict[str, Any] | None:
@@ -428,34 +566,51 @@ def _write_shards(
     count, mapped = before, 0
     shard: _Shard | None = None
     previous = ""
+    made = len(shards)  # shards made so far (those listed, and those being committed)
+    shard_size, shard_bytes = options["shard_size"], options["shard_bytes"]
+
+    committed: list[dict[str, Any]] = []  # placed by the writer, not listed yet
+
+    def placed(entry: dict[str, Any]) -> None:  # on the writer's thread, shard by shard
+        committed.append(entry)
+
+    def list_placed() -> None:
+        # Here, not on the writer's thread (a manifest's AtomicFile defers signals, which is
+        # the main thread's business), before the next shard is committed: at most one
+        # shard is ever placed and not listed (what _listed counts as ours).
+        writer.drain()
+        if committed:
+            shards.extend(committed)
+            committed.clear()
+            _write_manifest(manifest_path, manifest)
+
+    writer = _Writer()
     try:
-        for sample in iter_samples(db_path, records):
-            name, renamed = sample_key(sample.key)
-            if name == previous:  # a loader groups consecutive members by name
-                name, renamed = f"{name}_{count}", True
-            previous = name
-            members = sample_members(sample, name, renamed,
-                                     targets.take() if targets is not None else None)  # fmt: skip
-            size = sum(len(piece) for piece in members)
-            if shard is not None and (
-                shard.count >= options["shard_size"]
-                or (options["shard_bytes"] and shard.size + size > options["shard_bytes"])
-            ):
-                shards.append(shard.finish())
-                shard = None
-                _write_manifest(manifest_path, manifest)
-                progress(count, total)
-            if shard is None:
-                shard = _Shard(shard_name(out, len(shards)))
-            shard.add(sample.key, members, size)
-            count += 1
-            mapped += renamed
+        for batch in prefetched(iter_batches(db_path, records)):
+            tars, renamed, previous = batch_tars(batch, previous, count, targets)
+            for key, data, was_mapped in zip(batch.keys, tars, renamed, strict=True):
+                if shard is not None and (
+                    shard.count >= shard_size
+                    or (shard_bytes and shard.size + len(data) > shard_bytes)
+                ):
+                    list_placed()
+                    shard.finish(placed)
+                    shard = None
+                    progress(count, total)
+                if shard is None:
+                    shard = _Shard(shard_name(out, made), writer)
+                    made += 1
+                shard.add(key, data)
+                count += 1
+                mapped += was_mapped
         if shard is not None:
-            shards.append(shard.finish())
+            list_placed()
+            shard.finish(placed)
             shard = None
+        writer.drain()
+        shards.extend(committed)  # listed by the manifest written below
     finally:
-        if shard is not None:
-            shard.file.discard()
+        writer.close()  # and the temporary of a shard not committed
     written = {entry["name"] for entry in shards}
     parent = os.path.dirname(out)
     for name in replacing:  # an earlier export's shards beyond this one's
