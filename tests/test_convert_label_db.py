@@ -131,11 +131,11 @@ def test_a_killed_pair_leaves_neither_and_runs_again(tmp_path: Path, backend: st
             assert not out.exists() and not Path(f"{out}_labels").exists()
         result = CliRunner().invoke(cli, ["convert", "--label-db", "--backend", backend,
                                           str(tmp_path / "i"), str(tmp_path / "l"), str(out)])  # fmt: skip
-        assert result.exit_code == 0, (kill, result.output)
+        assert result.exit_code == 0, (kill, result.stderr)
         assert stored(out) == stored(whole), kill
         assert stored(Path(f"{out}_labels")) == stored(Path(f"{whole}_labels")), kill
         assert sorted(n for n in os.listdir(tmp_path) if "mnist2db" in n) == []
     resumed = CliRunner().invoke(cli, ["convert", "--resume", str(tmp_path / "i"),
                                        str(tmp_path / "l"), str(tmp_path / "db9")])  # fmt: skip
     assert resumed.exit_code == 2
-    assert "no such option" in resumed.output.lower() and "--resume" in resumed.output
+    assert "no such option" in resumed.stderr.lower() and "--resume" in resumed.stderr
