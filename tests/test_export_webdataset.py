@@ -261,10 +261,10 @@ def test_colour_and_grey_raw_records(tmp_path: Path) -> None:
 @pytest.mark.parametrize("size", [0, 1, 511, 512, 513, 70000])
 @pytest.mark.parametrize("name", ["00000000.png", "k.cls", "x" * 95 + ".json", "é.jpg"])
 def test_members_are_the_bytes_tarfile_writes(name: str, size: int) -> None:
-    from mnist2db.exporting.shards import _member
+    from mnist2db.exporting.tar_members import tar_member
 
     data = os.urandom(size)
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = size, 0o644, 0
     expected = info.tobuf(format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="strict")
-    assert b"".join(_member(name, data)) == expected + data + b"\0" * (-size % 512)
+    assert b"".join(tar_member(name, data)) == expected + data + b"\0" * (-size % 512)

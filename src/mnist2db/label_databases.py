@@ -16,17 +16,21 @@ int32, else 0 (:func:`mnist2db.formats.label_table.first_label`).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Iterator
+from itertools import zip_longest
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from mnist2db.errors import ImageError, Mnist2dbError
+from mnist2db.conversion import write_database
+from mnist2db.errors import ImageError, Mnist2dbError, VerifyError, printable
+from mnist2db.formats.datum import key_text
 from mnist2db.formats.image_list import ListEntry, image_key
 from mnist2db.formats.label_table import LabelTable, first_label, iter_rows
-from mnist2db.formats.target_datum import encode_target_batch, target_value_size
-from mnist2db.progress import Progress
+from mnist2db.formats.target_datum import decode_targets, encode_target_batch, target_value_size
+from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import batch_records
 from mnist2db.storage.readers import open_reader
 from mnist2db.storage.spill import spill_to_map
@@ -64,7 +68,6 @@ class TargetSource:
         """A digest of the table: its layout, width and every byte of the file (a resumed
         run's plan: a changed file is refused). Its bytes, not its rows: CelebA's 202,599
         rows hash in 0.09 s, and take 7 s to parse again."""
-        import hashlib
 
         digest = hashlib.sha256(b"%s %d:" % (self.table.layout.encode(), self.width))
         try:
@@ -136,8 +139,6 @@ def write_label_database(
             from one list: never for a database written from it), or the staged label
             database does not hold the first ``committed`` image keys.
     """
-    from mnist2db.conversion import write_database
-
     width = source.width
     value_size = target_value_size(width)
     per_batch = batch_records(batch_size, value_size)  # bounded by bytes too
@@ -196,7 +197,6 @@ def write_label_database(
 
 
 def _key_text(key: bytes | None) -> str:
-    from mnist2db.formats.datum import key_text
 
     return "no key" if key is None else key_text(key)
 
@@ -212,7 +212,6 @@ def _no_progress(done: int, total: int) -> None:
 
 def describe(result: LabelsResult) -> str:
     """The summary line of a label database."""
-    from mnist2db.errors import printable
 
     names = ""
     if result.names:
@@ -252,11 +251,6 @@ def iter_pairs(
             side, another key at a position, a label record of another width than the first.
         DatumError: a label record is not one.
     """
-    from itertools import zip_longest
-
-    from mnist2db.errors import VerifyError
-    from mnist2db.formats.datum import key_text
-    from mnist2db.formats.target_datum import decode_targets
 
     if counts is not None and counts[0] != counts[1]:
         raise VerifyError(
@@ -307,7 +301,6 @@ def verify_label_db(
         VerifyError: naming the first key that breaks it.
         BackendError: either is not a database.
     """
-    from mnist2db.progress import reporting
 
     report = reporting(progress)
     images, labels = os.fsdecode(db), os.fsdecode(label_db)

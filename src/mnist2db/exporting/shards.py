@@ -23,57 +23,34 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
-import re
-import tarfile
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from mnist2db.errors import ArgumentError, OutputError, OutputExistsError
-from mnist2db.exporting.samples import (
-    SampleBatch,
-    class_names,
-    iter_batches,
-    key_fields,
-    prefetched,
-    sample_key,
+from mnist2db.errors import ArgumentError, OutputError
+from mnist2db.exporting.samples import class_names, iter_batches, prefetched
+from mnist2db.exporting.shard_files import (
+    MANIFEST_FORMAT,
+    check_resumable,
+    check_targets,
+    listed_shards,
+    manifest_name,
+    remove_stale_temporaries,
+    shard_name,
+    write_manifest,
 )
-from mnist2db.exporting.targets import TargetStream, column_names, sample_json
+from mnist2db.exporting.tar_members import END_OF_ARCHIVE, batch_tars
+from mnist2db.exporting.targets import TargetStream, column_names
 from mnist2db.progress import Progress, reporting
-from mnist2db.storage.file_placement import check_file_target
-from mnist2db.storage.files import (
-    TEMP_MARK,
-    AtomicFile,
-    make_parents,
-    remove_made,
-    remove_stale,
-    temp_prefix,
-)
+from mnist2db.storage.files import AtomicFile, make_parents, remove_made
 from mnist2db.storage.readers import DbReader, shared_reader
 
-MANIFEST_FORMAT = "mnist2db webdataset shards"
 DEFAULT_SHARD_SIZE = 10000
-_MANIFEST_LIMIT = 64 << 20
-_BLOCK = 512
-_HASH_CHUNK = 1 << 20
 #: Bytes of small members gathered before a write.
 _WRITE_SIZE = 1 << 20
-
-
-def shard_name(out: str, index: int) -> str:
-    """The path of shard ``index``: ``OUT-000000.tar``."""
-    return f"{out}-{index:06d}.tar"
-
-
-def manifest_name(out: str) -> str:
-    """The path of the manifest: ``OUT.shards.json``."""
-    return f"{out}.shards.json"
 
 
 @dataclass(frozen=True)
@@ -91,105 +68,6 @@ class ShardsResult:
     classes: tuple[str, ...]
     #: Values a record in each ``KEY.json`` (0: no ``label_db``).
     targets: int = 0
-
-
-def _ustar_template() -> bytes:
-    """A USTAR header of an empty name and size 0 (mode 0644, owner 0, time 0, a regular
-    file), its checksum field blank (spaces, as the checksum counts it)."""
-    info = tarfile.TarInfo("")
-    info.mode, info.mtime = 0o644, 0
-    header = bytearray(info.tobuf(format=tarfile.USTAR_FORMAT))
-    header[124:136] = b"\0" * 12  # size: filled per member
-    header[148:156] = b" " * 8  # the checksum counts its own field as spaces
-    return bytes(header)
-
-
-_TEMPLATE = _ustar_template()
-
-
-#: The padding after a member's data, by its length modulo a block.
-_PADDING = [b"\0" * (-n % _BLOCK) for n in range(_BLOCK)]
-_NAME_LIMIT = 100
-_OCTAL_11 = 3 * np.arange(10, -1, -1)
-_OCTAL_6 = 3 * np.arange(5, -1, -1)
-
-
-def _headers(names: list[bytes], sizes: list[int]) -> bytes:
-    """The USTAR headers of members named ``names`` (UTF-8, at most 100 bytes) holding
-    ``sizes`` bytes, one block each, all at once: the template with the name, the size and
-    the checksum (the sum of the header's bytes, its own field counted as spaces) in
-    octal, as tarfile writes them."""
-    n = len(names)
-    blocks = np.empty((n, _BLOCK), np.uint8)
-    blocks[:] = np.frombuffer(_TEMPLATE, np.uint8)
-    joined = b"".join([name.ljust(_NAME_LIMIT, b"\0") for name in names])
-    blocks[:, :_NAME_LIMIT] = np.frombuffer(joined, np.uint8).reshape(n, _NAME_LIMIT)
-    size = np.array(sizes, np.int64)[:, None]
-    blocks[:, 124:135] = ((size >> _OCTAL_11) & 7) + 48
-    blocks[:, 135] = 0
-    checksum = blocks.sum(axis=1, dtype=np.int64)[:, None]
-    blocks[:, 148:154] = ((checksum >> _OCTAL_6) & 7) + 48
-    blocks[:, 154] = 0
-    return blocks.tobytes()
-
-
-def _member_name(name: str) -> bytes:
-    encoded = name.encode("utf-8")
-    if len(encoded) > _NAME_LIMIT:
-        raise OutputError(f"{name}: a member name over 100 bytes (a USTAR limit)")
-    return encoded
-
-
-def _member(name: str, data: bytes) -> list[bytes]:
-    """One USTAR member (header, data, padding), as tarfile writes it."""
-    return [_headers([_member_name(name)], [len(data)]), data, _PADDING[len(data) % _BLOCK]]
-
-
-def batch_tars(
-    batch: SampleBatch, previous: str, count: int, targets: TargetStream | None = None
-) -> tuple[list[bytes], list[bool], str]:
-    """Each sample of ``batch`` as its bytes in a tar: the members ``NAME.EXT``, ``NAME.cls``,
-    and ``NAME.json`` when the name is not the key or there are ``targets`` (the source key,
-    the label, the targets: :func:`~mnist2db.exporting.targets.sample_json`); the headers of
-    the whole batch made at once (:func:`_headers`).
-
-    ``previous``: the name of the sample before (``count``: its number, plus one); a name
-    equal to the one before is made unique (a loader groups consecutive members by name).
-    Returns the samples' bytes, whether each name is mapped, and the last name.
-    """
-    names: list[bytes] = []
-    data: list[bytes] = []
-    members: list[int] = []
-    mapped: list[bool] = []
-    for i, key in enumerate(batch.keys):
-        name, renamed = sample_key(key)
-        if name == previous:
-            name, renamed = f"{name}_{count + i}", True
-        previous = name
-        stem = name.encode()
-        label = batch.labels[i]
-        names += (stem + b"." + batch.exts[i].encode(), stem + b".cls")
-        data += (batch.data[i], b"%d" % label)
-        values = targets.take() if targets is not None else None
-        if renamed or values is not None:
-            names.append(stem + b".json")
-            data.append(sample_json(key_fields(key), label, values))
-        members.append(len(names))
-        mapped.append(renamed)
-    for member in names:
-        if len(member) > _NAME_LIMIT:
-            _member_name(member.decode())  # the refusal
-    headers = _headers(names, [len(piece) for piece in data]) if names else b""
-    tars = []
-    start = 0
-    for end in members:
-        pieces: list[bytes] = []
-        for j in range(start, end):
-            piece = data[j]
-            pieces += (headers[j * _BLOCK : (j + 1) * _BLOCK], piece, _PADDING[len(piece) % _BLOCK])
-        tars.append(b"".join(pieces))
-        start = end
-    return tars, mapped, previous
 
 
 #: Bytes handed to the writer thread and not yet written, at most (memory's bound: one
@@ -291,7 +169,7 @@ class _Shard:
     def finish(self, done: Callable[[dict[str, Any]], None]) -> None:
         """End the shard; on the writer's thread, once its bytes are written, commit it
         (fsync, rename) and call ``done`` with its manifest entry."""
-        end = b"\0" * (2 * _BLOCK)  # the end-of-archive marker
+        end = END_OF_ARCHIVE
         self.size += len(end)
         self._flush(end)
         self.writer.submit(self._commit, done)
@@ -308,139 +186,6 @@ class _Shard:
                 "last_key_hex": self.last.hex(),
             }
         )
-
-
-def _read_manifest(path: str) -> dict[str, Any] | None:
-    """The manifest at ``path`` when it is one of ours; None when there is none."""
-    if not os.path.lexists(path):
-        return None
-    try:
-        with open(path, "rb") as stream:
-            found = json.loads(stream.read(_MANIFEST_LIMIT))
-    except (OSError, ValueError) as exc:
-        raise OutputExistsError(f"{path}: exists and is not a shard manifest ({exc})") from None
-    if not isinstance(found, dict) or found.get("format") != MANIFEST_FORMAT:
-        raise OutputExistsError(f"{path}: exists and is not a shard manifest of mnist2db")
-    return found
-
-
-def _listed(out: str, manifest: dict[str, Any] | None) -> set[str]:
-    """The shards ``manifest`` proves ours: those it lists, those it was replacing, and,
-    when incomplete, the one after its last (a shard is placed before the manifest that
-    lists it)."""
-    if manifest is None:
-        return set()
-    shards = manifest.get("shards", [])
-    names = [entry.get("name") for entry in shards] + list(manifest.get("replacing", []))
-    if not manifest.get("complete"):
-        names.append(os.path.basename(shard_name(out, len(shards))))
-    return {n for n in names if isinstance(n, str)}
-
-
-_SHARD_NAME = re.compile(r"-[0-9]{6}\.tar")
-
-
-def _existing_shards(out: str) -> list[str]:
-    """The names ``OUT-NNNNNN.tar`` present beside ``out``."""
-    parent = os.path.dirname(out) or os.curdir
-    stem = os.path.basename(out)
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return []
-    return sorted(n for n in names if n.startswith(stem) and _SHARD_NAME.fullmatch(n[len(stem) :]))
-
-
-def _remove_stale_temporaries(out: str) -> None:
-    """Temporaries of shards (and of the manifest) left by killed exports to ``out``: every
-    ``.OUT-NNNNNN.tar.mnist2db-tmp-<pid>-…`` whose process is gone (a restart with fewer
-    shards would not meet them again)."""
-    parent = os.path.dirname(out) or os.curdir
-    stem = os.path.basename(out)
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
-    for name in names:
-        target = name[1:].split(TEMP_MARK, 1)[0]
-        if (
-            name.startswith(f".{stem}")
-            and TEMP_MARK in name
-            and (_SHARD_NAME.fullmatch(target[len(stem) :]) or target == f"{stem}.shards.json")
-        ):
-            remove_stale(parent, temp_prefix(target), directories=False)
-
-
-def _file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        while chunk := stream.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _check_resumable(out: str, manifest: dict[str, Any], options: dict[str, Any]) -> None:
-    """Refuse to resume from a manifest of other options, or whose shards changed."""
-    for name in [*options, *(["label_db"] if "label_db" not in options else [])]:
-        value = options.get(name)
-        if manifest.get(name) != value:
-            raise OutputExistsError(
-                f"{manifest_name(out)}: written with {name} {manifest.get(name)!r}, not "
-                f"{value!r}; cannot resume it (use --overwrite to start again)"
-            )
-    parent = os.path.dirname(out)
-    for entry in manifest["shards"]:
-        path = os.path.join(parent, entry["name"])
-        try:
-            found = _file_sha256(path)
-        except OSError as exc:
-            raise OutputExistsError(
-                f"{path}: cannot resume: {exc.strerror} (use --overwrite to start again)"
-            ) from None
-        if found != entry["sha256"]:
-            raise OutputExistsError(
-                f"{path}: changed since it was written (SHA-256 {found[:16]}…, the manifest "
-                f"has {entry['sha256'][:16]}…); cannot resume (use --overwrite to start again)"
-            )
-
-
-def _check_targets(
-    out: str, inputs: list[str], overwrite: bool, resume: bool
-) -> dict[str, Any] | None:
-    """Every check before any work; returns the manifest found (None: no earlier export)."""
-    if not out:
-        raise ArgumentError("the output prefix is empty: name the shards' path prefix")
-    if out.endswith(os.sep):
-        raise ArgumentError(f"{out}: a path prefix of the shards (OUT-000000.tar), not a directory")
-    manifest_path = manifest_name(out)
-    for target in (manifest_path, shard_name(out, 0)):
-        check_file_target(target, True, inputs, makes_parents=True)
-    manifest = _read_manifest(manifest_path)
-    present = _existing_shards(out)
-    if resume:
-        if manifest is None:
-            raise OutputExistsError(f"{manifest_path}: no manifest to resume from")
-        return manifest
-    if manifest is None and not present:
-        return None
-    if not overwrite:
-        what = (
-            manifest_path
-            if manifest is not None
-            else os.path.join(os.path.dirname(out), present[0])
-        )
-        raise OutputExistsError(
-            f"{what}: already exists (use --resume to finish a killed export, or --overwrite "
-            "to replace it)"
-        )
-    foreign = [n for n in present if n not in _listed(out, manifest)]
-    if foreign:
-        raise OutputExistsError(
-            f"{os.path.join(os.path.dirname(out), foreign[0])}: not listed in "
-            f"{manifest_path}; refusing to replace it (--overwrite replaces only shards an "
-            "export wrote)"
-        )
-    return manifest
 
 
 def export_webdataset(
@@ -481,7 +226,7 @@ def export_webdataset(
     labels_path = os.fsdecode(label_db) if label_db is not None else None
     names, _ = class_names(db_path, classes)
     inputs = [db_path] + ([labels_path] if labels_path is not None else [])
-    found = _check_targets(out_path, inputs, overwrite, resume)
+    found = check_targets(out_path, inputs, overwrite, resume)
     options: dict[str, Any] = {
         "source": os.path.abspath(db_path),
         "shard_size": shard_size,
@@ -495,7 +240,7 @@ def export_webdataset(
     except OSError as exc:
         raise OutputError(f"{out_path}: cannot create its directory: {exc.strerror}") from None
     try:
-        _remove_stale_temporaries(out_path)
+        remove_stale_temporaries(out_path)
         with contextlib.ExitStack() as stack:
             reader = stack.enter_context(shared_reader(db_path))
             pair = None
@@ -503,9 +248,9 @@ def export_webdataset(
                 label_reader = stack.enter_context(shared_reader(labels_path))
                 pair = (TargetStream(db_path, labels_path, reader, label_reader), label_reader)
             if resume and found is not None:
-                _check_resumable(out_path, found, options)
+                check_resumable(out_path, found, options)
             return _write_shards(reader, db_path, out_path, found if resume else None,
-                                 sorted(_listed(out_path, found)), options, names, progress,
+                                 sorted(listed_shards(out_path, found)), options, names, progress,
                                  pair)  # fmt: skip
     except OSError as exc:
         remove_made(made)
@@ -515,12 +260,6 @@ def export_webdataset(
     except BaseException:
         remove_made(made)
         raise
-
-
-def _write_manifest(path: str, manifest: dict[str, Any]) -> None:
-    with AtomicFile(path) as target:
-        target.write((json.dumps(manifest, indent=1) + "\n").encode())
-        target.commit()
 
 
 def _write_shards(
@@ -549,7 +288,7 @@ def _write_shards(
     }
     manifest_path = manifest_name(out)
     if resumed is None:
-        _write_manifest(manifest_path, manifest)  # before a shard is replaced
+        write_manifest(manifest_path, manifest)  # before a shard is replaced
     before = sum(int(entry["records"]) for entry in shards)
     records: Iterator[tuple[bytes, bytes]]
     if shards:
@@ -577,12 +316,12 @@ def _write_shards(
     def list_placed() -> None:
         # Here, not on the writer's thread (a manifest's AtomicFile defers signals, which is
         # the main thread's business), before the next shard is committed: at most one
-        # shard is ever placed and not listed (what _listed counts as ours).
+        # shard is ever placed and not listed (what listed_shards counts as ours).
         writer.drain()
         if committed:
             shards.extend(committed)
             committed.clear()
-            _write_manifest(manifest_path, manifest)
+            write_manifest(manifest_path, manifest)
 
     writer = _Writer()
     try:
@@ -620,7 +359,7 @@ def _write_shards(
     manifest["complete"] = True
     manifest["replacing"] = []
     manifest["records"] = count
-    _write_manifest(manifest_path, manifest)
+    write_manifest(manifest_path, manifest)
     progress(count, total)
     return ShardsResult(
         manifest_path,

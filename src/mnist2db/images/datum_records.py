@@ -24,6 +24,7 @@ by records and by bytes.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -47,7 +48,7 @@ from mnist2db.images.resume import (
     write_plan,
 )
 from mnist2db.images.workers import OrderedDecoding, attempt, default_jobs
-from mnist2db.label_databases import write_label_database
+from mnist2db.label_databases import describe, write_label_database
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import BACKEND, DEFAULT_BATCH_SIZE, check_backend, check_batch_size
 from mnist2db.storage.db_staging import staged_database, staged_databases, stale_staging
@@ -97,8 +98,6 @@ class ImagesetResult(NamedTuple):
         rate = self.count / max(self.seconds, 1e-9)
         labels = ""
         if self.labels is not None:
-            from mnist2db.label_databases import describe
-
             labels = "\n" + describe(self.labels)
         return (
             f"Wrote {self.count} records{shape} from {self.lines} listed images{skipped}.\n"
@@ -401,8 +400,6 @@ def release_mapped_pages(path: str) -> None:
     set: the pages stay in the page cache, and a read maps them again."""
     name = os.fsencode(path)
     try:
-        import ctypes
-
         madvise = ctypes.CDLL(None, use_errno=True).madvise
         madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
         with open("/proc/self/maps", "rb") as maps:

@@ -15,16 +15,21 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from mnist2db.errors import ArgumentError, OutputError
+from mnist2db.formats.image_folders import scan_class_folders
 from mnist2db.formats.image_list import ImageList, ListEntry, ListIndex, list_line
+from mnist2db.formats.label_table import open_label_table
 from mnist2db.images.datum_records import ImagesetResult, Skipped, write_imageset
 from mnist2db.images.idx_pair import write_imageset_idx
+from mnist2db.images.resume import staged_seed
+from mnist2db.label_databases import TargetSource
 from mnist2db.progress import Progress
-
-if TYPE_CHECKING:
-    from mnist2db.label_databases import TargetSource
+from mnist2db.records import fresh_seed, permutation
+from mnist2db.storage.file_placement import check_file_target
+from mnist2db.storage.files import AtomicFile
+from mnist2db.storage.metadata import imageset_metadata
 
 TARGETS = ("db", "idx")
 
@@ -86,17 +91,12 @@ def convert_images(
         Mnist2dbError: see :func:`mnist2db.images.datum_records.write_imageset` and
             :func:`mnist2db.images.idx_pair.write_imageset_idx`; nothing is then written.
     """
-    from mnist2db.records import fresh_seed, permutation
-    from mnist2db.storage.file_placement import check_file_target
-    from mnist2db.storage.metadata import imageset_metadata
 
     if to not in TARGETS:
         raise ArgumentError(f"unknown target {to!r}: expected one of {', '.join(TARGETS)}")
     if to == "idx" and encoded is not None:
         raise ArgumentError("an IDX file holds raw grey pixels: --encoded writes a database")
     if shuffle and seed is None and resume and to == "db":
-        from mnist2db.images.resume import staged_seed
-
         staged = staged_seed(out)  # a resumed shuffle repeats the staged run's order
         seed = staged if staged >= 0 else None
     targets = None
@@ -113,8 +113,6 @@ def convert_images(
     if targets is not None:
         where = targets.source.table.path
     elif listing is None:
-        from mnist2db.formats.image_folders import scan_class_folders
-
         tree = scan_class_folders(root)
         classes, hidden, repeated = tree.classes, tree.hidden, tree.repeated
         entries = list(tree.entries)
@@ -187,10 +185,6 @@ def _targets(
     seed: int | None,
 ) -> _Targets:  # fmt: skip
     """The label table the options name, in the order the records take (a shuffle's)."""
-    from mnist2db.formats.label_table import open_label_table
-    from mnist2db.label_databases import TargetSource
-    from mnist2db.records import fresh_seed, permutation
-
     if to == "idx":
         raise ArgumentError("an idx1 label file holds one label 0-255: labels beyond one "
                             "go to a database (--to db)")  # fmt: skip
@@ -225,7 +219,6 @@ def _write_beside(
 ) -> None:
     """The class names and the generated list (``entries``, in line order), each written
     whole or not at all."""
-    from mnist2db.storage.files import AtomicFile
 
     texts = (
         "".join(f"{name}\n" for name in classes).encode("utf-8", "surrogateescape"),
