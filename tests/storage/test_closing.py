@@ -279,3 +279,25 @@ def test_keys_and_paths_with_control_characters_stay_on_one_inert_line(tmp_path:
     result = CliRunner().invoke(cli, ["info", str(odd)])
     assert result.exit_code == 1
     assert result.stderr == f"Error: {tmp_path}/x\\x0ay\\x1b[31m: no such file\n"
+
+
+def test_a_new_database_opens_while_a_deleted_one_is_still_read(tmp_path: Path) -> None:
+    """A dataset holds database A; A is deleted and B made, and B's lock.mdb takes the inode
+    A's had (the file system reuses a freed inode; a hard link makes it certain here).
+    py-lmdb 3 refuses an environment whose data *or lock* file shares an inode with one open
+    in the process; a reader never opens lock.mdb, so B is not that environment: it opens
+    at once and reads its own records."""
+    images = write_idx(tmp_path / "i", np.full((4, 2, 2), 1, np.uint8))
+    labels = write_idx(tmp_path / "l", np.arange(4, dtype=np.uint8))
+    first, second = tmp_path / "a", tmp_path / "b"
+    convert(images, labels, first)
+    other = write_idx(tmp_path / "i2", np.full((3, 2, 2), 9, np.uint8))
+    convert(other, write_idx(tmp_path / "l2", np.arange(3, dtype=np.uint8)), second)
+    held = open_db(first)
+    assert held[3][1] == 3
+    (second / "lock.mdb").unlink()
+    (first / "lock.mdb").rename(second / "lock.mdb")  # B's lock file: the inode A's had
+    with open_db(second) as db:
+        assert len(db) == 3 and int(db[2][0].max()) == 9
+    assert held[0][1] == 0
+    held.close()

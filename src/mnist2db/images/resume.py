@@ -170,7 +170,9 @@ _MADE = {"lmdb": "data.mdb", "leveldb": "CURRENT"}
 def _lmdb_keys(path: str) -> tuple[int, bytes | None, bytes | None]:
     import lmdb
 
-    env = lmdb.open(os.fsencode(path), readonly=True, lock=False, subdir=True)
+    env = lmdb.open(
+        os.fsencode(os.path.join(path, "data.mdb")), readonly=True, lock=False, subdir=False
+    )
     try:
         with env.begin() as txn:
             cursor = txn.cursor()

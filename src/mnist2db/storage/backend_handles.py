@@ -38,11 +38,17 @@ from mnist2db.storage.db_checks import (
 #: work as any other), a killed worker leaves no stale reader slot, and max_readers does not
 #: apply. readahead=False: random access to a database larger than the page cache then
 #: reads only the pages it needs.
+#: subdir=False, the data file named: py-lmdb (3.0) refuses an environment "already open in
+#: this process" when its data file *or its lock file* has the inode of one still open; a
+#: reader never opens lock.mdb (lock=False), so a deleted database's lock.mdb inode may be
+#: reused by a new database's while a dataset still holds the old one, and every open of the
+#: new one would be refused. Named by its data file alone (held open, so never reused),
+#: an environment is refused only when it truly is open.
 LMDB_READ_OPTIONS: dict[str, Any] = {
     "readonly": True,
     "lock": False,
     "readahead": False,
-    "subdir": True,
+    "subdir": False,
     "max_dbs": 0,
 }
 
@@ -232,7 +238,9 @@ class LmdbHandle(ReadHandle):
         waited = 0
         while True:
             try:
-                return lmdb.open(os.fsencode(self.location), **LMDB_READ_OPTIONS)
+                return lmdb.open(
+                    os.fsencode(os.path.join(self.location, "data.mdb")), **LMDB_READ_OPTIONS
+                )
             except lmdb.Error as exc:
                 if "already open in this process" not in str(exc) or waited == _ENDING_WAITS:
                     raise BackendError(
