@@ -470,3 +470,13 @@ def test_a_shared_option_is_declared_once() -> None:
     twice = {option for option, where in declared.items() if len(where) > 1}
     assert twice <= set(DIFFERENT_MEANINGS)
     assert lowered == []
+
+
+def test_imageset_choices_are_their_owners() -> None:
+    """imageset's --help is answered without loading the pipeline, so its choice lists are
+    written in cli/imageset_commands.py: they must equal their owner's (images/own_images)."""
+    from mnist2db.cli.imageset_commands import imageset
+    from mnist2db.images.own_images import ENCODED, TARGETS
+
+    choices = {p.name: tuple(p.type.choices) for p in imageset.params if hasattr(p.type, "choices")}
+    assert choices["encoded"] == ENCODED and choices["to"] == TARGETS

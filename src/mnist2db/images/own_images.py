@@ -3,7 +3,7 @@ records (:func:`mnist2db.images.datum_records.write_imageset`) or to an MNIST ID
 
 With a list (Caffe's ``PATH LABEL`` lines, relative to ROOT) the records are exactly
 ``convert_imageset``'s. Without one, ROOT is a class-folder tree
-(:mod:`mnist2db.formats.image_folders`); the classes and the list generated from it are
+(:mod:`mnist2db.images.class_folders`); the classes and the list generated from it are
 written beside the output (``OUT.classes.txt``: one class name a line, in label order;
 ``OUT.list.txt``: the list, which ``--list`` takes to repeat the run). ``seed`` shuffles
 the entries repeatably (the permutation of :func:`mnist2db.records.permutation`); the seed
@@ -18,9 +18,9 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from mnist2db.errors import ArgumentError, OutputError
-from mnist2db.formats.image_folders import scan_class_folders
 from mnist2db.formats.image_list import ImageList, ListEntry, ListIndex, list_line
 from mnist2db.formats.label_table import open_label_table
+from mnist2db.images.class_folders import scan_class_folders
 from mnist2db.images.datum_records import ImagesetResult, Skipped, write_imageset
 from mnist2db.images.idx_pair import write_imageset_idx
 from mnist2db.images.resume import staged_seed
@@ -32,6 +32,8 @@ from mnist2db.storage.files import AtomicFile
 from mnist2db.storage.metadata import imageset_metadata
 
 TARGETS = ("db", "idx")
+#: What ``encoded`` may be: each file's own bytes, or a type every image is encoded as.
+ENCODED = ("file", "png", "jpg", "bmp")
 
 
 class OwnImagesResult(NamedTuple):
