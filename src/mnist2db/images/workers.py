@@ -33,11 +33,14 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
-from typing import Any
 
 from mnist2db.errors import ImageError, printable
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.formats.opencv import opencv
+
+if TYPE_CHECKING:
+    from typing import Any
 
 #: Entries per task handed to a worker, and tasks queued per worker: enough that a worker
 #: descheduled for a while (a busy machine) does not leave the others and the writer waiting
