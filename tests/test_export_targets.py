@@ -209,3 +209,75 @@ def test_label_db_is_for_files_and_webdataset(tmp_path: Path) -> None:
         1, f"Error: {db}: key 00000000: not a label record: a Datum of float_data values "
         "(this one holds image data)\n",
     )  # fmt: skip
+
+
+def _named_pair(tmp_path: Path, header: str) -> tuple[Path, Path, list[list[float]]]:
+    """A database of 5 PNG files made by ``imageset --labels`` from a whitespace table
+    whose header is ``header``, and its label database."""
+    from PIL import Image
+
+    root = tmp_path / "photos"
+    root.mkdir()
+    rows = [[float(i), i / 4, -1.5 * i] for i in range(5)]
+    lines = [header]
+    for i, row in enumerate(rows):
+        Image.fromarray(np.full((2, 3), i, np.uint8)).save(root / f"{i}.png")
+        lines.append(f"{i}.png " + " ".join(map(repr, row)))
+    (tmp_path / "attrs.txt").write_text("\n".join(lines) + "\n")
+    db = tmp_path / "db"
+    made = run("imageset", "--labels", tmp_path / "attrs.txt", root, db)
+    assert made.exit_code == 0, made.output
+    return db, tmp_path / "db_labels", rows
+
+
+def test_the_label_tables_column_names_name_the_exported_targets(tmp_path: Path) -> None:
+    """imageset --labels records the header's names in the label database's mnist2db.json;
+    export names the CSV's columns and the manifest's targets by them."""
+    db, labels, rows = _named_pair(tmp_path, 'path smiling young q"uote')
+    recorded = json.loads((labels / "mnist2db.json").read_text())
+    assert recorded["targets"] == {"names": ["smiling", "young", 'q"uote']}
+    assert recorded["digest"]["records"] == 5  # the digest kept beside the names
+    assert run("verify", db, "--label-db", labels).exit_code == 0
+    out = tmp_path / "out"
+    assert run("export", "--to", "files", "--label-db", labels, db, out).exit_code == 0
+    with open(out / "targets.csv", newline="") as stream:
+        table = list(csv.reader(stream))
+    assert table[0] == ["path", "smiling", "young", 'q"uote']
+    assert [[float(v) for v in row[1:]] for row in table[1:]] == rows
+    assert (out / "targets.csv").read_text().startswith('path,smiling,young,"q""uote"\n')
+    shards = tmp_path / "shards" / "s"
+    assert run("export", "--to", "webdataset", "--label-db", labels, db, shards).exit_code == 0
+    manifest = json.loads(Path(f"{shards}.shards.json").read_text())
+    assert manifest["targets"] == ["smiling", "young", 'q"uote']
+
+
+def test_names_that_are_not_recorded_or_do_not_fit_give_v0(tmp_path: Path) -> None:
+    """Too long to record (beyond NAMES_LIMIT), or recorded for another width: v0 …"""
+    from mnist2db.storage.metadata import NAMES_LIMIT
+
+    long = "n" * (NAMES_LIMIT // 2)
+    db, labels, _ = _named_pair(tmp_path, f"path {long}a {long}b {long}c")
+    assert "targets" not in json.loads((labels / "mnist2db.json").read_text())
+    out = tmp_path / "out"
+    assert run("export", "--to", "files", "--label-db", labels, db, out).exit_code == 0
+    assert (out / "targets.csv").read_text().startswith("path,v0,v1,v2\n")
+    recorded = json.loads((labels / "mnist2db.json").read_text())
+    recorded["targets"] = {"names": ["only", "two"]}
+    (labels / "mnist2db.json").write_text(json.dumps(recorded))
+    again = run("export", "--to", "files", "--label-db", labels, "--overwrite", db, out)
+    assert again.exit_code == 0, again.output
+    assert (out / "targets.csv").read_text().startswith("path,v0,v1,v2\n")
+
+
+def test_damaged_names_are_refused_in_one_line(tmp_path: Path) -> None:
+    db, labels, _ = _named_pair(tmp_path, "path a b c")
+    recorded = json.loads((labels / "mnist2db.json").read_text())
+    recorded["targets"] = {"names": ["a", 2, "c"]}
+    (labels / "mnist2db.json").write_text(json.dumps(recorded))
+    result = run("export", "--to", "files", "--label-db", labels, db, tmp_path / "out")
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: {labels / 'mnist2db.json'}: not mnist2db's metadata "
+        "(field 'targets.names' is a list, expected a list of names)"
+    )
+    assert not (tmp_path / "out").exists()

@@ -32,6 +32,7 @@ from mnist2db.formats.label_table import LabelTable, first_label, iter_rows
 from mnist2db.formats.target_datum import decode_targets, encode_target_batch, target_value_size
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import batch_records
+from mnist2db.storage.metadata import write_target_names
 from mnist2db.storage.readers import open_reader
 from mnist2db.storage.spill import spill_to_map
 
@@ -193,6 +194,7 @@ def write_label_database(
     existing = bool(os.listdir(labels_staging))  # a resumed run's, begun (maybe empty)
     write_database(backend, labels_staging, value_size, batches(), total, _no_progress,
                    keyed=True, existing=existing)  # fmt: skip
+    write_target_names(labels_staging, source.table.names, out)
     return LabelsResult(out, state["count"], width, source.table.names)
 
 

@@ -45,6 +45,8 @@ def test_raw_record_is_the_channel_first_join(
     with pytest.MonkeyPatch.context() as patch:
         if pure:
             patch.setenv(NO_OPENCV, "1")
+        else:
+            opencv()  # loaded (where installed): the records use it once it is
         record = raw_record(image, (depth, height, width), b"\x28" + encode_varint(label))
     assert bytes(record) == expected(image, label)
 

@@ -243,3 +243,20 @@ def test_a_healthy_leveldb_read_from_any_start_is_not_called_damaged(
         assert len(list(reader)) == 6
         assert reader.first_key() == b"00000000"
         assert reader.last_key() == b"00000005"
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_iter_views_gives_the_records_of_iter_without_copying_lmdb_values(
+    tmp_path: Path, backend: str
+) -> None:
+    values = [bytes([i]) * (100 + 4096 * i) for i in range(5)]
+    write_db(tmp_path / "db", backend, values)
+    with mnist2db.open_reader(tmp_path / "db") as reader:
+        views = list(reader.iter_views())
+        assert [(key, bytes(value)) for key, value in views] == list(reader)
+        assert [bytes(value) for _, value in reader.iter_views(b"00000003")] == values[3:]
+        kinds = {type(value) for _, value in views}
+        assert kinds == ({memoryview} if backend == "lmdb" else {bytes})
+        assert all(type(key) is bytes for key, _ in views)
+        if backend == "lmdb":
+            assert all(value.readonly for _, value in views)

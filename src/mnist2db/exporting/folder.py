@@ -39,7 +39,7 @@ from mnist2db.exporting.samples import (
     file_stem,
     iter_samples,
 )
-from mnist2db.exporting.targets import TargetStream, column_names, csv_field, value_texts
+from mnist2db.exporting.targets import TargetStream, csv_field, value_texts
 from mnist2db.exporting.tree import MARKER, MARKER_FORMAT, staged_tree
 from mnist2db.formats.datum import key_text
 from mnist2db.progress import Progress, reporting
@@ -283,7 +283,8 @@ def _write_tree(
     table = None
     if targets is not None:
         table = open(os.path.join(tree.root, TARGETS_NAME), "wb", buffering=1 << 20)  # noqa: SIM115
-        head = ",".join(["path", *column_names(targets.width)]).encode() + b"\n"
+        names = [csv_field(name) for name in ["path", *targets.names]]
+        head = ",".join(names).encode("utf-8", "surrogateescape") + b"\n"
         table.write(head)
         tree.files += 1
         tree.bytes += len(head)

@@ -43,7 +43,7 @@ from mnist2db.exporting.shard_files import (
     write_manifest,
 )
 from mnist2db.exporting.tar_members import END_OF_ARCHIVE, batch_tars
-from mnist2db.exporting.targets import TargetStream, column_names
+from mnist2db.exporting.targets import TargetStream
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.files import AtomicFile, make_parents, remove_made
 from mnist2db.storage.readers import DbReader, shared_reader
@@ -281,7 +281,7 @@ def _write_shards(
         **options,
         "records": total,
         "classes": list(names),
-        **({"targets": column_names(pair[0].width)} if pair is not None else {}),
+        **({"targets": pair[0].names} if pair is not None else {}),
         "complete": False,
         "shards": shards,
         "replacing": replacing,

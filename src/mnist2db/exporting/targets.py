@@ -3,8 +3,9 @@ read in step with its records, in the same pass.
 
 The pair is checked as ``verify --label-db`` checks it (:func:`~mnist2db.label_databases.iter_pairs`:
 as many records, the same key at every position, one width), the counts before any work.
-Columns are named ``v0`` … ``vN-1``: a label database records no column names (``imageset
---labels`` reads them from the table's header, and reports them, but they are not stored).
+Columns are named as the label table's header named them (``imageset --labels`` records the
+names in the label database's ``mnist2db.json``), else ``v0`` … ``vN-1`` (a table without a
+header, a list of values, a label database of another writer).
 
 Each value is printed as the shortest decimal that reads back as the same float32
 (numpy's ``str`` of a float32: ``0.1``, ``-3.5``, ``1e-08``, ``3.4028235e+38``), so
@@ -25,6 +26,7 @@ import numpy as np
 from mnist2db.formats.datum import key_text
 from mnist2db.formats.target_datum import decode_targets
 from mnist2db.label_databases import iter_pairs
+from mnist2db.storage.metadata import load_metadata, target_names
 from mnist2db.storage.readers import DbReader
 
 #: JSON's names for the values a label record may hold and JSON has no number for (as
@@ -89,6 +91,13 @@ class TargetStream:
         #: The width of every record (the first's; the pair check holds the others to it).
         where = f"{labels}: key {key_text(first or b'')}"
         self.width = len(decode_targets(value, where)) if value is not None else 0
+        recorded = load_metadata(label_reader)
+        names = target_names(recorded[1]) if recorded is not None else None
+        #: The columns' names: the label table's, when recorded for every value, else
+        #: :func:`column_names`.
+        self.names = (
+            names if names is not None and len(names) == self.width else column_names(self.width)
+        )
         self._pending: deque[np.ndarray] = deque()
 
     def records(

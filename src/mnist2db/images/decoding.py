@@ -1,11 +1,12 @@
-"""One image file to one record, as Caffe's ``ReadImageToDatum`` makes it (:class:`RecordWork`),
-or to its grey pixels (:class:`PixelWork`): the work :mod:`mnist2db.images.workers` runs on
-worker processes.
+"""One image file to one record, as Caffe's ``ReadImageToDatum`` makes it (:func:`image_record`,
+for :class:`mnist2db.images.record_work.RecordWork`), or to its grey pixels
+(:class:`PixelWork`): the work :mod:`mnist2db.images.workers` runs on worker processes.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
@@ -15,26 +16,10 @@ from mnist2db.formats.image import decode_image, png_planes, read_image
 from mnist2db.formats.image_encode import encode_image
 from mnist2db.formats.image_input import check_fits_a_record, read_image_file
 from mnist2db.formats.image_list import ListEntry
+from mnist2db.formats.image_types import matches_ext
 from mnist2db.formats.opencv import opencv
 from mnist2db.formats.protowire import encode_varint
 from mnist2db.formats.resize import resize_linear
-
-
-def encoding_of(entry: ListEntry, encode_type: str | None) -> str:
-    """The type ``entry``'s record is encoded as: ``encode_type``, or Caffe's guess, the
-    path's extension in lower case."""
-    if encode_type:
-        return encode_type.lower()
-    path = entry.path
-    dot = path.rfind(b".")
-    return os.fsdecode(path[dot + 1 :] if dot >= 0 else path).lower()
-
-
-def matches_ext(filename: bytes, encoding: str) -> bool:
-    """Caffe's ``matchExt``: the file's extension (after its last dot) is the encoding."""
-    dot = filename.rfind(b".")
-    ext = os.fsdecode(filename[dot + 1 :] if dot >= 0 else filename).lower()
-    return ext == encoding or (encoding == "jpg" and ext == "jpeg")
 
 
 def image_record(
@@ -76,8 +61,8 @@ def image_record(
 
 def raw_record(image: np.ndarray, shape: tuple[int, int, int], label: bytes) -> bytearray:
     """The raw Datum of ``image`` (``(h, w)`` or ``(h, w, c)`` uint8): its pixels copied once,
-    channel after channel, straight into the record (OpenCV's ``split`` where it is loaded:
-    a fifth of numpy's strided copy)."""
+    channel after channel, straight into the record (OpenCV's ``split`` where it is loaded
+    already: a fifth of numpy's strided copy)."""
     channels, height, width = shape
     prefix = datum_prefix(channels, height, width, channels * height * width)
     tail = label + b"\x38\x00"
@@ -86,7 +71,7 @@ def raw_record(image: np.ndarray, shape: tuple[int, int, int], label: bytes) -> 
     record[:start] = prefix
     record[stop:] = tail
     planes = np.frombuffer(record, np.uint8, stop - start, start).reshape(shape)
-    cv2 = opencv()
+    cv2 = opencv() if "cv2" in sys.modules else None  # not loaded for this alone
     if channels == 1:
         planes[0] = image.reshape(height, width)
     elif cv2 is not None and image.flags.c_contiguous and channels <= 4:
@@ -99,27 +84,6 @@ def raw_record(image: np.ndarray, shape: tuple[int, int, int], label: bytes) -> 
     else:
         planes[...] = image.transpose(2, 0, 1)
     return record
-
-
-class RecordWork:
-    """An entry to its record (picklable, for worker processes)."""
-
-    def __init__(
-        self,
-        root: bytes,
-        color: bool,
-        resize: tuple[int, int] | None,
-        encoded: bool,
-        encode_type: str | None,
-    ) -> None:
-        self.root, self.color, self.resize = root, color, resize
-        self.encoded, self.encode_type = encoded, encode_type
-
-    def __call__(self, entry: ListEntry) -> tuple[bytes | bytearray, tuple[int, int, int]]:
-        encoding = encoding_of(entry, self.encode_type) if self.encoded else None
-        return image_record(
-            entry, root=self.root, color=self.color, resize=self.resize, encoding=encoding
-        )
 
 
 class PixelWork:

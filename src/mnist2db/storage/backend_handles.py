@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import os
 import stat
-import struct
 import threading
 import time
 import weakref
@@ -31,6 +29,7 @@ from mnist2db.storage.db_checks import (
     check_leveldb_current,
     check_leveldb_logs,
     check_lmdb_file,
+    leveldb_lock_holder,
 )
 
 #: py-lmdb's options for reading a finished database. lock=False: a finished database never
@@ -178,7 +177,11 @@ class ReadHandle:
         this thread cannot read without opening first (then :meth:`get` opens)."""
         raise AttributeError("lookup")
 
-    def iterate(self, start: bytes | None, keys_only: bool, reverse: bool) -> Iterator[Any]:
+    def iterate(
+        self, start: bytes | None, keys_only: bool, reverse: bool, views: bool = False
+    ) -> Iterator[Any]:
+        """Keys or ``(key, value)`` from ``start`` (``views``: values may be read-only views
+        into the backend's memory, valid while the handle is open)."""
         raise NotImplementedError
 
     def after_fork_in_child(self, parent: int) -> None:
@@ -274,15 +277,20 @@ class LmdbHandle(ReadHandle):
         except AttributeError:
             pass
 
+        txn = self.local.txn = self._begin(buffers=False)
+        return txn
+
+    def _begin(self, buffers: bool) -> Any:
+        """A read transaction (``buffers``: its values are views into the map, which stays
+        while the environment does: while this handle is open)."""
         with self._open_lock:
             if self._env is None:  # a forked child's first read
                 self.ensure_open()
             env = self._env
         try:
-            txn = self.local.txn = env.begin(buffers=False)
+            return env.begin(buffers=buffers)
         except lmdb.Error as exc:
             raise self.failed(exc) from exc
-        return txn
 
     def lookup(self, key: bytes) -> Any:
         # No pin, no bytes copy: the environment lives as long as this thread's
@@ -303,9 +311,12 @@ class LmdbHandle(ReadHandle):
             raise self.failed(exc) from exc
         return None if value is None else bytes(value)
 
-    def iterate(self, start: bytes | None, keys_only: bool, reverse: bool) -> Iterator[Any]:
+    def iterate(
+        self, start: bytes | None, keys_only: bool, reverse: bool, views: bool = False
+    ) -> Iterator[Any]:
         try:
-            cursor = self.txn().cursor()
+            # Views: a transaction of this iteration's own, its values views into the map.
+            cursor = (self._begin(buffers=True) if views else self.txn()).cursor()
             if reverse:
                 found = cursor.last()
             elif start is None:
@@ -315,7 +326,9 @@ class LmdbHandle(ReadHandle):
             if not found:
                 return
             step = cursor.iterprev if reverse else cursor.iternext
-            yield from step(keys=True, values=not keys_only)
+            pairs = step(keys=True, values=not keys_only)
+            # Keys copied (small, kept by callers); values left in the map.
+            yield from ((bytes(key), value) for key, value in pairs) if views else pairs
         except self.errors() as exc:
             raise self.failed(exc) from exc
 
@@ -350,7 +363,7 @@ class LeveldbHandle(ReadHandle):
         self.check_files()
         check_leveldb_current(self.path, self.dir_fd)
         check_leveldb_logs(self.path, self.dir_fd)
-        if self.location != self.path and _lock_holder(self.dir_fd) == os.getpid():
+        if self.location != self.path and leveldb_lock_holder(self.dir_fd) == os.getpid():
             # Opened through /proc, LevelDB's own check for a lock this process holds (by
             # file name) cannot see one taken through the path: said here, in its words.
             raise BackendError(
@@ -409,7 +422,9 @@ class LeveldbHandle(ReadHandle):
             raise self.failed(exc) from exc
         return None if value is None else bytes(value)
 
-    def iterate(self, start: bytes | None, keys_only: bool, reverse: bool) -> Iterator[Any]:
+    def iterate(
+        self, start: bytes | None, keys_only: bool, reverse: bool, views: bool = False
+    ) -> Iterator[Any]:
         # plyvel's checksummed iterator just stops at damage (it does not check the
         # iterator's status): an end before the database's own end is that.
         try:
@@ -454,28 +469,6 @@ class LeveldbHandle(ReadHandle):
             f"{self.path}: leveldb read stopped at {where}, before its last record "
             "(a damaged table file?)"
         )
-
-
-def _lock_holder(dir_fd: int) -> int | None:
-    """The pid holding LevelDB's lock (a POSIX record lock on ``LOCK``) in the directory
-    ``dir_fd``, or None. Asked with an open file description lock, which conflicts with
-    every record lock, this process's own included (where the system has them)."""
-    query = getattr(fcntl, "F_OFD_GETLK", None)
-    if query is None:
-        return None
-    try:
-        fd = os.open("LOCK", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
-    except OSError:
-        return None
-    layout = "hhqqi4x"  # struct flock: type, whence, start, len, pid (Linux, 64-bit off_t)
-    try:
-        answer = fcntl.fcntl(fd, query, struct.pack(layout, fcntl.F_WRLCK, 0, 0, 0, 0))
-        kind, _, _, _, pid = struct.unpack(layout, answer)
-    except (OSError, struct.error):
-        return None
-    finally:
-        os.close(fd)
-    return None if kind == fcntl.F_UNLCK or pid <= 0 else int(pid)
 
 
 def _keep_forever(obj: object) -> None:

@@ -1,4 +1,4 @@
-"""What is checked before a backend opens a database: LMDB's pages, LevelDB's ``CURRENT``.
+"""Checks before a backend opens a database: LMDB's pages, LevelDB's ``CURRENT`` and ``LOCK``.
 
 LMDB maps ``data.mdb`` and trusts it: an empty file makes a read-only open fail with "Bad
 file descriptor" (LMDB takes it for a new database and cannot write one), a file cut short
@@ -13,6 +13,7 @@ the messages name the file and what is wrong with it.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import stat
@@ -282,3 +283,25 @@ def _log_problem(fd: int, size: int) -> str | None:
     if fragmented:
         return "ends inside a record split across blocks (its last part is missing)"
     return None
+
+
+def leveldb_lock_holder(dir_fd: int) -> int | None:
+    """The pid holding LevelDB's lock (a POSIX record lock on ``LOCK``) in the directory
+    ``dir_fd``, or None. Asked with an open file description lock, which conflicts with
+    every record lock, this process's own included (where the system has them)."""
+    query = getattr(fcntl, "F_OFD_GETLK", None)
+    if query is None:
+        return None
+    try:
+        fd = os.open("LOCK", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
+    except OSError:
+        return None
+    layout = "hhqqi4x"  # struct flock: type, whence, start, len, pid (Linux, 64-bit off_t)
+    try:
+        answer = fcntl.fcntl(fd, query, struct.pack(layout, fcntl.F_WRLCK, 0, 0, 0, 0))
+        kind, _, _, _, pid = struct.unpack(layout, answer)
+    except (OSError, struct.error):
+        return None
+    finally:
+        os.close(fd)
+    return None if kind == fcntl.F_UNLCK or pid <= 0 else int(pid)

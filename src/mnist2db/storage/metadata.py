@@ -28,7 +28,7 @@ from mnist2db.formats.png import OLD_PNG_COMPRESSION, PNG_COMPRESSIONS
 from mnist2db.storage.record_digest import DIGEST_METHOD, RecordDigest
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from typing import Any
 
     from mnist2db.formats.idx import IdxHeader
@@ -44,6 +44,8 @@ _VERSION = 1
 #: The largest metadata file read: mnist2db's are a few hundred bytes (two paths and a
 #: dozen fields); anything larger is not one.
 METADATA_LIMIT = 1 << 16
+#: The most JSON text of a label database's column names recorded (CelebA's 40 take 520).
+NAMES_LIMIT = 1 << 15
 
 
 def write_digest(directory: str, digest: RecordDigest, out: str) -> None:
@@ -56,6 +58,30 @@ def write_digest(directory: str, digest: RecordDigest, out: str) -> None:
     fields = digest.fields()
     if fields is not None:
         write_metadata(directory, {"format": _FORMAT, "version": _VERSION, "digest": fields}, out)
+
+
+def write_target_names(directory: str, names: Sequence[str], out: str) -> None:
+    """Record a label database's column names (its label table's header) in the
+    :data:`METADATA_NAME` of its staging ``directory``, beside the records' digest: what
+    ``export --label-db`` names the targets by. Nothing is written for a table without
+    names, nor for names longer in all than :data:`NAMES_LIMIT` (the file stays one
+    :data:`METADATA_LIMIT` can read; export then names the columns ``v0`` …).
+
+    Raises:
+        OutputError: it cannot be written, naming ``out``.
+    """
+    import json
+
+    if not names or len(json.dumps(list(names))) > NAMES_LIMIT:
+        return
+    fields = {"format": _FORMAT, "version": _VERSION, "targets": {"names": list(names)}}
+    write_metadata(directory, fields, out)
+
+
+def target_names(metadata: dict[str, Any]) -> list[str] | None:
+    """The column names checked metadata records for a label database's values, or None."""
+    targets = metadata.get("targets")
+    return None if targets is None else list(targets["names"])
 
 
 def digest_of(metadata: dict[str, Any]) -> tuple[int, str] | None:
@@ -271,6 +297,8 @@ _SEED = ("a seed, a whole number from 0 to 2^64-1", _whole(0, 2**64 - 1))
 _BOOL = ("true or false", lambda v: type(v) is bool)
 _TEXT = ("a string", lambda v: type(v) is str)
 _OBJECT = ("an object", lambda v: type(v) is dict)
+_NAMES = ("a list of names", lambda v: type(v) is list and len(v) > 0
+          and all(type(n) is str for n in v))  # fmt: skip
 
 
 def _field(obj: dict[str, Any], name: str, kind: tuple[str, Callable[[Any], bool]]) -> Any:
@@ -303,8 +331,12 @@ def _check_fields(metadata: Any) -> None:
         _field(digest, "digest.sha256", hexdigest)
         if _field(digest, "digest.method", _TEXT) != DIGEST_METHOD:
             raise _Invalid(f"unknown digest method {digest['method']!r}")
-        if "source" not in metadata:
-            return  # the digest alone: a database written without options
+    if metadata.get("targets") is not None:  # a label database's column names
+        targets = _field(metadata, "targets", _OBJECT)
+        _field(targets, "targets.names", _NAMES)
+    recorded = (metadata.get(name) is not None for name in ("digest", "targets"))
+    if "source" not in metadata and any(recorded):
+        return  # a database written without options: its digest, its column names
     source = _field(metadata, "source", _OBJECT)
     for name in ("images", "labels"):
         _field(source, f"source.{name}", _TEXT)

@@ -283,6 +283,14 @@ class DbReader:
         """Iterate ``(key, value)`` in key order from the first key at or after ``start``."""
         return iterate(self._pinned, start, keys_only=False)
 
+    def iter_views(self, start: bytes | None = None) -> Iterator[tuple[bytes, Any]]:
+        """Iterate ``(key, value)`` in key order (from the first key at or after ``start``)
+        without copying the values where the backend allows: an LMDB value is a read-only
+        ``memoryview`` into the database's map, valid only while this reader is open (a
+        LevelDB value is ``bytes``, as :meth:`__iter__` gives). For a consumer that writes
+        or hashes values as they are (``export``), never one that keeps them."""
+        return iterate(self._pinned, start, keys_only=False, views=True)
+
     def last_key(self) -> bytes | None:
         """The greatest key, or None for an empty database."""
         for key in iterate(self._pinned, None, keys_only=True, reverse=True):
@@ -352,12 +360,14 @@ def iterate(
     *,
     keys_only: bool,
     reverse: bool = False,
+    views: bool = False,
 ) -> Iterator[Any]:
     """Records in key order (``(key, value)``, or keys) through the handle ``pinned()``
-    returns with a pin, held until the iteration ends or is dropped."""
+    returns with a pin, held until the iteration ends or is dropped (``views``:
+    :meth:`DbReader.iter_views`)."""
     handle = pinned()
     try:
-        yield from handle.iterate(start, keys_only, reverse)
+        yield from handle.iterate(start, keys_only, reverse, views)
     finally:
         _unpin(handle)
 
