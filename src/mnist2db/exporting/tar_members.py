@@ -7,6 +7,7 @@ one numpy pass. Used by :mod:`mnist2db.exporting.shards`.
 from __future__ import annotations
 
 import tarfile
+from typing import Any
 
 import numpy as np
 
@@ -72,20 +73,26 @@ def tar_member(name: str, data: bytes) -> list[bytes]:
     return [ustar_headers([member_name(name)], [len(data)]), data, PADDING[len(data) % BLOCK]]
 
 
+#: A sample's bytes in a tar: the first member's header, its data as it is (a view of the
+#: record: never copied here), then its padding and the other members (header, data, padding).
+SampleTar = tuple[bytes, Any, bytes]
+
+
 def batch_tars(
     batch: SampleBatch, previous: str, count: int, targets: TargetStream | None = None
-) -> tuple[list[bytes], list[bool], str]:
-    """Each sample of ``batch`` as its bytes in a tar: the members ``NAME.EXT``, ``NAME.cls``,
-    and ``NAME.json`` when the name is not the key or there are ``targets`` (the source key,
-    the label, the targets: :func:`~mnist2db.exporting.targets.sample_json`); the headers of
-    the whole batch made at once (:func:`ustar_headers`).
+) -> tuple[list[SampleTar], list[bool], str]:
+    """Each sample of ``batch`` as its bytes in a tar (:data:`SampleTar`): the members
+    ``NAME.EXT``, ``NAME.cls``, and ``NAME.json`` when the name is not the key or there are
+    ``targets`` (the source key, the label, the targets:
+    :func:`~mnist2db.exporting.targets.sample_json`); the headers of the whole batch made at
+    once (:func:`ustar_headers`).
 
     ``previous``: the name of the sample before (``count``: its number, plus one); a name
     equal to the one before is made unique (a loader groups consecutive members by name).
     Returns the samples' bytes, whether each name is mapped, and the last name.
     """
     names: list[bytes] = []
-    data: list[bytes] = []
+    data: list[Any] = []
     members: list[int] = []
     mapped: list[bool] = []
     for i, key in enumerate(batch.keys):
@@ -107,13 +114,14 @@ def batch_tars(
         if len(member) > NAME_LIMIT:
             member_name(member.decode())  # the refusal
     headers = ustar_headers(names, [len(piece) for piece in data]) if names else b""
-    tars = []
+    tars: list[SampleTar] = []
     start = 0
     for end in members:
-        pieces: list[bytes] = []
-        for j in range(start, end):
+        first = data[start]
+        rest = [PADDING[len(first) % BLOCK]]
+        for j in range(start + 1, end):
             piece = data[j]
-            pieces += (headers[j * BLOCK : (j + 1) * BLOCK], piece, PADDING[len(piece) % BLOCK])
-        tars.append(b"".join(pieces))
+            rest += (headers[j * BLOCK : (j + 1) * BLOCK], piece, PADDING[len(piece) % BLOCK])
+        tars.append((headers[start * BLOCK : (start + 1) * BLOCK], first, b"".join(rest)))
         start = end
     return tars, mapped, previous
