@@ -22,13 +22,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from mnist2db.exporting.tar_members import END_OF_ARCHIVE, SampleTar
+from mnist2db.exporting.tar_members import END_OF_ARCHIVE, VIEW_SIZE
 from mnist2db.storage.files import AtomicFile
 
 #: Bytes gathered before a write is handed to the threads.
 WRITE_SIZE = 1 << 20
-#: A member at least this large is written from where it is, not joined with the others.
-VIEW_SIZE = 16 << 10
 #: Bytes handed to a thread and not yet done, at most (memory's bound: one write more, a
 #: sample larger than that, may wait).
 WRITES_AHEAD = 8 << 20
@@ -131,22 +129,23 @@ class ShardFile:
         self.small: list[Any] = []
         self.pending_size = 0
 
-    def add(self, key: bytes, sample: SampleTar) -> None:
-        """Add one sample's bytes in the tar."""
-        head, data, tail = sample
-        size = len(head) + len(data) + len(tail)
-        if len(data) >= VIEW_SIZE:
-            self.small.append(head)
-            self.buffers += (b"".join(self.small), data)
-            self.small = [tail]
-        else:
-            self.small += sample
+    def add(self, first: bytes, last: bytes, count: int, size: int, pieces: list[Any]) -> None:
+        """Add ``count`` samples (keys ``first`` to ``last``), their ``size`` bytes in the tar
+        as ``pieces`` (:meth:`~mnist2db.exporting.tar_members.FramedBatch.pieces`)."""
+        for piece in pieces:
+            if len(piece) >= VIEW_SIZE:  # written and hashed from where it is
+                if self.small:
+                    self.buffers.append(b"".join(self.small))
+                    self.small = []
+                self.buffers.append(piece)
+            else:
+                self.small.append(piece)
         self.pending_size += size
         self.size += size
-        self.count += 1
+        self.count += count
         if self.first is None:
-            self.first = key
-        self.last = key
+            self.first = first
+        self.last = last
         if self.pending_size >= WRITE_SIZE:
             self._flush()
 

@@ -21,6 +21,7 @@ ours lists.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 from collections.abc import Iterator
@@ -206,11 +207,13 @@ def _write_shards(
     workers = Workers()
     try:
         for batch in prefetched(iter_batches(db_path, records)):
-            tars, renamed, previous = batch_tars(batch, previous, count, targets)
-            for key, sample, was_mapped in zip(batch.keys, tars, renamed, strict=True):
+            framed = batch_tars(batch, previous, count, targets)
+            previous, offsets = framed.last, framed.offsets
+            i, n = 0, len(batch.keys)
+            while i < n:
                 if shard is not None and (
                     shard.count >= shard_size
-                    or (shard_bytes and shard.size + sum(map(len, sample)) > shard_bytes)
+                    or (shard_bytes and shard.size + offsets[i + 1] - offsets[i] > shard_bytes)
                 ):
                     list_placed()
                     shard.finish(placed)
@@ -219,9 +222,17 @@ def _write_shards(
                 if shard is None:
                     shard = ShardFile(shard_name(out, made), workers)
                     made += 1
-                shard.add(key, sample)
-                count += 1
-                mapped += was_mapped
+                # The samples from i that fit (the first one does: the shard is empty, or
+                # was checked above).
+                j = min(n, i + shard_size - shard.count)
+                if shard_bytes:
+                    fit = bisect.bisect_right(offsets, offsets[i] + shard_bytes - shard.size) - 1
+                    j = max(i + 1, min(j, fit))
+                shard.add(batch.keys[i], batch.keys[j - 1], j - i, offsets[j] - offsets[i],
+                          framed.pieces(i, j))  # fmt: skip
+                count += j - i
+                mapped += sum(framed.mapped[i:j])
+                i = j
         if shard is not None:
             list_placed()
             shard.finish(placed)
