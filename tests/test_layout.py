@@ -389,12 +389,15 @@ LAZY_IMPORTS = {
     "mnist2db.formats.image_input": (1, "Pillow, for a header the reader cannot size itself"),
     "mnist2db.formats.opencv": (1, "cv2: an optional extra"),
     "mnist2db.formats.image_encode": (1, "Pillow, for --encoded jpg only"),
-    "mnist2db.formats.image": (3, "Pillow, only for an image OpenCV does not decode"),
+    "mnist2db.formats.image": (2, "Pillow, only for an image OpenCV does not decode"),
+    "mnist2db.formats.plain_png": (1, "Pillow's core, by the worker that decodes a first PNG"),
     "mnist2db.caffe_tools.convert_imageset": (6, "--help and flag errors before numpy, Pillow"),
     "mnist2db.cli.imageset_commands": (2, "imageset --help without the pipeline loaded"),
     "mnist2db.cli.data_commands": (2, "the export command's modules (export's file)"),
     "mnist2db.images.resume": (2, "each backend's library only for the staged run it reads"),
     "mnist2db.images.workers": (2, "numpy and Pillow loaded before the workers fork, shared"),
+    "mnist2db.images.datum_records": (2, "the label database's modules for a run with targets"),
+    "mnist2db.images.record_work": (3, "numpy, Pillow, OpenCV for what plain_png does not read"),
 }
 
 

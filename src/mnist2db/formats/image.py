@@ -23,7 +23,6 @@ import math
 import os
 import re
 import struct
-import zlib
 from typing import Any
 
 import numpy as np
@@ -36,6 +35,7 @@ from mnist2db.formats.image_input import (
     read_image_file,
 )
 from mnist2db.formats.opencv import opencv
+from mnist2db.formats.plain_png import plain_samples
 from mnist2db.formats.png16 import decode_png16
 
 #: The formats OpenCV 4.6 reads, by Pillow's name for them (GIF is not among them).
@@ -76,7 +76,7 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
 
     kind = image_format(data)
     if kind == "PNG":
-        plain = _plain_png(data)
+        plain = plain_samples(data)
         if plain is not None:
             mode, width, height, raw = plain
             grey = mode == "L"
@@ -141,17 +141,13 @@ def _plain_jpeg(data: bytes) -> bool:
     return False
 
 
-#: Chunks that change nothing OpenCV reads from an 8-bit grey or RGB PNG.
-_INERT_CHUNKS = frozenset((b"tEXt", b"zTXt", b"iTXt", b"tIME", b"pHYs", b"bKGD", b"sBIT",
-                           b"tRNS", b"hIST", b"sPLT", b"cHRM"))  # fmt: skip
-
-
 def png_planes(data: bytes, color: bool) -> tuple[bytes, tuple[int, int, int]] | None:
     """A plain PNG's pixels as Caffe's ``CVMatToDatum`` stores them, channel after channel
     (BGR), and their ``(channels, height, width)``; None when the full path must decode it
     (not a plain PNG, or grey wanted of a colour one). No numpy: the commonest case of
-    ``convert_imageset`` costs a file read, an inflate and a few byte copies."""
-    plain = _plain_png(data)
+    ``convert_imageset`` costs a file read, an inflate and a few byte copies (from a path,
+    :func:`mnist2db.formats.plain_png.plain_record` makes the whole record)."""
+    plain = plain_samples(data)
     if plain is None:
         return None
     mode, width, height, raw = plain
@@ -160,51 +156,6 @@ def png_planes(data: bytes, color: bool) -> tuple[bytes, tuple[int, int, int]] |
     if not color:
         return None
     return raw[2::3] + raw[1::3] + raw[0::3], (3, height, width)
-
-
-def _plain_png(data: bytes) -> tuple[str, int, int, bytes] | None:
-    """The samples of the commonest PNGs (8-bit grey or RGB, not interlaced, no gamma,
-    colour profile or EXIF), by Pillow's own zlib decoder without its Python chunk reader:
-    ``(mode, width, height, bytes)``. None for anything else, or anything unusual (a CRC
-    that does not match, data cut short): the full path then decides."""
-    from PIL import Image
-
-    if len(data) < 33 or data[12:16] != b"IHDR":
-        return None
-    width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", data[16:29])
-    if depth != 8 or colour not in (0, 2) or interlace or not 0 < width * height <= 1 << 24:
-        return None
-    parts = []
-    position = 8
-    end = len(data)
-    while position + 12 <= end:
-        length, name = struct.unpack(">I4s", data[position : position + 8])
-        body_end = position + 8 + length
-        if body_end + 4 > end:
-            return None
-        if name in (b"IHDR", b"IDAT"):
-            crc = zlib.crc32(data[position + 4 : body_end])
-            if struct.unpack(">I", data[body_end : body_end + 4])[0] != crc:
-                return None
-            if name == b"IDAT":
-                parts.append(data[position + 8 : body_end])
-        elif name == b"IEND":
-            break
-        elif name not in _INERT_CHUNKS:
-            return None
-        position = body_end + 4
-    mode = "L" if colour == 0 else "RGB"
-    try:
-        picture = Image.new(mode, (width, height))
-        decoder = Image._getdecoder(mode, "zip", mode)
-        decoder.setimage(picture.im, (0, 0, width, height))
-        consumed, error = decoder.decode(b"".join(parts))
-        decoder.cleanup()
-    except (AttributeError, TypeError, ValueError, OSError):
-        return None  # another Pillow's internals, or a damaged stream: the full path
-    if consumed >= 0 or error < 0:
-        return None
-    return mode, width, height, picture.tobytes()
 
 
 def _may_orient(kind: str, data: bytes, opened: Any) -> bool:

@@ -17,10 +17,9 @@ import zlib
 import numpy as np
 
 from mnist2db.errors import ImageError
+from mnist2db.formats.image_types import ENCODE_TYPES
 from mnist2db.formats.png import PNG_SIGNATURE
 
-#: The types written as Caffe writes them (``cv::imencode``'s extensions).
-ENCODE_TYPES = ("png", "jpg", "jpeg", "jpe", "bmp", "dib")
 #: libpng's IDAT chunk size, as OpenCV writes.
 _IDAT_SIZE = 8192
 

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from mnist2db.conversion import write_database
 from mnist2db.errors import ArgumentError, ImageError, Mnist2dbError, printable
 from mnist2db.formats.datum import KEY_LIMIT
-from mnist2db.formats.image_encode import ENCODE_TYPES
 from mnist2db.formats.image_input import check_resize
 from mnist2db.formats.image_list import ListEntry, image_key
-from mnist2db.images.decoding import RecordWork, encoding_of, matches_ext
+from mnist2db.formats.image_types import ENCODE_TYPES, encoding_of, matches_ext
+from mnist2db.images.record_work import RecordWork
 from mnist2db.images.resume import (
     Committed,
     EntryDigest,
@@ -48,7 +48,6 @@ from mnist2db.images.resume import (
     write_plan,
 )
 from mnist2db.images.workers import OrderedDecoding, attempt, default_jobs
-from mnist2db.label_databases import describe, write_label_database
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import BACKEND, DEFAULT_BATCH_SIZE, check_backend, check_batch_size
 from mnist2db.storage.db_staging import staged_database, staged_databases, stale_staging
@@ -98,6 +97,8 @@ class ImagesetResult(NamedTuple):
         rate = self.count / max(self.seconds, 1e-9)
         labels = ""
         if self.labels is not None:
+            from mnist2db.label_databases import describe
+
             labels = "\n" + describe(self.labels)
         return (
             f"Wrote {self.count} records{shape} from {self.lines} listed images{skipped}.\n"
@@ -127,24 +128,29 @@ def check_entries(
     first: ListEntry | None = None
     # The longest key the backend stores (LMDB's 511 bytes; an IDX pair has no keys).
     key_limit = BACKEND[backend].key_limit if backend in BACKEND else None
+    # A key is "%08d_" (9 bytes below KEY_LIMIT lines) and the path.
+    path_limit = 1 << 62 if key_limit is None else key_limit - 9
+    add = digest.add if digest is not None else None
+    rules = encoded or encode_type
     for entry in entries:
         count += 1
-        first = first or entry
-        if digest is not None:
-            digest.add(entry)
+        if first is None:
+            first = entry
+        if add is not None:
+            add(entry)
         if entry.line >= KEY_LIMIT:
             raise Mnist2dbError(
                 f"{where}: more than {KEY_LIMIT} lines: Caffe's keys (%08d_PATH) stop sorting "
                 "in line order there"
             )
-        key = image_key(entry)
-        if key_limit is not None and len(key) > key_limit:
+        if len(entry.path) > path_limit:
+            key = image_key(entry)
             raise Mnist2dbError(
                 f"{where}:{entry.line + 1}: the key {printable(os.fsdecode(key[:40]))}… is "
                 f"{len(key)} bytes; LMDB keys hold at most {key_limit} (shorten the "
                 "path, or use --backend leveldb)"
             )
-        if encoded or encode_type:
+        if rules:
             kind = encoding_of(entry, encode_type)
             reencoded = resize is not None or not matches_ext(root + entry.path, kind)
             if reencoded and kind not in ENCODE_TYPES:
@@ -235,104 +241,112 @@ def write_imageset(
             f"cannot encode images as {encode_type!r}: the types written as Caffe writes "
             f"them are {', '.join(ENCODE_TYPES)}"
         )
-    digest = EntryDigest()
-    total = check_entries(
-        entries(),
-        root=root_bytes,
-        backend=backend,
-        encoded=encoded,
-        encode_type=encode_type,
-        resize=resize,
-        where=where,
-        digest=digest,
-    )
-    plan = {"root": os.fsdecode(root_bytes), "list": where, "entries": digest.hexdigest(),
-            "lines": total, "backend": backend, "gray": gray,
-            "resize": list(resize) if resize else None, "encoded": encoded,
-            "encode_type": encode_type, "check_size": check_size, "seed": seed,
-            "width": None if targets is None else targets.width,
-            "targets": None if targets is None else targets.digest()}  # fmt: skip
-    run = find_staged_run(out) if resume else None
-    if resume and run is None:
-        raise Mnist2dbError(
-            f"{out}: --resume: no staged run of it to continue (a killed conversion leaves "
-            f"{temp_prefix(os.path.basename(os.path.normpath(out)))}PID-… beside it)"
-        )
-    done = labels_done = Committed(0, -1, None)
-    outs = [out] if targets is None else [out, labels_path(out)]
-    adopt: list[str | None] = [None if run is None else run.path, None]
-    if run is not None:
-        check_plan(out, run, plan)
-        done = committed(run.path, backend)
-        if targets is not None:  # the label database the killed run began beside, if any
-            adopt[1] = find_staged_labels(out, outs[1], run.path)
-            if adopt[1] is not None:
-                labels_done = committed(adopt[1], backend)
-    elif on_stale is not None:
-        for stale in stale_staging(out):
-            on_stale(stale)
-    if on_start is not None:
-        on_start(total)
-    skipped: list[Skipped] = []
-    state: dict[str, Any] = {"count": done.records, "shape": None, "mixed": False}
-
-    def skip(entry: ListEntry, reason: str) -> None:
-        gone = Skipped(entry, reason)
-        skipped.append(gone)
-        if on_skip is not None:
-            on_skip(gone)
-
     work = RecordWork(root_bytes, not gray, resize, encoded or bool(encode_type), encode_type)
-    first = None
-    if done.first_key is not None:
-        # The first record's image again, for its shape (--check_size, the summary).
-        entry = ListEntry(int(done.first_key[:8]), done.first_key[9:], 0)
-        shape = attempt(work, root_bytes, entry)
-        if not isinstance(shape, str):
-            first = (entry, shape[1])
-            state["shape"] = shape[1]
-    todo = (entry for entry in entries() if entry.line > done.last_line)
-    labels = None
-    staged: Any = (
-        staged_database(out, backend, overwrite=overwrite, inputs=list(inputs),
-                        adopt=adopt[0])
-        if targets is None
-        # A label database beside: the two staged and placed together.
-        else staged_databases(outs, backend, overwrite=overwrite, inputs=list(inputs),
-                              adopt=adopt)
-    )  # fmt: skip
-    with (
-        staged as staged_paths,
-        # The workers fork here, before the database is opened: none ever holds it.
-        OrderedDecoding(todo, work, root_bytes, jobs) as decoded,
-    ):
-        stagings = [staged_paths] if targets is None else staged_paths
-        staging = stagings[0]
-        write_plan(staging, plan)
-        batches = _batches(decoded, check_size, batch_size, state, skip, where, first)
-        if backend == "lmdb":
-            batches = _unmapping(batches, os.path.join(staging, "data.mdb"))
+    done = labels_done = Committed(0, -1, None)
 
-        def report(written: int, total: int) -> None:
-            progress(done.records + written, total)
+    def todo() -> Iterator[ListEntry]:  # the entries the run writes (after a resumed run's)
+        for entry in entries():
+            if entry.line > done.last_line:
+                yield entry
 
-        write_database(backend, staging, 4096, batches, total, report, keyed=True,
-                       existing=run is not None)  # fmt: skip
-        if not state["count"]:
-            raise ImageError(
-                f"{where}: no image could be read"
-                + (f" (the first: {skipped[0].reason})" if skipped else " (it lists none)")
-                + "; nothing written"
+    # The workers fork first (before the database is opened: none ever holds it), so that
+    # they load their decoders while the list is checked.
+    preload = work.preloads(_first(entries))
+    with OrderedDecoding(todo(), work, root_bytes, jobs, preload=preload) as decoded:
+        digest = EntryDigest()
+        total = check_entries(
+            entries(),
+            root=root_bytes,
+            backend=backend,
+            encoded=encoded,
+            encode_type=encode_type,
+            resize=resize,
+            where=where,
+            digest=digest,
+        )
+        plan = {"root": os.fsdecode(root_bytes), "list": where, "entries": digest.hexdigest(),
+                "lines": total, "backend": backend, "gray": gray,
+                "resize": list(resize) if resize else None, "encoded": encoded,
+                "encode_type": encode_type, "check_size": check_size, "seed": seed,
+                "width": None if targets is None else targets.width,
+                "targets": None if targets is None else targets.digest()}  # fmt: skip
+        run = find_staged_run(out) if resume else None
+        if resume and run is None:
+            raise Mnist2dbError(
+                f"{out}: --resume: no staged run of it to continue (a killed conversion leaves "
+                f"{temp_prefix(os.path.basename(os.path.normpath(out)))}PID-… beside it)"
             )
-        if targets is not None:  # under the keys just written, whatever was skipped
-            labels = write_label_database(backend, staging, stagings[1], targets, outs[1],
-                                          batch_size=batch_size,
-                                          committed=labels_done.records,
-                                          last_key=labels_done.last_key)  # fmt: skip
-        if metadata is not None:
-            source = {**metadata.get("source", {}), "items": total}
-            write_metadata(staging, {**metadata, "source": source, "records": state["count"]}, out)
-        remove_plan(staging)
+        outs = [out] if targets is None else [out, labels_path(out)]
+        adopt: list[str | None] = [None if run is None else run.path, None]
+        if run is not None:
+            check_plan(out, run, plan)
+            done = committed(run.path, backend)
+            if targets is not None:  # the label database the killed run began beside, if any
+                adopt[1] = find_staged_labels(out, outs[1], run.path)
+                if adopt[1] is not None:
+                    labels_done = committed(adopt[1], backend)
+        elif on_stale is not None:
+            for stale in stale_staging(out):
+                on_stale(stale)
+        if on_start is not None:
+            on_start(total)
+        skipped: list[Skipped] = []
+        state: dict[str, Any] = {"count": done.records, "shape": None, "mixed": False}
+
+        def skip(entry: ListEntry, reason: str) -> None:
+            gone = Skipped(entry, reason)
+            skipped.append(gone)
+            if on_skip is not None:
+                on_skip(gone)
+
+        first = None
+        if done.first_key is not None:
+            # The first record's image again, for its shape (--check_size, the summary).
+            entry = ListEntry(int(done.first_key[:8]), done.first_key[9:], 0)
+            shape = attempt(work, root_bytes, entry)
+            if not isinstance(shape, str):
+                first = (entry, shape[1])
+                state["shape"] = shape[1]
+        labels = None
+        staged: Any = (
+            staged_database(out, backend, overwrite=overwrite, inputs=list(inputs),
+                            adopt=adopt[0])
+            if targets is None
+            # A label database beside: the two staged and placed together.
+            else staged_databases(outs, backend, overwrite=overwrite, inputs=list(inputs),
+                                  adopt=adopt)
+        )  # fmt: skip
+        with staged as staged_paths:
+            stagings = [staged_paths] if targets is None else staged_paths
+            staging = stagings[0]
+            write_plan(staging, plan)
+            batches = _batches(decoded, check_size, batch_size, state, skip, where, first)
+            if backend == "lmdb":
+                batches = _unmapping(batches, os.path.join(staging, "data.mdb"))
+
+            def report(written: int, total: int) -> None:
+                progress(done.records + written, total)
+
+            write_database(backend, staging, 4096, batches, total, report, keyed=True,
+                           existing=run is not None)  # fmt: skip
+            if not state["count"]:
+                raise ImageError(
+                    f"{where}: no image could be read"
+                    + (f" (the first: {skipped[0].reason})" if skipped else " (it lists none)")
+                    + "; nothing written"
+                )
+            if targets is not None:  # under the keys just written, whatever was skipped
+                from mnist2db.label_databases import write_label_database
+
+                labels = write_label_database(backend, staging, stagings[1], targets, outs[1],
+                                              batch_size=batch_size,
+                                              committed=labels_done.records,
+                                              last_key=labels_done.last_key)  # fmt: skip
+            if metadata is not None:
+                source = {**metadata.get("source", {}), "items": total}
+                write_metadata(staging, {**metadata, "source": source,
+                                         "records": state["count"]}, out)  # fmt: skip
+            remove_plan(staging)
     return ImagesetResult(
         path=out,
         backend=backend,
@@ -343,6 +357,17 @@ def write_imageset(
         seconds=time.perf_counter() - started,
         labels=labels,
     )
+
+
+def _first(entries: Entries) -> ListEntry | None:
+    """The first entry ``entries()`` gives (the rest not read), or None."""
+    listed = iter(entries())
+    try:
+        return next(listed, None)
+    finally:
+        close = getattr(listed, "close", None)
+        if close is not None:
+            close()
 
 
 def _batches(

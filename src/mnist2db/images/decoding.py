@@ -1,6 +1,6 @@
-"""One image file to one record, as Caffe's ``ReadImageToDatum`` makes it (:class:`RecordWork`),
-or to its grey pixels (:class:`PixelWork`): the work :mod:`mnist2db.images.workers` runs on
-worker processes.
+"""One image file to one record, as Caffe's ``ReadImageToDatum`` makes it (:func:`image_record`,
+for :class:`mnist2db.images.record_work.RecordWork`), or to its grey pixels
+(:class:`PixelWork`): the work :mod:`mnist2db.images.workers` runs on worker processes.
 """
 
 from __future__ import annotations
@@ -19,28 +19,12 @@ from mnist2db.formats.image import (
 from mnist2db.formats.image_encode import encode_image
 from mnist2db.formats.image_input import check_fits_a_record, read_image_file
 from mnist2db.formats.image_list import ListEntry
+from mnist2db.formats.image_types import matches_ext
 from mnist2db.formats.protowire import encode_varint
 from mnist2db.formats.resize import resize_linear
 
 if TYPE_CHECKING:
     import numpy as np
-
-
-def encoding_of(entry: ListEntry, encode_type: str | None) -> str:
-    """The type ``entry``'s record is encoded as: ``encode_type``, or Caffe's guess, the
-    path's extension in lower case."""
-    if encode_type:
-        return encode_type.lower()
-    path = entry.path
-    dot = path.rfind(b".")
-    return os.fsdecode(path[dot + 1 :] if dot >= 0 else path).lower()
-
-
-def matches_ext(filename: bytes, encoding: str) -> bool:
-    """Caffe's ``matchExt``: the file's extension (after its last dot) is the encoding."""
-    dot = filename.rfind(b".")
-    ext = os.fsdecode(filename[dot + 1 :] if dot >= 0 else filename).lower()
-    return ext == encoding or (encoding == "jpg" and ext == "jpeg")
 
 
 def image_record(
@@ -79,27 +63,6 @@ def image_record(
     else:
         data = encode_image(image, encoding)
     return b"\x22" + encode_varint(len(data)) + data + label + b"\x38\x01", shape
-
-
-class RecordWork:
-    """An entry to its record (picklable, for worker processes)."""
-
-    def __init__(
-        self,
-        root: bytes,
-        color: bool,
-        resize: tuple[int, int] | None,
-        encoded: bool,
-        encode_type: str | None,
-    ) -> None:
-        self.root, self.color, self.resize = root, color, resize
-        self.encoded, self.encode_type = encoded, encode_type
-
-    def __call__(self, entry: ListEntry) -> tuple[bytes, tuple[int, int, int]]:
-        encoding = encoding_of(entry, self.encode_type) if self.encoded else None
-        return image_record(
-            entry, root=self.root, color=self.color, resize=self.resize, encoding=encoding
-        )
 
 
 class PixelWork:

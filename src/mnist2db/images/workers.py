@@ -265,7 +265,8 @@ def _died(worker: _Worker, timeout: float | None) -> str:
 class OrderedDecoding:
     """``jobs`` worker processes, started at once (before the caller opens its database),
     decoding ``entries`` with ``work``; iterate for each entry with its result or the reason
-    (a str) it could not be read, in order. :meth:`close` (or leaving the ``with``) kills
+    (a str) it could not be read, in order. ``preload`` runs before they fork (what they all
+    import, loaded once: by default numpy, Pillow and OpenCV; None: nothing). :meth:`close` (or leaving the ``with``) kills
     the workers at once, whatever they are doing."""
 
     def __init__(
@@ -276,6 +277,7 @@ class OrderedDecoding:
         jobs: int,
         *,
         timeout: float = DEFAULT_TIMEOUT,
+        preload: Callable[[], None] | None = _preload,
     ) -> None:
         self._entries, self._work, self._root = entries, work, root
         self._timeout, self._jobs = timeout, jobs
@@ -286,8 +288,8 @@ class OrderedDecoding:
             with contextlib.suppress(OSError, ValueError, AttributeError):
                 stream.flush()
         self._context = _context()
-        if self._context.get_start_method() == "fork":
-            _preload()
+        if self._context.get_start_method() == "fork" and preload is not None:
+            preload()
         try:
             for _ in range(jobs):
                 self._workers.append(_Worker(self._context, work, root))
