@@ -2,25 +2,37 @@
 against ``cat`` and against ``convert --encoded png``, in the same run.
 
 Rows, each a whole process (start-up included), medians of ``--repeat`` alternating runs,
-every run starting with no dirty data waiting for the disk:
-* encoded records (generated 256 × 256 JPEGs, ~40 KB each, in a ``convert_imageset
-  --encoded`` LMDB): ``cat`` of the same bytes (the JPEG files concatenated beforehand) into
-  one file on the same disk, and the same followed by ``sync FILE`` (an export flushes what
-  it writes: its output survives a crash); ``export --to webdataset``; ``export --to files``;
+every run starting with no dirty data waiting for the disk; wall seconds and the CPU
+seconds (user + system) of the process and its children:
+* encoded records, two sizes: ``--jpegs`` generated 256 × 256 JPEGs (~40 KB each, 3000:
+  124 MB) in a ``convert_imageset --encoded`` LMDB, and a large database (``--large``
+  records, 50,000: ~2 GB) of the same JPEGs named again and again, as ``convert_imageset
+  --encoded`` writes a list that names each file many times (written here directly: the
+  same keys and values, in seconds rather than a minute). For each: ``cat`` of the same
+  bytes (the JPEG files concatenated beforehand) into one file on the same disk, and the
+  same followed by ``sync FILE`` (an export flushes what it writes: its output survives a
+  crash); ``export --to webdataset``; ``export --to files`` and its floor, ``tar -x`` of a
+  tar of the very tree the export writes (the same files, created by a C tool), then
+  ``sync -f`` (the export flushes its file system once, syncfs, before the rename that
+  makes its tree appear). The small size is what earlier runs measured: there a Python
+  process's start-up alone is longer than ``cat``'s whole copy. The large one measures
+  throughput;
 * raw 28 × 28 records (Fashion-MNIST's training set, else generated): ``convert --encoded
   png`` of the IDX files, and ``export --to webdataset`` / ``--to files`` of the raw LMDB
-  (each record becomes a PNG);
-* the floor of ``--to files`` on this disk: ``tar -x`` of a tar of the very tree the export
-  writes (the same files, created by a C tool), then ``sync -f`` (the export flushes its
-  file system once, syncfs, before the rename that makes its tree appear); and the start-up
-  alone (``mnist2db export --help``: Python and the imports an export needs).
+  (each record becomes a PNG), and the ``tar -x`` floor of the tree;
+* the start-up alone (``mnist2db export --help``: Python and the imports an export needs).
 
-    python scripts/bench_export.py [--repeat 3] [--jpegs 3000]   (also a table of scripts/bench.py)
+The targets are read from the whole processes (the start-up counted); the start-up's
+share is shown beside them, never taken off them.
+
+    python scripts/bench_export.py [--repeat 3] [--jpegs 3000] [--large 50000]
+    (also a table of scripts/bench.py)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -32,10 +44,61 @@ from bench_data import gunzip_or_generate
 
 BIN = Path(sys.executable).parent
 
+#: Runs one contender; writes "wall_seconds cpu_seconds peak_rss_kib peak_rss_anon_kib" to
+#: argv[1]. A bare interpreter, as scripts/bench.py's reaper (whose reasons hold here), that
+#: also counts the CPU time of the process and the children it waited for.
+REAPER = """
+import os, sys, threading, time
+report, argv = sys.argv[1], sys.argv[2:]
+anon = [0]
+done = threading.Event()
+def sample(pid):
+    path = f"/proc/{pid}/status"
+    while not done.is_set():
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("RssAnon:"):
+                        anon[0] = max(anon[0], int(line.split()[1]))
+                        break
+        except OSError:
+            return
+        time.sleep(0.002)
+start = time.perf_counter()
+pid = os.posix_spawnp(argv[0], argv, os.environ)
+sampler = threading.Thread(target=sample, args=(pid,), daemon=True)
+sampler.start()
+_, status, usage = os.wait4(pid, 0)
+wall = time.perf_counter() - start
+done.set()
+with open(report, "w") as f:
+    f.write(f"{wall} {usage.ru_utime + usage.ru_stime} {usage.ru_maxrss} {anon[0]}")
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
 
-def make_jpegs(work: Path, count: int) -> tuple[Path, Path, int]:
-    """``count`` JPEGs in ``work/jpegs`` and their list; returns (the LMDB ``convert_imageset
-    --encoded`` makes of them, the file of their bytes concatenated, its size)."""
+
+def run_once(argv: list[str], out: Path) -> tuple[float, float, int, int]:
+    """Run one process; returns (wall s, CPU s, peak RSS KiB, peak sampled RssAnon KiB)."""
+    if out.exists():
+        shutil.rmtree(out)
+    # Start every run with no dirty data waiting for the disk (the previous run's deleted
+    # output, a freshly generated input), so no run pays for another's writeback.
+    os.sync()
+    report = out.with_name("report.txt")
+    proc = subprocess.run(
+        [sys.executable, "-c", REAPER, str(report), *argv], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmark: {' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr}")
+    wall, cpu, rss, anon = report.read_text().split()
+    shutil.rmtree(out, ignore_errors=True)
+    return float(wall), float(cpu), int(rss), int(anon)
+
+
+def make_jpegs(work: Path, count: int) -> tuple[Path, list[bytes]]:
+    """``count`` JPEGs in ``work/jpegs`` and their list; returns the LMDB ``convert_imageset
+    --encoded`` makes of them, and its values (records) in key order."""
+    import lmdb
     import numpy as np
     from PIL import Image
 
@@ -46,111 +109,170 @@ def make_jpegs(work: Path, count: int) -> tuple[Path, Path, int]:
     rng = np.random.default_rng(0)
     y, x = np.mgrid[0:256, 0:256]
     lines = []
-    with open(work / "jpegs.bin", "wb") as joined:
-        for i in range(count):
-            a, b = rng.uniform(0.01, 0.1, 2)
-            wave = (127 + 100 * np.sin(a * x + b * y + i))[..., None]
-            pixels = np.clip(wave + rng.normal(0, 30, (256, 256, 3)), 0, 255).astype(np.uint8)
-            path = folder / f"{i:06d}.jpg"
-            Image.fromarray(pixels).save(path, quality=90)
-            joined.write(path.read_bytes())
-            lines.append(f"{path.name} {i % 10}\n")
+    for i in range(count):
+        a, b = rng.uniform(0.01, 0.1, 2)
+        wave = (127 + 100 * np.sin(a * x + b * y + i))[..., None]
+        pixels = np.clip(wave + rng.normal(0, 30, (256, 256, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(pixels).save(folder / f"{i:06d}.jpg", quality=90)
+        lines.append(f"{i:06d}.jpg {i % 10}\n")
     (work / "jpegs.txt").write_text("".join(lines))
     db = work / "jpeg_lmdb"
     if convert_imageset(["--encoded", f"{folder}/", str(work / "jpegs.txt"), str(db)]) != 0:
         raise SystemExit("benchmark: convert_imageset --encoded failed")
     shutil.rmtree(folder)
-    return db, work / "jpegs.bin", (work / "jpegs.bin").stat().st_size
+    env = lmdb.open(str(db), readonly=True, lock=False)
+    with env.begin() as txn:
+        values = [bytes(value) for _, value in txn.cursor()]
+    env.close()
+    return db, values
+
+
+def write_large(work: Path, values: list[bytes], count: int) -> Path:
+    """The LMDB ``convert_imageset --encoded`` writes for a list naming the files of
+    ``values`` again and again (``count`` lines): record ``i`` is file ``i % len(values)``'s
+    (its key ``%08d_NAME``, its label ``i % 10`` as in the small list, its value that
+    file's record). Written with py-lmdb directly: the same keys and values."""
+    import lmdb
+
+    db = work / "large_lmdb"
+    size = sum(len(values[i % len(values)]) for i in range(count))
+    env = lmdb.open(str(db), map_size=size + size // 4 + (64 << 20), sync=False)
+    for start in range(0, count, 1000):
+        with env.begin(write=True) as txn:
+            for i in range(start, min(count, start + 1000)):
+                key = b"%08d_%06d.jpg" % (i, i % len(values))
+                txn.put(key, values[i % len(values)], append=True)
+    env.sync(True)
+    env.close()
+    return db
+
+
+def joined_bytes(db: Path, target: Path) -> int:
+    """Write the image bytes of ``db``'s records, concatenated in key order, to ``target``
+    (what ``cat`` copies); returns their size."""
+    from mnist2db.storage.readers import iter_db
+
+    size = 0
+    with open(target, "wb") as joined:
+        for _, datum in iter_db(db):
+            joined.write(datum.data)
+            size += len(datum.data)
+    return size
+
+
+def tree_tar(db: Path, work: Path, kind: str) -> Path:
+    """A tar of the tree ``export --to files`` writes of ``db`` (for the ``tar -x`` floor)."""
+    import mnist2db
+
+    tree = work / f"tree-{kind}"
+    mnist2db.export_files(db, tree)
+    tar = work / f"tree-{kind}.tar"
+    subprocess.run(["tar", "-C", str(tree), "-cf", str(tar), "."], check=True)
+    shutil.rmtree(tree)
+    return tar
+
+
+#: The rows that are a floor or a contender, not an export (no rate of their own).
+START = "the start-up alone (mnist2db export --help)"
 
 
 def export_table(
-    images: Path, labels: Path, work: Path, repeat: int = 3, jpegs: int = 3000
-) -> list[str]:
+    images: Path, labels: Path, work: Path, repeat: int = 3, jpegs: int = 3000,
+    large: int = 50000,
+) -> list[str]:  # fmt: skip
     """Markdown rows of the export benchmark and its two targets (issue 29)."""
-    from bench import run_once  # the reaper and the clean start of every run
-
     import mnist2db
 
     m2d = str(BIN / "mnist2db")
-    jpeg_db, joined, joined_size = make_jpegs(work, jpegs)
+    jpeg_db, values = make_jpegs(work, jpegs)
+    sizes = {"small": joined_bytes(jpeg_db, work / "jpegs-small.bin")}
+    dbs = {"small": jpeg_db}
+    if large:
+        dbs["large"] = write_large(work, values, large)
+        sizes["large"] = joined_bytes(dbs["large"], work / "jpegs-large.bin")
+    del values
     raw_db = work / "raw_train_lmdb"
     mnist2db.convert(images, labels, raw_db)
     out = work / "out-export"
-    trees = {}
-    for kind, db in (("jpeg", jpeg_db), ("raw", raw_db)):  # the trees the export writes, as tars
-        tree = work / f"tree-{kind}"
-        mnist2db.export_files(db, tree)
-        trees[kind] = work / f"tree-{kind}.tar"
-        subprocess.run(["tar", "-C", str(tree), "-cf", str(trees[kind]), "."], check=True)
-        shutil.rmtree(tree)
     untar = "mkdir {out} && tar -C {out} --no-same-owner --no-same-permissions -m -xf {tar} && sync -f {out}"
-    contenders: dict[str, list[str]] = {
-        "cat: the JPEG bytes into one file": ["sh", "-c", f"mkdir {out} && cat {joined} > {out}/all"],
-        "cat, then sync FILE": ["sh", "-c", f"mkdir {out} && cat {joined} > {out}/all && sync {out}/all"],
-        "floor: the start-up alone (mnist2db export --help)": [m2d, "export", "--help"],
-        "export --to webdataset (JPEG records)": [m2d, "export", "-q", "--to", "webdataset", str(jpeg_db), f"{out}/s"],
-        "export --to files (JPEG records)": [m2d, "export", "-q", "--to", "files", str(jpeg_db), str(out)],
-        "floor: tar -x of that tree, then sync -f (JPEG records)": ["sh", "-c", untar.format(out=out, tar=trees["jpeg"])],
+    contenders: dict[str, list[str]] = {START: [m2d, "export", "--help"]}
+    for size, db in dbs.items():
+        joined = work / f"jpegs-{size}.bin"
+        what = f"{size}: {sizes[size] / 1e6:.0f} MB of JPEG records"
+        tar = tree_tar(db, work, size)
+        contenders |= {
+            f"cat ({what})": ["sh", "-c", f"mkdir {out} && cat {joined} > {out}/all"],
+            f"cat, then sync FILE ({what})": ["sh", "-c", f"mkdir {out} && cat {joined} > {out}/all && sync {out}/all"],
+            f"export --to webdataset ({what})": [m2d, "export", "-q", "--to", "webdataset", str(db), f"{out}/s"],
+            f"export --to files ({what})": [m2d, "export", "-q", "--to", "files", str(db), str(out)],
+            f"floor: tar -x of that tree, then sync -f ({what})": ["sh", "-c", untar.format(out=out, tar=tar)],
+        }  # fmt: skip
+    tar = tree_tar(raw_db, work, "raw")
+    contenders |= {
         "convert --encoded png (28 × 28)": [m2d, "convert", "-q", "--encoded", "png", str(images), str(labels), str(out)],
         "export --to webdataset (raw 28 × 28 -> PNG)": [m2d, "export", "-q", "--to", "webdataset", str(raw_db), f"{out}/s"],
         "export --to files (raw 28 × 28 -> PNG)": [m2d, "export", "-q", "--to", "files", str(raw_db), str(out)],
-        "floor: tar -x of that tree, then sync -f (raw 28 × 28 -> PNG)": ["sh", "-c", untar.format(out=out, tar=trees["raw"])],
+        "floor: tar -x of that tree, then sync -f (raw 28 × 28 -> PNG)": ["sh", "-c", untar.format(out=out, tar=tar)],
     }  # fmt: skip
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    peaks: dict[str, list[int]] = {name: [] for name in contenders}
-    anons: dict[str, list[int]] = {name: [] for name in contenders}
+    runs: dict[str, list[tuple[float, float, int, int]]] = {name: [] for name in contenders}
     for _ in range(repeat):
         for name, argv in contenders.items():  # alternating: one run of each, then again
-            wall, rss, anon, _, _ = run_once(argv, out)
-            times[name].append(wall)
-            peaks[name].append(rss)
-            anons[name].append(anon)
-    median = {name: statistics.median(values) for name, values in times.items()}
+            runs[name].append(run_once(argv, out))
+    wall = {name: statistics.median(r[0] for r in found) for name, found in runs.items()}
+    cpu = {name: statistics.median(r[1] for r in found) for name, found in runs.items()}
     records = len(mnist2db.open_db(raw_db))
+    load = os.getloadavg()
     lines = [
-        f"Export (issue 29): {jpegs} JPEG records of 256 × 256 ({joined_size / 1e6:.1f} MB), "
-        f"{records} raw 28 × 28 records; medians of {repeat} alternating runs.",
+        f"Export (issue 29): JPEG records of 256 × 256, {jpegs} "
+        + (f"and {large} " if large else "")
+        + f"({', '.join(f'{s / 1e6:.1f} MB' for s in sizes.values())}), {records} raw 28 × 28 "
+        f"records; medians of {repeat} alternating runs; load average at the end "
+        f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}.",
         "",
-        "| contender | wall s | MB/s or records/s | peak RSS MB | RssAnon MB |",
-        "|---|---|---|---|---|",
+        "| contender | wall s | CPU s | MB/s or records/s | peak RSS MB | RssAnon MB |",
+        "|---|---|---|---|---|---|",
     ]
-    for name in contenders:
+    for name, found in runs.items():
+        size = next((sizes[k] for k in sizes if f"({k}:" in name), None)
         rate = (
             "-"
-            if "start-up" in name
-            else f"{joined_size / 1e6 / median[name]:.0f} MB/s"
-            if "JPEG" in name or name.startswith("cat")
-            else f"{records / median[name]:.0f} records/s"
+            if name == START
+            else f"{size / 1e6 / wall[name]:.0f} MB/s"
+            if size is not None
+            else f"{records / wall[name]:.0f} records/s"
         )
+        rss = statistics.median(r[2] for r in found) / 1024
+        anon = statistics.median(r[3] for r in found) / 1024
         lines.append(
-            f"| {name} | {median[name]:.3f} | {rate} | {statistics.median(peaks[name]) / 1024:.1f} "
-            f"| {statistics.median(anons[name]) / 1024:.1f} |"
+            f"| {name} | {wall[name]:.3f} | {cpu[name]:.2f} | {rate} | {rss:.1f} | {anon:.1f} |"
         )
-    cat, synced = median["cat: the JPEG bytes into one file"], median["cat, then sync FILE"]
-    png = median["convert --encoded png (28 × 28)"]
-    lines += ["", "Targets (issue 29, same run):", ""]
-    for kind in ("webdataset", "files"):
-        own = median[f"export --to {kind} (JPEG records)"]
+    start = wall[START]
+    lines += ["", "Targets (issue 29, same run; whole processes, the start-up counted):", ""]
+    for size in sizes:
+        what = f"{size}: {sizes[size] / 1e6:.0f} MB of JPEG records"
+        cat, synced = wall[f"cat ({what})"], wall[f"cat, then sync FILE ({what})"]
+        for kind in ("webdataset", "files"):
+            own = wall[f"export --to {kind} ({what})"]
+            lines.append(
+                f"- encoded records ({size}), --to {kind}: {cat / own:.0%} of cat's speed "
+                f"(target ≥ 80%: {'met' if cat / own >= 0.8 else 'NOT met'}); {synced / own:.0%} "
+                f"of cat + sync; the start-up is {start / own:.0%} of the export's time"
+            )
+        floor = wall[f"floor: tar -x of that tree, then sync -f ({what})"]
+        own = wall[f"export --to files ({what})"]
         lines.append(
-            f"- encoded records, --to {kind}: {cat / own:.0%} of cat's speed (target ≥ 80%: "
-            f"{'met' if cat / own >= 0.8 else 'NOT met'}); {synced / own:.0%} of cat + sync"
+            f"- --to files ({size}): {floor / own:.0%} of the speed of creating the same files "
+            f"with tar -x and sync -f, a floor itself at {cat / floor:.0%} of cat's speed"
         )
+    png = wall["convert --encoded png (28 × 28)"]
     for kind in ("webdataset", "files"):
-        own = median[f"export --to {kind} (raw 28 × 28 -> PNG)"]
+        own = wall[f"export --to {kind} (raw 28 × 28 -> PNG)"]
         lines.append(
             f"- raw 28 × 28 to PNG, --to {kind}: {png / own:.2f}× the speed of convert "
             f"--encoded png (target ≥ 1: {'met' if png / own >= 1 else 'NOT met'})"
         )
-    start = median["floor: the start-up alone (mnist2db export --help)"]
-    lines.append(f"- the start-up alone takes {start / cat:.1f}× cat's whole time")
-    floor = median["floor: tar -x of that tree, then sync -f (JPEG records)"]
-    own = median["export --to files (JPEG records)"]
-    lines.append(
-        f"- --to files (JPEG records): {floor / own:.0%} of the speed of creating the same "
-        f"files with tar -x and sync -f, a floor itself at {cat / floor:.0%} of cat's speed"
-    )
-    floor = median["floor: tar -x of that tree, then sync -f (raw 28 × 28 -> PNG)"]
-    own = median["export --to files (raw 28 × 28 -> PNG)"]
+    floor = wall["floor: tar -x of that tree, then sync -f (raw 28 × 28 -> PNG)"]
+    own = wall["export --to files (raw 28 × 28 -> PNG)"]
     lines.append(
         f"- --to files (raw 28 × 28 -> PNG): {floor / own:.0%} of the speed of creating the "
         f"same files with tar -x and sync -f, a floor itself at {png / floor:.2f}× the "
@@ -162,12 +284,15 @@ def export_table(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--jpegs", type=int, default=3000)
+    parser.add_argument("--jpegs", type=int, default=3000, help="distinct JPEGs (the small size)")
+    parser.add_argument(
+        "--large", type=int, default=50000, help="records of the large size (0: none)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mnist2db-bench-export-"))
     try:
         data, _ = gunzip_or_generate(work)
-        print("\n".join(export_table(*data["train"], work, args.repeat, args.jpegs)))
+        print("\n".join(export_table(*data["train"], work, args.repeat, args.jpegs, args.large)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -268,3 +268,47 @@ def test_members_are_the_bytes_tarfile_writes(name: str, size: int) -> None:
     info.size, info.mode, info.mtime = size, 0o644, 0
     expected = info.tobuf(format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="strict")
     assert b"".join(tar_member(name, data)) == expected + data + b"\0" * (-size % 512)
+
+
+def test_shards_split_greedily_by_records_and_bytes(tmp_path: Path) -> None:
+    """Records of mixed sizes (some framed from where they lie, some joined): every shard
+    holds as many samples as --shard-size and --shard-bytes allow, in key order, each member
+    the bytes tarfile writes, each shard's SHA-256 the manifest's."""
+    from mnist2db.datum_pb2 import Datum
+
+    rng = np.random.default_rng(3)
+    sizes = [int(s) for s in rng.choice([50, 700, 5000, 17000, 40000, 120000], 60)]
+    images = [b"\x89PNG\r\n\x1a\n" + rng.bytes(size) for size in sizes]
+    records = {
+        b"%08d" % i: Datum(data=image, label=i % 7, encoded=True).SerializeToString()
+        for i, image in enumerate(images)
+    }
+    db = write_raw_db(tmp_path / "db", "lmdb", records)
+    out = tmp_path / "s"
+    args = ("--shard-size", 7, "--shard-bytes", 150_000)
+    assert run("export", "--to", "webdataset", *args, db, out).exit_code == 0
+    manifest = json.loads(Path(f"{out}.shards.json").read_text())
+    found: list[bytes] = []
+    for entry in manifest["shards"]:
+        shard = tmp_path / entry["name"]
+        assert hashlib.sha256(shard.read_bytes()).hexdigest() == entry["sha256"]
+        with tarfile.open(shard) as tar:
+            members = tar.getmembers()
+            found += [tar.extractfile(m).read() for m in members if m.name.endswith(".png")]
+        assert entry["bytes"] == shard.stat().st_size
+    assert found == images
+    start = 0
+    for n in [entry["records"] for entry in manifest["shards"]]:
+        own = sum(_sample_size(s, i) for i, s in enumerate(sizes[start : start + n], start))
+        assert n <= 7 and (n == 1 or own <= 150_000)
+        if start + n < len(sizes) and n < 7:  # the next sample did not fit
+            assert own + _sample_size(sizes[start + n], start + n) > 150_000
+        start += n
+    assert start == len(sizes)
+
+
+def _sample_size(size: int, index: int) -> int:
+    """A sample's bytes in a shard: the image member and the label member (header, data,
+    padding each)."""
+    label = len(b"%d" % (index % 7))
+    return 512 + 512 * -(-size // 512) + 512 + 512 * -(-label // 512)

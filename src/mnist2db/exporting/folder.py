@@ -111,7 +111,7 @@ class _Tree:
         self.dirs.add(path)
         return True
 
-    def create(self, relative: str, data: bytes) -> str | None:
+    def create(self, relative: str, data: bytes | memoryview) -> str | None:
         """Write ``data`` at ``relative``: "new"; "shared" when an equal file is there;
         None when the name is taken (another file, or a directory)."""
         path = os.path.join(self.root, relative)
@@ -136,7 +136,7 @@ class _Tree:
         return "new"
 
 
-def _holds(path: str, data: bytes) -> bool:
+def _holds(path: str, data: bytes | memoryview) -> bool:
     """True when ``path`` is a regular file holding exactly ``data``."""
     try:
         if os.path.islink(path) or os.path.getsize(path) != len(data):

@@ -27,6 +27,7 @@ import numpy as np
 
 from mnist2db.errors import DatumError
 from mnist2db.formats.datum import check_datum, decode_datum, key_text, raw_layout
+from mnist2db.formats.datum_fields import encoded_fields
 from mnist2db.formats.image_encode import encode_png as encode_colour_png
 from mnist2db.formats.image_input import image_format
 from mnist2db.formats.png import PNG_SIGNATURE, encode_png_batch
@@ -60,14 +61,14 @@ class Sample(NamedTuple):
 
     key: bytes
     label: int
-    data: bytes
+    data: bytes | memoryview
     ext: str
     encoded: bool
 
 
-def extension(data: bytes) -> str:
+def extension(data: bytes | memoryview) -> str:
     """The extension of encoded image bytes, from their signature (``bin`` when unknown)."""
-    kind = image_format(data)
+    kind = image_format(bytes(data[:12]))
     if kind == "PPM":
         return _PNM.get(chr(data[1]), "ppm")
     return EXTENSIONS.get(kind or "", UNKNOWN_EXTENSION)
@@ -132,7 +133,7 @@ def read_record(db_path: str, key: bytes, value: bytes) -> Any:
 
 def _raw_batch(batch: list[_Raw]) -> SampleBatch:
     """The PNGs of raw records, in order: grey records of one shape encoded together."""
-    made: list[bytes] = [b""] * len(batch)
+    made: list[bytes | memoryview] = [b""] * len(batch)
     grey: dict[tuple[int, int], list[int]] = {}
     for i, (_, _, (channels, height, width), data) in enumerate(batch):
         if channels == 1:
@@ -174,7 +175,7 @@ class SampleBatch(NamedTuple):
 
     keys: list[bytes]
     labels: list[int]
-    data: list[bytes]
+    data: list[bytes | memoryview]
     exts: list[str]
     encoded: bool
 
@@ -195,11 +196,13 @@ def iter_samples(db_path: str, records: Iterable[tuple[bytes, bytes]]) -> Iterat
         yield from batch.samples()
 
 
-def iter_batches(db_path: str, records: Iterable[tuple[bytes, bytes]]) -> Iterator[SampleBatch]:
-    """The samples of ``records`` (``(key, value)`` in key order), in the same order, in
-    batches of at most :data:`BATCH_RECORDS` records and about :data:`BATCH_BYTES` bytes
-    (memory's bound): encoded records pass on their stored bytes; raw ones, gathered, are
-    encoded together.
+def iter_batches(db_path: str, records: Iterable[tuple[bytes, Any]]) -> Iterator[SampleBatch]:
+    """The samples of ``records`` (``(key, value)`` in key order, a value bytes or a buffer:
+    :meth:`~mnist2db.storage.readers.DbReader.iter_views`), in the same order, in batches of
+    at most :data:`BATCH_RECORDS` records and about :data:`BATCH_BYTES` bytes (memory's
+    bound): encoded records pass on their stored bytes, as a view of the value (never
+    copied: :func:`~mnist2db.formats.datum_fields.encoded_fields` finds them); raw ones,
+    gathered, are encoded together.
 
     Raises:
         DatumError: a value is not a Datum, or a raw one is not an image a file can hold.
@@ -209,20 +212,28 @@ def iter_batches(db_path: str, records: Iterable[tuple[bytes, bytes]]) -> Iterat
     size = 0
     layout: _FixedLayout | None = None
     for key, value in records:
-        key, value = bytes(key), bytes(value)
-        raw = layout.read(key, value) if layout is not None else None
+        key = bytes(key)
+        raw = None
+        if layout is not None and len(value) == layout.length:
+            raw = layout.read(key, bytes(value))
         if raw is None:
-            datum = read_record(db_path, key, value)
-            if datum.encoded:
+            datum: Any = None
+            found = encoded_fields(value)
+            if found is not None:  # the stored bytes, left where they are
+                label, data = found[2], memoryview(value)[found[0] : found[1]]
+            else:
+                value = bytes(value)
+                datum = read_record(db_path, key, value)
+                label, data = int(datum.label), datum.data
+            if datum is None or datum.encoded:
                 if raws:
                     yield _raw_batch(raws)
                     raws, size = [], 0
-                data = datum.data
                 encoded.keys.append(key)
-                encoded.labels.append(int(datum.label))
+                encoded.labels.append(label)
                 encoded.data.append(data)
                 encoded.exts.append(extension(data))
-                del datum, value  # the record's one copy is the sample's
+                del datum, value  # the record's one copy (if any) is the sample's
                 size += len(data)
                 if len(encoded.keys) >= BATCH_RECORDS or size >= BATCH_BYTES:
                     yield encoded

@@ -21,12 +21,10 @@ ours lists.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
-import hashlib
 import os
-from collections import deque
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,15 +40,14 @@ from mnist2db.exporting.shard_files import (
     shard_name,
     write_manifest,
 )
-from mnist2db.exporting.tar_members import END_OF_ARCHIVE, batch_tars
+from mnist2db.exporting.shard_writer import ShardFile, Workers
+from mnist2db.exporting.tar_members import batch_tars
 from mnist2db.exporting.targets import TargetStream
 from mnist2db.progress import Progress, reporting
-from mnist2db.storage.files import AtomicFile, make_parents, remove_made
+from mnist2db.storage.files import make_parents, remove_made
 from mnist2db.storage.readers import DbReader, shared_reader
 
 DEFAULT_SHARD_SIZE = 10000
-#: Bytes of small members gathered before a write.
-_WRITE_SIZE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -68,124 +65,6 @@ class ShardsResult:
     classes: tuple[str, ...]
     #: Values a record in each ``KEY.json`` (0: no ``label_db``).
     targets: int = 0
-
-
-#: Bytes handed to the writer thread and not yet written, at most (memory's bound: one
-#: write more, a sample larger than that, may wait).
-_WRITES_AHEAD = 4 << 20
-
-
-class _Writer:
-    """One thread that writes and hashes the shards' bytes and commits each shard (fsync,
-    rename), in the order given, while the caller builds the next bytes (writes, SHA-256 and
-    fsync release the GIL; the manifest stays the caller's). An error of a task is raised by a later :meth:`submit` or by :meth:`drain`;
-    after one, or once closing, the tasks left are skipped: a shard is committed only when
-    every write before its commit was made."""
-
-    def __init__(self) -> None:
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="mnist2db-shards")
-        self.pending: deque[tuple[Future[None], int]] = deque()
-        self.pending_size = 0
-        self.files: list[AtomicFile] = []
-        self.stopped = False
-
-    def _run(self, task: Callable[..., None], args: tuple[Any, ...]) -> None:
-        if self.stopped:
-            return
-        try:
-            task(*args)
-        except BaseException:
-            self.stopped = True
-            raise
-
-    def submit(self, task: Callable[..., None], *args: Any, size: int = 0) -> None:
-        """Hand ``task(*args)`` (of ``size`` bytes to write) to the thread; wait first while
-        more than :data:`_WRITES_AHEAD` bytes are waiting."""
-        while self.pending and (self.pending[0][0].done() or self.pending_size > _WRITES_AHEAD):
-            self._wait()
-        self.pending.append((self.pool.submit(self._run, task, args), size))
-        self.pending_size += size
-
-    def _wait(self) -> None:
-        future, size = self.pending.popleft()
-        self.pending_size -= size
-        future.result()
-
-    def drain(self) -> None:
-        """Wait for every task; raise the first error."""
-        while self.pending:
-            self._wait()
-
-    def close(self) -> None:
-        """Skip the tasks not begun, wait for the one running, and remove the temporary of
-        every shard not committed."""
-        self.stopped = True
-        self.pool.shutdown(wait=True)
-        self.pending.clear()
-        for file in self.files:
-            file.discard()
-
-
-class _Shard:
-    """One shard being written: an :class:`AtomicFile`, its hash, its count and keys; small
-    members gathered up to :data:`_WRITE_SIZE` bytes, written and hashed together on the
-    writer's thread."""
-
-    def __init__(self, path: str, writer: _Writer) -> None:
-        self.path = path
-        self.writer = writer
-        self.file = AtomicFile(path).create()
-        writer.files.append(self.file)
-        self.digest = hashlib.sha256()
-        self.count = 0
-        self.size = 0
-        self.first: bytes | None = None
-        self.last = b""
-        self.pending: list[bytes] = []
-        self.pending_size = 0
-
-    def add(self, key: bytes, data: bytes) -> None:
-        """Add one sample's bytes in the tar."""
-        self.pending.append(data)
-        self.pending_size += len(data)
-        self.size += len(data)
-        self.count += 1
-        if self.first is None:
-            self.first = key
-        self.last = key
-        if self.pending_size >= _WRITE_SIZE:
-            self._flush()
-
-    def _write(self, data: bytes) -> None:
-        self.file.write(data)
-        self.digest.update(data)
-
-    def _flush(self, end: bytes = b"") -> None:
-        self.pending.append(end)
-        data = b"".join(self.pending)
-        self.writer.submit(self._write, data, size=len(data))
-        self.pending, self.pending_size = [], 0
-
-    def finish(self, done: Callable[[dict[str, Any]], None]) -> None:
-        """End the shard; on the writer's thread, once its bytes are written, commit it
-        (fsync, rename) and call ``done`` with its manifest entry."""
-        end = END_OF_ARCHIVE
-        self.size += len(end)
-        self._flush(end)
-        self.writer.submit(self._commit, done)
-
-    def _commit(self, done: Callable[[dict[str, Any]], None]) -> None:
-        self.file.commit()
-        done(
-            {
-                "name": os.path.basename(self.path),
-                "records": self.count,
-                "bytes": self.size,
-                "sha256": self.digest.hexdigest(),
-                "first_key_hex": (self.first or b"").hex(),
-                "last_key_hex": self.last.hex(),
-            }
-        )
 
 
 def export_webdataset(
@@ -294,62 +173,74 @@ def _write_shards(
     if shards:
         # The smallest key after the last one exported: the last key and a 0 byte.
         after = bytes.fromhex(shards[-1]["last_key_hex"]) + b"\0"
-        records = reader.iter_from(after)
+        records = reader.iter_views(after)
         if pair is not None:
             records = pair[0].records(records, pair[1].iter_from(after), start=before)
     else:
-        records = iter(reader)
+        records = reader.iter_views()
         if pair is not None:
             records = pair[0].records(records, pair[1])
     targets = pair[0] if pair is not None else None
     count, mapped = before, 0
-    shard: _Shard | None = None
+    shard: ShardFile | None = None
     previous = ""
     made = len(shards)  # shards made so far (those listed, and those being committed)
     shard_size, shard_bytes = options["shard_size"], options["shard_bytes"]
 
-    committed: list[dict[str, Any]] = []  # placed by the writer, not listed yet
+    committed: list[dict[str, Any]] = []  # placed by the committing thread, not listed yet
 
-    def placed(entry: dict[str, Any]) -> None:  # on the writer's thread, shard by shard
+    def placed(entry: dict[str, Any]) -> None:  # on the committing thread, shard by shard
         committed.append(entry)
 
     def list_placed() -> None:
-        # Here, not on the writer's thread (a manifest's AtomicFile defers signals, which is
+        # Here, not on the committing thread (a manifest's AtomicFile defers signals, which is
         # the main thread's business), before the next shard is committed: at most one
         # shard is ever placed and not listed (what listed_shards counts as ours).
-        writer.drain()
+        workers.wait_commits()
         if committed:
             shards.extend(committed)
             committed.clear()
             write_manifest(manifest_path, manifest)
 
-    writer = _Writer()
+    # The values are views into the database's map (iter_views): every shard's bytes are
+    # written and hashed before the reader is closed (workers.close(), below).
+    workers = Workers()
     try:
         for batch in prefetched(iter_batches(db_path, records)):
-            tars, renamed, previous = batch_tars(batch, previous, count, targets)
-            for key, data, was_mapped in zip(batch.keys, tars, renamed, strict=True):
+            framed = batch_tars(batch, previous, count, targets)
+            previous, offsets = framed.last, framed.offsets
+            i, n = 0, len(batch.keys)
+            while i < n:
                 if shard is not None and (
                     shard.count >= shard_size
-                    or (shard_bytes and shard.size + len(data) > shard_bytes)
+                    or (shard_bytes and shard.size + offsets[i + 1] - offsets[i] > shard_bytes)
                 ):
                     list_placed()
                     shard.finish(placed)
                     shard = None
                     progress(count, total)
                 if shard is None:
-                    shard = _Shard(shard_name(out, made), writer)
+                    shard = ShardFile(shard_name(out, made), workers)
                     made += 1
-                shard.add(key, data)
-                count += 1
-                mapped += was_mapped
+                # The samples from i that fit (the first one does: the shard is empty, or
+                # was checked above).
+                j = min(n, i + shard_size - shard.count)
+                if shard_bytes:
+                    fit = bisect.bisect_right(offsets, offsets[i] + shard_bytes - shard.size) - 1
+                    j = max(i + 1, min(j, fit))
+                shard.add(batch.keys[i], batch.keys[j - 1], j - i, offsets[j] - offsets[i],
+                          framed.pieces(i, j))  # fmt: skip
+                count += j - i
+                mapped += sum(framed.mapped[i:j])
+                i = j
         if shard is not None:
             list_placed()
             shard.finish(placed)
             shard = None
-        writer.drain()
+        workers.drain()
         shards.extend(committed)  # listed by the manifest written below
     finally:
-        writer.close()  # and the temporary of a shard not committed
+        workers.close()  # and the temporary of a shard not committed
     written = {entry["name"] for entry in shards}
     parent = os.path.dirname(out)
     for name in replacing:  # an earlier export's shards beyond this one's

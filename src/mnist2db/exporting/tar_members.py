@@ -7,6 +7,7 @@ one numpy pass. Used by :mod:`mnist2db.exporting.shards`.
 from __future__ import annotations
 
 import tarfile
+from typing import Any
 
 import numpy as np
 
@@ -72,20 +73,45 @@ def tar_member(name: str, data: bytes) -> list[bytes]:
     return [ustar_headers([member_name(name)], [len(data)]), data, PADDING[len(data) % BLOCK]]
 
 
+#: A member's data at least this large is left where it is (an encoded record's bytes, a
+#: view of the database's map: never copied here); a batch of smaller ones is joined.
+VIEW_SIZE = 16 << 10
+
+
+class FramedBatch:
+    """A batch's samples as their bytes in a tar, one after another: sample ``i`` is bytes
+    ``offsets[i]`` to ``offsets[i + 1]`` of the batch's stream, :meth:`pieces` gives the
+    buffers of samples ``i`` to ``j``; ``mapped``: whether each sample's name is not its
+    key; ``last``: the last sample's name."""
+
+    def __init__(self, offsets: list[int], mapped: list[bool], last: str) -> None:
+        self.offsets = offsets
+        self.mapped = mapped
+        self.last = last
+        self.blob: memoryview | None = None  # every sample's bytes joined
+        self.parts: list[Any] = []  # or three buffers a sample: header, data, the rest
+
+    def pieces(self, i: int, j: int) -> list[Any]:
+        if self.blob is not None:
+            return [self.blob[self.offsets[i] : self.offsets[j]]]
+        return self.parts[3 * i : 3 * j]
+
+
 def batch_tars(
     batch: SampleBatch, previous: str, count: int, targets: TargetStream | None = None
-) -> tuple[list[bytes], list[bool], str]:
-    """Each sample of ``batch`` as its bytes in a tar: the members ``NAME.EXT``, ``NAME.cls``,
-    and ``NAME.json`` when the name is not the key or there are ``targets`` (the source key,
-    the label, the targets: :func:`~mnist2db.exporting.targets.sample_json`); the headers of
-    the whole batch made at once (:func:`ustar_headers`).
+) -> FramedBatch:
+    """Each sample of ``batch`` as its bytes in a tar: the members ``NAME.EXT``,
+    ``NAME.cls``, and ``NAME.json`` when the name is not the key or there are ``targets``
+    (the source key, the label, the targets: :func:`~mnist2db.exporting.targets.sample_json`);
+    the headers of the whole batch made at once (:func:`ustar_headers`). Samples whose data
+    are all below :data:`VIEW_SIZE` are joined into one buffer (raw records' PNGs); else
+    each sample is its first member's header, its data as it is, and the rest.
 
     ``previous``: the name of the sample before (``count``: its number, plus one); a name
     equal to the one before is made unique (a loader groups consecutive members by name).
-    Returns the samples' bytes, whether each name is mapped, and the last name.
     """
     names: list[bytes] = []
-    data: list[bytes] = []
+    data: list[Any] = []
     members: list[int] = []
     mapped: list[bool] = []
     for i, key in enumerate(batch.keys):
@@ -106,14 +132,28 @@ def batch_tars(
     for member in names:
         if len(member) > NAME_LIMIT:
             member_name(member.decode())  # the refusal
-    headers = ustar_headers(names, [len(piece) for piece in data]) if names else b""
-    tars = []
+    sizes = [len(piece) for piece in data]
+    headers = memoryview(ustar_headers(names, sizes) if names else b"")
+    offsets = [0]
+    end = 0
     start = 0
-    for end in members:
-        pieces: list[bytes] = []
-        for j in range(start, end):
-            piece = data[j]
-            pieces += (headers[j * BLOCK : (j + 1) * BLOCK], piece, PADDING[len(piece) % BLOCK])
-        tars.append(b"".join(pieces))
-        start = end
-    return tars, mapped, previous
+    for stop in members:
+        for j in range(start, stop):
+            end += BLOCK + sizes[j] + len(PADDING[sizes[j] % BLOCK])
+        offsets.append(end)
+        start = stop
+    framed = FramedBatch(offsets, mapped, previous)
+    if not data or max(sizes) < VIEW_SIZE:
+        pieces: list[Any] = []
+        for j, piece in enumerate(data):
+            pieces += (headers[j * BLOCK : (j + 1) * BLOCK], piece, PADDING[sizes[j] % BLOCK])
+        framed.blob = memoryview(b"".join(pieces))
+        return framed
+    start = 0
+    for stop in members:
+        rest: list[Any] = [PADDING[sizes[start] % BLOCK]]
+        for j in range(start + 1, stop):
+            rest += (headers[j * BLOCK : (j + 1) * BLOCK], data[j], PADDING[sizes[j] % BLOCK])
+        framed.parts += (headers[start * BLOCK : (start + 1) * BLOCK], data[start], b"".join(rest))
+        start = stop
+    return framed
