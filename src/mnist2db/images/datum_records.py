@@ -61,8 +61,12 @@ if TYPE_CHECKING:
     from mnist2db.label_databases import LabelsResult, TargetSource
 
 #: Bytes of records per transaction at most (a batch also stops at ``batch_size`` records):
-#: LMDB holds a transaction's dirty pages in memory until it commits.
-BATCH_BYTES = 16 << 20
+#: LMDB holds a transaction's dirty pages in memory until it commits, and the workers wait
+#: on their pipes while it does (4 MiB: ~10 ms here, the 1 MiB a pipe holds; 16 MiB held
+#: 25 MiB more, at the same CPU).
+BATCH_BYTES = 4 << 20
+#: Batches written between two releases of LMDB's mapped pages (:func:`_unmapping`).
+RELEASE_EVERY = 8
 
 #: A source of entries: called once per pass (the list is read twice: checked, then written).
 Entries = Callable[[], Iterable[ListEntry]]
@@ -417,11 +421,15 @@ def _unmapping(batches: Iterator[list[tuple[bytes, bytes]]], path: str) -> Itera
     touched: the kernel maps the file's pages around each one LMDB reads (64 KiB at a time),
     many of them the records just written, and the resident set would grow with the
     database (100 MiB at 50,000 photos, GiBs at ImageNet's size). They stay in the page
-    cache; only this process's mapping of them is dropped (Linux; elsewhere nothing)."""
+    cache; only this process's mapping of them is dropped (Linux; elsewhere nothing).
+    Every :data:`RELEASE_EVERY` batches: reading ``/proc/self/maps`` takes the kernel ~3 ms,
+    and a batch's own pages are a few hundred KiB."""
     target = os.path.realpath(path)
-    for batch in batches:
+    for count, batch in enumerate(batches, 1):
         yield batch
-        release_mapped_pages(target)
+        if count % RELEASE_EVERY == 0:
+            release_mapped_pages(target)
+    release_mapped_pages(target)
 
 
 def release_mapped_pages(path: str) -> None:

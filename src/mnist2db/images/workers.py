@@ -57,6 +57,7 @@ DEFAULT_TIMEOUT = 60.0
 _PR_SET_PDEATHSIG = 1
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt
 _HEAP_KEPT = 16 << 20
+_PARENT_HEAP_KEPT, _GLIBC_THRESHOLD = 32 << 20, 128 << 10  # the parent's: messages, LMDB's pages
 _HEAD = struct.Struct("<I")  # a message's pickle's size
 _LENGTH, _LONG_LENGTH = struct.Struct("!i"), struct.Struct("!Q")  # Connection's framing
 _PIPE_BYTES = 1 << 20
@@ -206,14 +207,18 @@ def _serve(
             _send(out, _pack(results))
 
 
-def _keep_the_heap() -> None:
-    """Let a worker's allocator keep up to :data:`_HEAP_KEPT` of freed memory, for the next
-    image, instead of giving every buffer back to the kernel and faulting it in again (glibc
-    maps each allocation over 128 KiB on its own: a photo's pixels, its record, a message)."""
+def _keep_the_heap(kept: int = _HEAP_KEPT, trimmed: int = _HEAP_KEPT, trim: bool = False) -> None:
+    """Let this process's allocator keep up to ``trimmed`` bytes of freed memory, for the
+    next image, instead of giving every buffer back to the kernel and faulting it in again
+    (glibc maps each allocation over 128 KiB on its own: a photo's pixels, its record, a
+    message; in the parent, each message and LMDB's pages for a large record). ``trim``:
+    the free memory given back (glibc's own 128 KiB thresholds are set again so)."""
     with contextlib.suppress(OSError, AttributeError):
-        mallopt = ctypes.CDLL(None).mallopt
-        mallopt(_M_MMAP_THRESHOLD, _HEAP_KEPT)
-        mallopt(_M_TRIM_THRESHOLD, _HEAP_KEPT)
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, kept)
+        libc.mallopt(_M_TRIM_THRESHOLD, trimmed)
+        if trim:
+            libc.malloc_trim(0)
 
 
 class _Worker:
@@ -304,6 +309,7 @@ class OrderedDecoding:
         preload: Callable[[], None] | None = _preload,
     ) -> None:
         self._entries, self._work, self._root = entries, work, root
+        self._heap_kept = False
         self._timeout, self._jobs = timeout, jobs
         self._workers: list[_Worker] = []
         if jobs <= 0:
@@ -320,6 +326,10 @@ class OrderedDecoding:
         except BaseException:
             self.close()
             raise
+        # The parent's messages (and the writer's pages beside) reuse freed memory too;
+        # glibc's own thresholds again at close.
+        _keep_the_heap(_HEAP_KEPT, _PARENT_HEAP_KEPT)
+        self._heap_kept = True
 
     def __iter__(self) -> Iterator[tuple[ListEntry, Any]]:
         if self._jobs <= 0:
@@ -352,6 +362,9 @@ class OrderedDecoding:
                 worker.process.join(0.5)
             worker.kill()
             worker.reap()
+        if self._heap_kept:
+            self._heap_kept = False
+            _keep_the_heap(_GLIBC_THRESHOLD, _GLIBC_THRESHOLD, trim=True)
 
 
 def decode_in_order(
