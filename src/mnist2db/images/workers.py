@@ -38,6 +38,7 @@ from mnist2db.errors import ImageError, printable
 from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.formats.opencv import opencv
+from mnist2db.images.process_setup import PARENT_HEAP, WORKER_HEAP, keep_the_heap, one_blas_thread
 
 if TYPE_CHECKING:
     from typing import Any
@@ -55,9 +56,6 @@ WINDOW_BYTES = 16 << 20
 DEFAULT_TIMEOUT = 60.0
 
 _PR_SET_PDEATHSIG = 1
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt
-_HEAP_KEPT = 16 << 20
-_PARENT_HEAP_KEPT, _GLIBC_THRESHOLD = 32 << 20, 128 << 10  # the parent's: messages, LMDB's pages
 _HEAD = struct.Struct("<I")  # a message's pickle's size
 _LENGTH, _LONG_LENGTH = struct.Struct("!i"), struct.Struct("!Q")  # Connection's framing
 _PIPE_BYTES = 1 << 20
@@ -117,8 +115,7 @@ def _pack(results: list[Any]) -> list[bytes | bytearray]:
 
 
 def _send(fd: int, parts: list[bytes | bytearray]) -> None:
-    """``parts`` written to ``fd`` as one message, framed as ``Connection.send_bytes``
-    frames it (:func:`_receive` reads it), with ``writev``: no join of the records."""
+    """``parts`` written to ``fd`` as one message, framed as ``send_bytes`` frames it."""
     views = [memoryview(part) for part in parts]
     while views:
         wrote = os.writev(fd, views[:_IOV_MAX])
@@ -186,7 +183,7 @@ def _serve(
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:
         return  # the parent died before the death signal was asked for
-    _keep_the_heap()
+    keep_the_heap(WORKER_HEAP)
     out = conn.fileno()
     while True:
         try:
@@ -205,20 +202,6 @@ def _serve(
                 results, size = [], 0
         if results:
             _send(out, _pack(results))
-
-
-def _keep_the_heap(kept: int = _HEAP_KEPT, trimmed: int = _HEAP_KEPT, trim: bool = False) -> None:
-    """Let this process's allocator keep up to ``trimmed`` bytes of freed memory, for the
-    next image, instead of giving every buffer back to the kernel and faulting it in again
-    (glibc maps each allocation over 128 KiB on its own: a photo's pixels, its record, a
-    message; in the parent, each message and LMDB's pages for a large record). ``trim``:
-    the free memory given back (glibc's own 128 KiB thresholds are set again so)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None)
-        libc.mallopt(_M_MMAP_THRESHOLD, kept)
-        libc.mallopt(_M_TRIM_THRESHOLD, trimmed)
-        if trim:
-            libc.malloc_trim(0)
 
 
 class _Worker:
@@ -319,16 +302,16 @@ class OrderedDecoding:
                 stream.flush()
         self._context = _context()
         if self._context.get_start_method() == "fork" and preload is not None:
-            preload()
+            with one_blas_thread():
+                preload()
         try:
             for _ in range(jobs):
                 self._workers.append(_Worker(self._context, work, root))
         except BaseException:
             self.close()
             raise
-        # The parent's messages (and the writer's pages beside) reuse freed memory too;
-        # glibc's own thresholds again at close.
-        _keep_the_heap(_HEAP_KEPT, _PARENT_HEAP_KEPT)
+        # The parent's messages and writer reuse freed memory too (until close).
+        keep_the_heap(PARENT_HEAP)
         self._heap_kept = True
 
     def __iter__(self) -> Iterator[tuple[ListEntry, Any]]:
@@ -364,7 +347,7 @@ class OrderedDecoding:
             worker.reap()
         if self._heap_kept:
             self._heap_kept = False
-            _keep_the_heap(_GLIBC_THRESHOLD, _GLIBC_THRESHOLD, trim=True)
+            keep_the_heap(None)
 
 
 def decode_in_order(
