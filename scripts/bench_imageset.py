@@ -42,6 +42,75 @@ with open(listing) as f:
 """
 
 
+#: The Python floor of the 10,000 PNGs (issue 26's ≤ 0.5× row): what any Python process
+#: must spend on convert_imageset's job, with none of the work that makes it safe (no checks
+#: of the list or the files, no staging, no digest, no error handling): the interpreter's
+#: start, the list read once, a worker forked per core decoding with Pillow's own zlib
+#: decoder into a kept buffer, the records (Caffe's bytes: 28 × 28 grey PNGs in colour)
+#: written to LMDB a thousand a transaction.
+PNG_FLOOR = """
+import os, struct, sys
+import lmdb
+root, listing, out = sys.argv[1].encode(), sys.argv[2], sys.argv[3]
+with open(listing, "rb") as f:
+    entries = [line.rpartition(b" ") for line in f.read().split(b"\\n") if line]
+jobs = len(os.sched_getaffinity(0))
+chunks = [entries[i : i + 256] for i in range(0, len(entries), 256)]
+def varint(v):
+    out = bytearray()
+    while v > 0x7F:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    return bytes(out + bytes([v]))
+def work(chunk, fd, Image, image, buffer):
+    records = []
+    for path, _, label in chunk:
+        f = os.open(root + path, os.O_RDONLY)
+        data = os.read(f, 1 << 16)
+        os.close(f)
+        decoder = Image._getdecoder("L", "zip", "L")
+        decoder.setimage(image.im, (0, 0, 28, 28))
+        decoder.decode(data[41 : 41 + int.from_bytes(data[33:37], "big")])
+        decoder.cleanup()
+        records.append(b"\\x08\\x03\\x10\\x1c\\x18\\x1c\\x22\\xb0\\x12" + buffer * 3
+                       + b"\\x28" + varint(int(label)) + b"\\x38\\x00")
+    blob = b"".join(struct.pack("<I", len(r)) + r for r in records)
+    blob = struct.pack("<II", len(blob), len(records)) + blob
+    while blob:
+        blob = blob[os.write(fd, blob) :]
+readers = []
+for j in range(jobs):
+    r, w = os.pipe()
+    if os.fork() == 0:
+        from PIL import Image
+        buffer = bytearray(784)
+        image = Image.frombuffer("L", (28, 28), buffer, "raw", "L", 0, 1)
+        for chunk in chunks[j::jobs]:
+            work(chunk, w, Image, image, buffer)
+        os._exit(0)
+    os.close(w)
+    readers.append(os.fdopen(r, "rb", buffering=1 << 20))
+env = lmdb.open(out, map_size=1 << 30)
+batch, line = [], 0
+for i, chunk in enumerate(chunks):
+    size, count = struct.unpack("<II", readers[i % jobs].read(8))
+    blob, at = readers[i % jobs].read(size), 0
+    for (path, _, _) in chunk:
+        n = struct.unpack_from("<I", blob, at)[0]
+        batch.append((b"%08d_" % line + path, blob[at + 4 : at + 4 + n]))
+        at, line = at + 4 + n, line + 1
+        if len(batch) == 1000:
+            with env.begin(write=True) as txn:
+                txn.cursor().putmulti(batch, append=True)
+            batch = []
+with env.begin(write=True) as txn:
+    txn.cursor().putmulti(batch, append=True)
+env.close()
+for _ in range(jobs):
+    os.wait()
+"""
+
+
 def caffe_tool() -> Path | None:
     named = os.environ.get("MNIST2DB_BENCH_CAFFE")
     path = Path(named) if named else Path.home() / "anchors/caffe/build/tools/convert_imageset"
@@ -138,6 +207,12 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
+    # Byte-compiled as pip does on install (as scripts/bench.py does): without it (an
+    # editable install with PYTHONDONTWRITEBYTECODE set) every run compiles mnist2db anew.
+    import mnist2db
+
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(mnist2db.__file__).parent)],
+                   check=True)  # fmt: skip
     text = "\n".join(imageset_table(args.repeat, args.count)) + "\n"
     print(text)
     if args.markdown:
@@ -211,10 +286,28 @@ def imageset_table(repeat: int = 5, count: int = 2000) -> list[str]:
             walls = [run_once(floor, work / "none")[0] for _ in range(repeat)]
             floors.append(f"- decode-only floor, {name}: Pillow's decode of every file in one "
                           f"loop, one process: {statistics.median(walls):.2f} s")  # fmt: skip
+            if name.startswith("Fashion"):
+                floors.append(_python_floor(rootarg, listing, work / "out", caffe, repeat))
         lines += ["", *floors]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return lines
+
+
+def _python_floor(root: str, listing: Path, out: Path, caffe: Path | None, repeat: int) -> str:
+    """:data:`PNG_FLOOR`'s line: its wall and CPU, and its wall against Caffe's, alternating."""
+    floor = [sys.executable, "-c", PNG_FLOOR, root, str(listing), str(out)]
+    runs = []
+    for _ in range(repeat):
+        ran = run_once(floor, out)
+        theirs = run_once([str(caffe), root, str(listing), str(out)], out) if caffe else None
+        runs.append((ran, theirs))
+    wall = statistics.median(r[0][0] for r in runs)
+    cpu = statistics.median(r[0][1] for r in runs)
+    ratio = (f", {statistics.median(r[0][0] / r[1][0] for r in runs if r[1]):.2f}× Caffe's wall "
+             "in the same alternation") if caffe else ""  # fmt: skip
+    return (f"- Python floor, Fashion's PNGs (the job with no checks, staging or digest: "
+            f"scripts/bench_imageset.py PNG_FLOOR): {wall:.2f} s, {cpu:.2f} s of CPU{ratio}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from helpers import write_idx
 
-from mnist2db.fastpath import FAST_PATH
+from mnist2db.fastpath import FAST_PATH, IMAGESET_PATH
 
 #: Imported by none of the fast paths (each costs 5-80 ms of start-up; docs, Performance).
 BANNED = ("click", "numpy", "typing", "dataclasses", "tempfile", "ctypes.util", "google.protobuf")
@@ -42,8 +42,10 @@ RUNS = [
 ]
 
 
-def run_fresh(tmp_path: Path, module: str, argv0: str, args: list[str]) -> tuple[int, list, list]:
-    code = RUN.format(argv0=argv0, args=args, module=module, banned=BANNED)
+def run_fresh(
+    tmp_path: Path, module: str, argv0: str, args: list[str], banned: tuple[str, ...] = BANNED
+) -> tuple[int, list, list]:
+    code = RUN.format(argv0=argv0, args=args, module=module, banned=banned)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     exit_code, banned, loaded = json.loads(done.stdout.splitlines()[-1])
@@ -84,3 +86,28 @@ def test_group_help_loads_click_and_the_group_alone(tmp_path: Path) -> None:
     # mnist2db.version: the ground-floor module --version reads (not the public face)
     assert loaded == ["mnist2db", "mnist2db.cli", "mnist2db.cli.app", "mnist2db.fastpath",
                       "mnist2db.interrupt", "mnist2db.version"]  # fmt: skip
+
+
+#: What convert_imageset's own process loads for none of a list of PNGs: tempfile is
+#: multiprocessing's own import (its pipes); Pillow's core is loaded by the workers.
+IMAGESET_BANNED = ("click", "numpy", "typing", "dataclasses", "google.protobuf", "PIL", "cv2")
+
+
+def test_a_list_of_pngs_stays_on_the_imageset_path(tmp_path: Path) -> None:
+    from PIL import Image
+
+    root = tmp_path / "images"
+    root.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, (28, 28), dtype=np.uint8)).save(root / f"{i}.png")
+    listing = tmp_path / "list.txt"
+    listing.write_text("".join(f"{i}.png {i}\n" for i in range(3)))
+    args = ["-j", "1", f"{root}/", str(listing), str(tmp_path / "db")]
+    module = "mnist2db.caffe_tools.convert_imageset"
+    exit_code, banned, loaded = run_fresh(tmp_path, module, "convert_imageset", args,
+                                          IMAGESET_BANNED)  # fmt: skip
+    assert (exit_code, banned) == (0, [])
+    assert sorted(set(loaded) - FAST_PATH - IMAGESET_PATH) == []
+    assert sorted(IMAGESET_PATH - set(loaded)) == []
+    assert (tmp_path / "db" / "data.mdb").is_file()

@@ -387,7 +387,11 @@ def test_format_constants_have_one_home() -> None:
 LAZY_IMPORTS = {
     "mnist2db.dataset": (1, "labeled_dataset imports dataset: at the top, a circle"),
     "mnist2db.formats.png_codec": (3, "Pillow, for encoded records that are not PNG only"),
-    "mnist2db.formats.image_input": (1, "Pillow, for a header the reader cannot size itself"),
+    "mnist2db.formats.image_input": (
+        2,
+        "Pillow, for a header the reader cannot size itself; "
+        "fetch.untrusted's words for a path not a file",
+    ),
     "mnist2db.formats.opencv": (1, "cv2: an optional extra"),
     "mnist2db.formats.image_encode": (1, "Pillow, for --encoded jpg only"),
     "mnist2db.formats.image": (2, "Pillow, only for an image OpenCV does not decode"),
@@ -398,6 +402,7 @@ LAZY_IMPORTS = {
     "mnist2db.images.resume": (2, "each backend's library only for the staged run it reads"),
     "mnist2db.images.workers": (2, "numpy and Pillow loaded before the workers fork, shared"),
     "mnist2db.images.datum_records": (2, "the label database's modules for a run with targets"),
+    "mnist2db.images.own_images": (3, "numpy's label tables and the IDX pair only when asked"),
     "mnist2db.images.record_work": (3, "numpy, Pillow, OpenCV for what plain_png does not read"),
 }
 

@@ -27,11 +27,13 @@ import os
 import stat
 import struct
 import warnings
-from typing import Any
 
 from mnist2db.errors import ArgumentError, ImageError, printable
-from mnist2db.fetch.untrusted import NotRegularFile, open_regular
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.png import PNG_SIGNATURE
+
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 #: OpenCV's ``CV_IO_MAX_IMAGE_WIDTH`` and ``CV_IO_MAX_IMAGE_HEIGHT``.
 MAX_SIDE = 1 << 20
@@ -87,9 +89,7 @@ def read_image_file(path: str | bytes) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             os.close(fd)
             fd = -1
-            with open_regular(os.fsdecode(path)):  # says what it is (NotRegularFile)
-                pass
-            raise ImageError(f"{_shown(path)}: changed while it was read")
+            _refuse_irregular(path)
         size = info.st_size
         if size > MAX_FILE_BYTES:
             raise ImageError(
@@ -108,8 +108,6 @@ def read_image_file(path: str | bytes) -> bytes:
             data += _read(fd, size + 1 - len(data))
         if len(data) > size:
             raise ImageError(f"{_shown(path)}: grew while it was read (from {size} bytes)")
-    except NotRegularFile as exc:
-        raise ImageError(f"{_shown(path)}: {exc.strerror}: only an image file is read") from None
     except OSError as exc:
         raise ImageError(f"{_shown(path)}: cannot read it: {exc.strerror}") from None
     finally:
@@ -117,6 +115,25 @@ def read_image_file(path: str | bytes) -> bytes:
             os.close(fd)
     check_declared_size(data, kind, _shown(path))
     return data
+
+
+def _refuse_irregular(path: str | bytes) -> NoReturn:
+    """Refuse a listed path that is not a regular file, saying what it is (a FIFO, a
+    directory, ...: the untrusted-file check's words, loaded only for such a path).
+
+    Raises:
+        ImageError: always.
+    """
+    from mnist2db.fetch.untrusted import NotRegularFile, open_regular
+
+    try:
+        with open_regular(os.fsdecode(path)):
+            pass
+    except NotRegularFile as exc:
+        raise ImageError(f"{_shown(path)}: {exc.strerror}: only an image file is read") from None
+    except OSError as exc:
+        raise ImageError(f"{_shown(path)}: cannot read it: {exc.strerror}") from None
+    raise ImageError(f"{_shown(path)}: changed while it was read")
 
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)

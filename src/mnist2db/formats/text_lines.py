@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import IO
 
 from mnist2db.errors import ImageError, printable
+from mnist2db.fastpath import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import IO
 
 #: The blanks that separate a line's fields: spaces and tabs.
 BLANKS = b" \t"

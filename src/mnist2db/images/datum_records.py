@@ -28,10 +28,10 @@ import ctypes
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mnist2db.conversion import write_database
 from mnist2db.errors import ArgumentError, ImageError, Mnist2dbError, printable
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
 from mnist2db.formats.datum import KEY_LIMIT
 from mnist2db.formats.image_input import check_resize
 from mnist2db.formats.image_list import ListEntry, image_key
@@ -56,6 +56,8 @@ from mnist2db.storage.metadata import write_metadata
 from mnist2db.storage.targets import labels_path
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from mnist2db.label_databases import LabelsResult, TargetSource
 
 #: Bytes of records per transaction at most (a batch also stops at ``batch_size`` records):
@@ -66,6 +68,7 @@ BATCH_BYTES = 16 << 20
 Entries = Callable[[], Iterable[ListEntry]]
 
 
+@named_tuple
 class Skipped(NamedTuple):
     """An image that could not be read: its entry and why."""
 
@@ -73,6 +76,7 @@ class Skipped(NamedTuple):
     reason: str
 
 
+@named_tuple
 class ImagesetResult(NamedTuple):
     """What :func:`write_imageset` wrote: ``path``, ``backend``, ``count`` (records),
     ``lines`` (entries listed), ``skipped`` (images that could not be read), ``shape``

@@ -6,25 +6,20 @@ for :class:`mnist2db.images.record_work.RecordWork`), or to its grey pixels
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+import sys
+
+import numpy as np
 
 from mnist2db.errors import printable
 from mnist2db.formats.datum import datum_prefix
-from mnist2db.formats.image import (
-    decode_image,
-    png_planes,
-    read_image,
-    to_chw,
-)
+from mnist2db.formats.image import decode_image, png_planes, read_image
 from mnist2db.formats.image_encode import encode_image
 from mnist2db.formats.image_input import check_fits_a_record, read_image_file
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.formats.image_types import matches_ext
+from mnist2db.formats.opencv import opencv
 from mnist2db.formats.protowire import encode_varint
 from mnist2db.formats.resize import resize_linear
-
-if TYPE_CHECKING:
-    import numpy as np
 
 
 def image_record(
@@ -34,7 +29,7 @@ def image_record(
     color: bool,
     resize: tuple[int, int] | None,
     encoding: str | None,
-) -> tuple[bytes, tuple[int, int, int]]:
+) -> tuple[bytes | bytearray, tuple[int, int, int]]:
     """The Datum value of ``entry`` as Caffe's ``ReadImageToDatum`` writes it, and the
     decoded image's ``(channels, height, width)``.
 
@@ -55,14 +50,40 @@ def image_record(
         image = resize_linear(image, resize[0], resize[1])
     height, width = int(image.shape[0]), int(image.shape[1])
     shape = (1 if image.ndim == 2 else int(image.shape[2]), height, width)
-    if encoding is None:  # one copy of the pixels, into the record
-        prefix = datum_prefix(*shape, shape[0] * height * width)
-        return b"".join((prefix, to_chw(image).data, label, b"\x38\x00")), shape
+    if encoding is None:
+        return raw_record(image, shape, label), shape
     if resize is None and matches_ext(filename, encoding):
         data = contents
     else:
         data = encode_image(image, encoding)
     return b"\x22" + encode_varint(len(data)) + data + label + b"\x38\x01", shape
+
+
+def raw_record(image: np.ndarray, shape: tuple[int, int, int], label: bytes) -> bytearray:
+    """The raw Datum of ``image`` (``(h, w)`` or ``(h, w, c)`` uint8): its pixels copied once,
+    channel after channel, straight into the record (OpenCV's ``split`` where it is loaded
+    already: a fifth of numpy's strided copy)."""
+    channels, height, width = shape
+    prefix = datum_prefix(channels, height, width, channels * height * width)
+    tail = label + b"\x38\x00"
+    start, stop = len(prefix), len(prefix) + channels * height * width
+    record = bytearray(stop + len(tail))
+    record[:start] = prefix
+    record[stop:] = tail
+    planes = np.frombuffer(record, np.uint8, stop - start, start).reshape(shape)
+    cv2 = opencv() if "cv2" in sys.modules else None  # not loaded for this alone
+    if channels == 1:
+        planes[0] = image.reshape(height, width)
+    elif cv2 is not None and image.flags.c_contiguous and channels <= 4:
+        wanted = list(planes)
+        got = cv2.split(image, wanted)
+        # In place when the planes fit (they do): else the planes it made, copied in.
+        for plane, made in zip(wanted, got, strict=True):
+            if made.ctypes.data != plane.ctypes.data:
+                plane[...] = made
+    else:
+        planes[...] = image.transpose(2, 0, 1)
+    return record
 
 
 class PixelWork:

@@ -15,21 +15,21 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mnist2db.errors import ArgumentError, OutputError
 from mnist2db.formats.image_list import ImageList, ListEntry, ListIndex, list_line
-from mnist2db.formats.label_table import open_label_table
 from mnist2db.images.class_folders import scan_class_folders
 from mnist2db.images.datum_records import ImagesetResult, Skipped, write_imageset
-from mnist2db.images.idx_pair import write_imageset_idx
 from mnist2db.images.resume import staged_seed
-from mnist2db.label_databases import TargetSource
 from mnist2db.progress import Progress
 from mnist2db.records import fresh_seed, permutation
 from mnist2db.storage.file_placement import check_file_target
 from mnist2db.storage.files import AtomicFile
 from mnist2db.storage.metadata import imageset_metadata
+
+if TYPE_CHECKING:
+    from mnist2db.label_databases import TargetSource
 
 TARGETS = ("db", "idx")
 #: What ``encoded`` may be: each file's own bytes, or a type every image is encoded as.
@@ -156,6 +156,8 @@ def convert_images(
 
     inputs = [root] + ([listing] if listing else []) + ([labels] if labels else [])
     if to == "idx":
+        from mnist2db.images.idx_pair import write_imageset_idx
+
         result = write_imageset_idx(prefix, source, out, resize=resize, overwrite=overwrite,
                                     where=where, inputs=inputs, progress=progress,
                                     on_skip=on_skip, jobs=jobs)  # fmt: skip
@@ -197,6 +199,9 @@ def _targets(
         raise ArgumentError("--values reads a --list of 'PATH V1 … VN' lines: give --list")
     if values is not None and values < 0:
         raise ArgumentError(f"--values must be 0 (from the first line) or more, got {values}")
+    from mnist2db.formats.label_table import open_label_table
+    from mnist2db.label_databases import TargetSource
+
     if labels is not None:
         table = open_label_table(labels, header=True)
     else:

@@ -37,7 +37,7 @@ class RecordWork:
         # Raw records of unresized images: a plain PNG's are its samples as they are.
         self.plain = resize is None and not encoded
 
-    def __call__(self, entry: ListEntry) -> tuple[bytes, tuple[int, int, int]]:
+    def __call__(self, entry: ListEntry) -> tuple[bytes | bytearray, tuple[int, int, int]]:
         if self.plain:
             made = plain_record(self.root + entry.path, self.color, entry.label)
             if made is not None:

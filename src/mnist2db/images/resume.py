@@ -22,12 +22,15 @@ import contextlib
 import hashlib
 import json
 import os
-from typing import Any, NamedTuple
 
 from mnist2db.errors import Mnist2dbError, printable
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.storage.db_staging import stale_staging
 from mnist2db.storage.files import owner_pid, temp_prefix
+
+if TYPE_CHECKING:
+    from typing import Any
 
 #: The plan's file in a staging directory (removed before the database is placed).
 PLAN_FILE = "mnist2db-resume.json"
@@ -43,6 +46,7 @@ _NAMES = {
 }  # fmt: skip
 
 
+@named_tuple
 class StagedRun(NamedTuple):
     """A killed run's staging directory and its plan."""
 
@@ -50,6 +54,7 @@ class StagedRun(NamedTuple):
     plan: dict[str, Any]
 
 
+@named_tuple
 class Committed(NamedTuple):
     """What a staged database holds: ``records``, the list line of its last key (-1: none),
     its first key and its last key (None: empty)."""

@@ -33,11 +33,14 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
-from typing import Any
 
 from mnist2db.errors import ImageError, printable
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.formats.opencv import opencv
+
+if TYPE_CHECKING:
+    from typing import Any
 
 #: Entries per task handed to a worker, and tasks queued per worker: enough that a worker
 #: descheduled for a while (a busy machine) does not leave the others and the writer waiting
@@ -57,6 +60,7 @@ _HEAP_KEPT = 16 << 20
 _HEAD = struct.Struct("<I")  # a message's pickle's size
 _LENGTH, _LONG_LENGTH = struct.Struct("!i"), struct.Struct("!Q")  # Connection's framing
 _PIPE_BYTES = 1 << 20
+_IOV_MAX = 1024
 
 
 def default_jobs() -> int:
@@ -80,21 +84,25 @@ def _shown(root: bytes, entry: ListEntry) -> str:
     return printable(os.fsdecode(root + entry.path))
 
 
+_BLOB = (bytes, bytearray, memoryview)
+
+
 def _size(result: Any) -> int:
-    if isinstance(result, tuple) and result and isinstance(result[0], (bytes, memoryview)):
+    if isinstance(result, tuple) and result and isinstance(result[0], _BLOB):
         return len(result[0])
     return int(getattr(result, "nbytes", 0)) or len(str(result))
 
 
-def _pack(results: list[Any]) -> bytes:
-    """One message of results. A result ``(bytes, ...)`` (a record) travels as its bytes
-    alone, after a pickle of everything else: no pickling of the records, and the parent
+def _pack(results: list[Any]) -> list[bytes | bytearray]:
+    """One message of results, in parts (written as one, :func:`_send`). A result
+    ``(bytes, ...)`` (a record) travels as its bytes alone, after a pickle of everything
+    else: no pickling of the records, no copy of them into the message, and the parent
     takes them as views of the message, without a copy."""
     sizes: list[int] = []
     rest: list[Any] = []
-    blobs: list[bytes] = []
+    blobs: list[bytes | bytearray] = []
     for result in results:
-        if isinstance(result, tuple) and result and isinstance(result[0], bytes):
+        if isinstance(result, tuple) and result and isinstance(result[0], (bytes, bytearray)):
             sizes.append(len(result[0]))
             rest.append(result[1:])
             blobs.append(result[0])
@@ -102,7 +110,22 @@ def _pack(results: list[Any]) -> bytes:
             sizes.append(-1)
             rest.append(result)
     head = pickle.dumps((sizes, rest), protocol=pickle.HIGHEST_PROTOCOL)
-    return b"".join((_HEAD.pack(len(head)), head, *blobs))
+    size = _HEAD.size + len(head) + sum(map(len, blobs))
+    framing = _LENGTH.pack(size) if size < 1 << 31 else _LENGTH.pack(-1) + _LONG_LENGTH.pack(size)
+    return [framing + _HEAD.pack(len(head)) + head, *blobs]
+
+
+def _send(fd: int, parts: list[bytes | bytearray]) -> None:
+    """``parts`` written to ``fd`` as one message, framed as ``Connection.send_bytes``
+    frames it (:func:`_receive` reads it), with ``writev``: no join of the records."""
+    views = [memoryview(part) for part in parts]
+    while views:
+        wrote = os.writev(fd, views[:_IOV_MAX])
+        while views and wrote >= len(views[0]):
+            wrote -= len(views[0])
+            views.pop(0)
+        if views and wrote:
+            views[0] = views[0][wrote:]
 
 
 def _receive(conn: Connection) -> bytes | bytearray:
@@ -163,6 +186,7 @@ def _serve(
     if os.getppid() == 1:
         return  # the parent died before the death signal was asked for
     _keep_the_heap()
+    out = conn.fileno()
     while True:
         try:
             task = tasks.recv()
@@ -176,10 +200,10 @@ def _serve(
             results.append(attempt(work, root, entry))
             size += _size(results[-1])
             if size >= MESSAGE_BYTES:
-                conn.send_bytes(_pack(results))
+                _send(out, _pack(results))
                 results, size = [], 0
         if results:
-            conn.send_bytes(_pack(results))
+            _send(out, _pack(results))
 
 
 def _keep_the_heap() -> None:
