@@ -15,6 +15,8 @@ import pytest
 from click.testing import CliRunner
 from db_helpers import write_labels, write_raw_db
 from helpers import make_images, make_labels, write_idx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mnist2db import array_to_datum, convert
 from mnist2db.cli.app import cli
@@ -281,3 +283,15 @@ def test_damaged_names_are_refused_in_one_line(tmp_path: Path) -> None:
         "(field 'targets.names' is a list, expected a list of names)"
     )
     assert not (tmp_path / "out").exists()
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.binary(max_size=40) | st.text(max_size=30).map(str.encode), st.integers(-(2**31), 2**31 - 1)
+)
+def test_sample_json_is_what_json_dumps_writes(key: bytes, label: int) -> None:
+    from mnist2db.exporting.samples import key_fields
+
+    fields = key_fields(key)
+    expected = json.dumps({**fields, "label": label}, ensure_ascii=False).encode("utf-8")
+    assert sample_json(fields, label, None) == expected

@@ -280,6 +280,7 @@ PRIVATE_REACHES = {
     "sys._getframe": "the drop-ins name the calling tool as Caffe does",
     "Image._getdecoder": "Pillow's decoder, to read a header's size before any decode",
     "signal._HANDLER": "the standard library's type of a signal handler",
+    "os._exit": "a forked worker ends without the parent's clean-up (atexit, its buffers)",
 }
 
 

@@ -30,6 +30,7 @@ import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from mnist2db.errors import OutputError
 from mnist2db.exporting.samples import (
@@ -219,12 +220,13 @@ def export_files(
     with contextlib.ExitStack() as stack:
         reader = stack.enter_context(shared_reader(db_path))
         total = len(reader)
-        records: Iterable[tuple[bytes, bytes]] = reader
+        # Values as views of LMDB's map (written before the reader closes): no copy.
+        records: Iterable[tuple[bytes, Any]] = reader.iter_views()
         targets = None
         if labels_path is not None:
             label_reader = stack.enter_context(shared_reader(labels_path))
             targets = TargetStream(db_path, labels_path, reader, label_reader)
-            records = targets.records(reader, label_reader)
+            records = targets.records(records, label_reader)
         with staged_tree(out_path, inputs, overwrite) as staging:
             tree = _Tree(staging)
             try:
@@ -268,7 +270,7 @@ def _write_file(path: str, data: bytes, tree: _Tree) -> None:
 
 
 def _write_tree(
-    records: Iterable[tuple[bytes, bytes]],
+    records: Iterable[tuple[bytes, Any]],
     db_path: str,
     tree: _Tree,
     counts: dict[str, int],

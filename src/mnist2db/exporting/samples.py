@@ -19,13 +19,16 @@ import hashlib
 import os
 import re
 import threading
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from queue import Full, Queue
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
 from mnist2db.errors import DatumError
+from mnist2db.exporting.png_worker import IN_FLIGHT, PngWorker, worth_a_worker
 from mnist2db.formats.datum import check_datum, decode_datum, key_text, raw_layout
 from mnist2db.formats.datum_fields import encoded_fields
 from mnist2db.formats.image_encode import encode_png as encode_colour_png
@@ -131,8 +134,12 @@ def read_record(db_path: str, key: bytes, value: bytes) -> Any:
     return datum
 
 
-def _raw_batch(batch: list[_Raw]) -> SampleBatch:
-    """The PNGs of raw records, in order: grey records of one shape encoded together."""
+def _raw_batch(
+    batch: list[_Raw], grey_pngs: Callable[[np.ndarray], list[bytes]] | None = None
+) -> SampleBatch:
+    """The PNGs of raw records, in order: grey records of one shape encoded together (by
+    ``grey_pngs``: here, or in a :class:`~mnist2db.exporting.png_worker.PngWorker`)."""
+    grey_pngs = grey_pngs or _grey_pngs
     made: list[bytes | memoryview] = [b""] * len(batch)
     grey: dict[tuple[int, int], list[int]] = {}
     for i, (_, _, (channels, height, width), data) in enumerate(batch):
@@ -144,7 +151,7 @@ def _raw_batch(batch: list[_Raw]) -> SampleBatch:
     for (rows, cols), where in grey.items():
         joined = b"".join([batch[i][3] for i in where])
         images = np.frombuffer(joined, dtype=np.uint8).reshape(len(where), rows, cols)
-        for i, data in zip(where, _grey_pngs(images), strict=True):
+        for i, data in zip(where, grey_pngs(images), strict=True):
             made[i] = data
     keys = [raw[0] for raw in batch]
     labels = [raw[1] for raw in batch]
@@ -196,17 +203,51 @@ def iter_samples(db_path: str, records: Iterable[tuple[bytes, bytes]]) -> Iterat
         yield from batch.samples()
 
 
-def iter_batches(db_path: str, records: Iterable[tuple[bytes, Any]]) -> Iterator[SampleBatch]:
+def start_png_worker(first: bytes | None) -> PngWorker | None:
+    """A process to encode raw grey records' PNGs beside this one (:mod:`~mnist2db.exporting.png_worker`)
+    when ``first``, a database's first value, is such a record and there are two CPUs; else None."""
+    layout = raw_layout(first) if first is not None else None
+    if layout is None or layout[2][0] != 1 or not worth_a_worker():
+        return None
+    return PngWorker(_grey_pngs)
+
+
+def iter_batches(
+    db_path: str, records: Iterable[tuple[bytes, Any]], worker: PngWorker | None = None
+) -> Iterator[SampleBatch]:
     """The samples of ``records`` (``(key, value)`` in key order, a value bytes or a buffer:
     :meth:`~mnist2db.storage.readers.DbReader.iter_views`), in the same order, in batches of
     at most :data:`BATCH_RECORDS` records and about :data:`BATCH_BYTES` bytes (memory's
     bound): encoded records pass on their stored bytes, as a view of the value (never
     copied: :func:`~mnist2db.formats.datum_fields.encoded_fields` finds them); raw ones,
-    gathered, are encoded together.
+    gathered, are encoded together, by ``worker`` while it is free (at most
+    :data:`~mnist2db.exporting.png_worker.IN_FLIGHT` batches), else here.
 
     Raises:
         DatumError: a value is not a Datum, or a raw one is not an image a file can hold.
     """
+    ahead: deque[SampleBatch | Future[SampleBatch]] = deque()
+    for item in _batches(db_path, records):
+        if isinstance(item, SampleBatch):
+            ahead.append(item)
+        elif worker is not None and worker.free():
+            ahead.append(worker.submit(_raw_batch, item))
+        else:
+            ahead.append(_raw_batch(item))
+        while ahead and (len(ahead) > IN_FLIGHT or not isinstance(ahead[0], Future)):
+            yield _made(ahead.popleft())
+    while ahead:
+        yield _made(ahead.popleft())
+
+
+def _made(item: SampleBatch | Future[SampleBatch]) -> SampleBatch:
+    return item.result() if isinstance(item, Future) else item
+
+
+def _batches(
+    db_path: str, records: Iterable[tuple[bytes, Any]]
+) -> Iterator[SampleBatch | list[_Raw]]:
+    """:func:`iter_batches`' batches, a raw one as its records (to be encoded)."""
     raws: list[_Raw] = []
     encoded = SampleBatch([], [], [], [], True)
     size = 0
@@ -227,7 +268,7 @@ def iter_batches(db_path: str, records: Iterable[tuple[bytes, Any]]) -> Iterator
                 label, data = int(datum.label), datum.data
             if datum is None or datum.encoded:
                 if raws:
-                    yield _raw_batch(raws)
+                    yield raws
                     raws, size = [], 0
                 encoded.keys.append(key)
                 encoded.labels.append(label)
@@ -250,10 +291,10 @@ def iter_batches(db_path: str, records: Iterable[tuple[bytes, Any]]) -> Iterator
         raws.append(raw)
         size += len(raw[3])
         if len(raws) >= BATCH_RECORDS or size >= BATCH_BYTES:
-            yield _raw_batch(raws)
+            yield raws
             raws, size = [], 0
     if raws:
-        yield _raw_batch(raws)
+        yield raws
     if encoded.keys:
         yield encoded
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnist2db.errors import ArgumentError, OutputError
-from mnist2db.exporting.samples import class_names, iter_batches, prefetched
+from mnist2db.exporting.samples import class_names, iter_batches, prefetched, start_png_worker
 from mnist2db.exporting.shard_files import (
     MANIFEST_FORMAT,
     check_resumable,
@@ -204,9 +204,12 @@ def _write_shards(
 
     # The values are views into the database's map (iter_views): every shard's bytes are
     # written and hashed before the reader is closed (workers.close(), below).
+    first = reader.first_key()
+    # Forked here, before this export's threads: a process to encode raw records' PNGs.
+    worker = start_png_worker(reader.get(first) if first is not None else None)
     workers = Workers()
     try:
-        for batch in prefetched(iter_batches(db_path, records)):
+        for batch in prefetched(iter_batches(db_path, records, worker)):
             framed = batch_tars(batch, previous, count, targets)
             previous, offsets = framed.last, framed.offsets
             i, n = 0, len(batch.keys)
@@ -241,6 +244,8 @@ def _write_shards(
         shards.extend(committed)  # listed by the manifest written below
     finally:
         workers.close()  # and the temporary of a shard not committed
+        if worker is not None:
+            worker.close()
     written = {entry["name"] for entry in shards}
     parent = os.path.dirname(out)
     for name in replacing:  # an earlier export's shards beyond this one's

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -31,6 +32,9 @@ from mnist2db.storage.readers import DbReader
 
 #: JSON's names for the values a label record may hold and JSON has no number for (as
 #: Python's ``json`` writes and reads them).
+#: Text ``json.dumps(..., ensure_ascii=False)`` writes as it is (no quote, backslash or
+#: control character to escape).
+_UNESCAPED = re.compile(r'[^"\\\x00-\x1f]*')
 _NOT_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
@@ -53,8 +57,13 @@ def targets_json(targets: np.ndarray) -> str:
 
 
 def sample_json(key_fields: dict[str, str], label: int, targets: np.ndarray | None) -> bytes:
-    """A sample's ``KEY.json``: the source key, the label and, when known, the targets."""
-    text = json.dumps({**key_fields, "label": label}, ensure_ascii=False)
+    """A sample's ``KEY.json``: the source key, the label and, when known, the targets (as
+    ``json.dumps`` writes them; a key it would not escape is written without it)."""
+    ((name, value),) = key_fields.items()
+    if type(label) is int and _UNESCAPED.fullmatch(value):
+        text = f'{{"{name}": "{value}", "label": {label}}}'
+    else:
+        text = json.dumps({**key_fields, "label": label}, ensure_ascii=False)
     if targets is not None:
         text = f'{text[:-1]}, "targets": {targets_json(targets)}}}'
     return text.encode("utf-8")

@@ -70,6 +70,10 @@ RELEASE_EVERY = 8
 
 #: A source of entries: called once per pass (the list is read twice: checked, then written).
 Entries = Callable[[], Iterable[ListEntry]]
+#: Entries the list's check keeps for the writing pass, which then does not read the list
+#: again (7 MB of entries at most: a list of MNIST-size images is read once); a longer list
+#: is read again, in bounded memory at any size.
+KEPT_ENTRIES = 1 << 16
 
 
 @named_tuple
@@ -252,8 +256,20 @@ def write_imageset(
     work = RecordWork(root_bytes, not gray, resize, encoded or bool(encode_type), encode_type)
     done = labels_done = Committed(0, -1, None)
 
-    def todo() -> Iterator[ListEntry]:  # the entries the run writes (after a resumed run's)
+    kept: list[ListEntry] | None = []
+
+    def checked() -> Iterator[ListEntry]:  # the entries, kept as they are checked, while few
+        nonlocal kept
         for entry in entries():
+            if kept is not None:
+                if len(kept) < KEPT_ENTRIES:
+                    kept.append(entry)
+                else:
+                    kept = None
+            yield entry
+
+    def todo() -> Iterator[ListEntry]:  # the entries the run writes (after a resumed run's)
+        for entry in entries() if kept is None else kept:
             if entry.line > done.last_line:
                 yield entry
 
@@ -263,7 +279,7 @@ def write_imageset(
     with OrderedDecoding(todo(), work, root_bytes, jobs, preload=preload) as decoded:
         digest = EntryDigest()
         total = check_entries(
-            entries(),
+            checked(),
             root=root_bytes,
             backend=backend,
             encoded=encoded,
