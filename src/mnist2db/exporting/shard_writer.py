@@ -3,7 +3,7 @@
 The caller (:mod:`mnist2db.exporting.shards`) frames samples
 (:func:`~mnist2db.exporting.tar_members.batch_tars`); a :class:`ShardFile` gathers them into
 writes of about :data:`WRITE_SIZE` bytes, each a list of buffers: small members joined,
-and a large one (an encoded record's bytes, a view of the database's map) left where it
+and a large one (an encoded record's bytes, as the batch holds them) left where it
 is. Each write goes to two threads, in order: one writes it (``os.writev``: the kernel's
 copy is the only one) and, at the shard's end, commits the file (fsync, rename); the other
 feeds the shard's SHA-256 (OpenSSL, the GIL released). The two run at once, on the two
