@@ -85,6 +85,7 @@ IMAGESET_PATH = frozenset(
         "mnist2db.formats.text_lines",
         "mnist2db.images",
         "mnist2db.images.datum_records",
+        "mnist2db.images.process_setup",
         "mnist2db.images.record_work",
         "mnist2db.images.resume",
         "mnist2db.images.workers",

@@ -223,3 +223,26 @@ def test_a_mapped_file_leaves_the_resident_set(tmp_path: Path) -> None:
         release_mapped_pages(os.path.realpath(path))
         assert resident() == 0
         assert view[4097] == 1 and view[-1] == 255
+
+
+@pytest.mark.parametrize("kept", [2, 1 << 16])
+def test_a_list_longer_than_the_kept_entries_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kept: int
+) -> None:
+    """The writing pass takes the entries the check kept, or reads a longer list again: the
+    same records either way, a skipped line's key left out."""
+    from mnist2db.images import datum_records
+
+    monkeypatch.setattr(datum_records, "KEPT_ENTRIES", kept)
+    rng = np.random.default_rng(7)
+    for i in range(5):
+        Image.fromarray(rng.integers(0, 256, (6, 4), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+    listing = tmp_path / "list.txt"
+    listing.write_text("".join(f"{i}.png {i}\n" for i in range(5)) + "missing.png 9\n")
+    result = write_imageset(f"{tmp_path}/", lambda: read_image_list(listing), tmp_path / "db",
+                            jobs=0)  # fmt: skip
+    assert (result.count, result.lines, len(result.skipped)) == (5, 6, 1)
+    db = open_db(tmp_path / "db")
+    assert [db.key(i) for i in range(len(db))] == [b"%08d_%d.png" % (i, i) for i in range(5)]
+    assert [int(db[i][1]) for i in range(5)] == list(range(5))
+    db.close()

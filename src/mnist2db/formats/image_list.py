@@ -71,6 +71,11 @@ def image_key(entry: ListEntry) -> bytes:
     return b"%08d_" % entry.line + entry.path
 
 
+#: A ListEntry made from its fields' tuple by tuple's own constructor (the namedtuple's
+#: __new__ is a Python function: a quarter of the time of reading a usual line).
+_entry = tuple.__new__
+
+
 def parse_line(raw: bytes, number: int, where: str) -> ListEntry | None:
     """Read line ``number`` (from 0) of the list ``where``: the entry, or None for a blank
     line.
@@ -91,7 +96,7 @@ def parse_line(raw: bytes, number: int, where: str) -> ListEntry | None:
         and len(label) < 10
         and b"\0" not in path
     ):
-        return ListEntry(number, path, int(label))
+        return _entry(ListEntry, (number, path, int(label)))
     text = line.strip(b" \t")
     if not text:
         return None

@@ -61,11 +61,19 @@ if TYPE_CHECKING:
     from mnist2db.label_databases import LabelsResult, TargetSource
 
 #: Bytes of records per transaction at most (a batch also stops at ``batch_size`` records):
-#: LMDB holds a transaction's dirty pages in memory until it commits.
-BATCH_BYTES = 16 << 20
+#: LMDB holds a transaction's dirty pages in memory until it commits, and the workers wait
+#: on their pipes while it does (4 MiB: ~10 ms here, the 1 MiB a pipe holds; 16 MiB held
+#: 25 MiB more, at the same CPU).
+BATCH_BYTES = 4 << 20
+#: Batches written between two releases of LMDB's mapped pages (:func:`_unmapping`).
+RELEASE_EVERY = 8
 
 #: A source of entries: called once per pass (the list is read twice: checked, then written).
 Entries = Callable[[], Iterable[ListEntry]]
+#: Entries the list's check keeps for the writing pass, which then does not read the list
+#: again (7 MB of entries at most: a list of MNIST-size images is read once); a longer list
+#: is read again, in bounded memory at any size.
+KEPT_ENTRIES = 1 << 16
 
 
 @named_tuple
@@ -248,8 +256,20 @@ def write_imageset(
     work = RecordWork(root_bytes, not gray, resize, encoded or bool(encode_type), encode_type)
     done = labels_done = Committed(0, -1, None)
 
-    def todo() -> Iterator[ListEntry]:  # the entries the run writes (after a resumed run's)
+    kept: list[ListEntry] | None = []
+
+    def checked() -> Iterator[ListEntry]:  # the entries, kept as they are checked, while few
+        nonlocal kept
         for entry in entries():
+            if kept is not None:
+                if len(kept) < KEPT_ENTRIES:
+                    kept.append(entry)
+                else:
+                    kept = None
+            yield entry
+
+    def todo() -> Iterator[ListEntry]:  # the entries the run writes (after a resumed run's)
+        for entry in entries() if kept is None else kept:
             if entry.line > done.last_line:
                 yield entry
 
@@ -259,7 +279,7 @@ def write_imageset(
     with OrderedDecoding(todo(), work, root_bytes, jobs, preload=preload) as decoded:
         digest = EntryDigest()
         total = check_entries(
-            entries(),
+            checked(),
             root=root_bytes,
             backend=backend,
             encoded=encoded,
@@ -417,11 +437,15 @@ def _unmapping(batches: Iterator[list[tuple[bytes, bytes]]], path: str) -> Itera
     touched: the kernel maps the file's pages around each one LMDB reads (64 KiB at a time),
     many of them the records just written, and the resident set would grow with the
     database (100 MiB at 50,000 photos, GiBs at ImageNet's size). They stay in the page
-    cache; only this process's mapping of them is dropped (Linux; elsewhere nothing)."""
+    cache; only this process's mapping of them is dropped (Linux; elsewhere nothing).
+    Every :data:`RELEASE_EVERY` batches: reading ``/proc/self/maps`` takes the kernel ~3 ms,
+    and a batch's own pages are a few hundred KiB."""
     target = os.path.realpath(path)
-    for batch in batches:
+    for count, batch in enumerate(batches, 1):
         yield batch
-        release_mapped_pages(target)
+        if count % RELEASE_EVERY == 0:
+            release_mapped_pages(target)
+    release_mapped_pages(target)
 
 
 def release_mapped_pages(path: str) -> None:

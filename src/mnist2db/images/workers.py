@@ -38,6 +38,7 @@ from mnist2db.errors import ImageError, printable
 from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.formats.opencv import opencv
+from mnist2db.images.process_setup import PARENT_HEAP, WORKER_HEAP, keep_the_heap, one_blas_thread
 
 if TYPE_CHECKING:
     from typing import Any
@@ -55,8 +56,6 @@ WINDOW_BYTES = 16 << 20
 DEFAULT_TIMEOUT = 60.0
 
 _PR_SET_PDEATHSIG = 1
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt
-_HEAP_KEPT = 16 << 20
 _HEAD = struct.Struct("<I")  # a message's pickle's size
 _LENGTH, _LONG_LENGTH = struct.Struct("!i"), struct.Struct("!Q")  # Connection's framing
 _PIPE_BYTES = 1 << 20
@@ -116,8 +115,7 @@ def _pack(results: list[Any]) -> list[bytes | bytearray]:
 
 
 def _send(fd: int, parts: list[bytes | bytearray]) -> None:
-    """``parts`` written to ``fd`` as one message, framed as ``Connection.send_bytes``
-    frames it (:func:`_receive` reads it), with ``writev``: no join of the records."""
+    """``parts`` written to ``fd`` as one message, framed as ``send_bytes`` frames it."""
     views = [memoryview(part) for part in parts]
     while views:
         wrote = os.writev(fd, views[:_IOV_MAX])
@@ -185,7 +183,7 @@ def _serve(
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:
         return  # the parent died before the death signal was asked for
-    _keep_the_heap()
+    keep_the_heap(WORKER_HEAP)
     out = conn.fileno()
     while True:
         try:
@@ -204,16 +202,6 @@ def _serve(
                 results, size = [], 0
         if results:
             _send(out, _pack(results))
-
-
-def _keep_the_heap() -> None:
-    """Let a worker's allocator keep up to :data:`_HEAP_KEPT` of freed memory, for the next
-    image, instead of giving every buffer back to the kernel and faulting it in again (glibc
-    maps each allocation over 128 KiB on its own: a photo's pixels, its record, a message)."""
-    with contextlib.suppress(OSError, AttributeError):
-        mallopt = ctypes.CDLL(None).mallopt
-        mallopt(_M_MMAP_THRESHOLD, _HEAP_KEPT)
-        mallopt(_M_TRIM_THRESHOLD, _HEAP_KEPT)
 
 
 class _Worker:
@@ -304,6 +292,7 @@ class OrderedDecoding:
         preload: Callable[[], None] | None = _preload,
     ) -> None:
         self._entries, self._work, self._root = entries, work, root
+        self._heap_kept = False
         self._timeout, self._jobs = timeout, jobs
         self._workers: list[_Worker] = []
         if jobs <= 0:
@@ -313,13 +302,17 @@ class OrderedDecoding:
                 stream.flush()
         self._context = _context()
         if self._context.get_start_method() == "fork" and preload is not None:
-            preload()
+            with one_blas_thread():
+                preload()
         try:
             for _ in range(jobs):
                 self._workers.append(_Worker(self._context, work, root))
         except BaseException:
             self.close()
             raise
+        # The parent's messages and writer reuse freed memory too (until close).
+        keep_the_heap(PARENT_HEAP)
+        self._heap_kept = True
 
     def __iter__(self) -> Iterator[tuple[ListEntry, Any]]:
         if self._jobs <= 0:
@@ -352,6 +345,9 @@ class OrderedDecoding:
                 worker.process.join(0.5)
             worker.kill()
             worker.reap()
+        if self._heap_kept:
+            self._heap_kept = False
+            keep_the_heap(None)
 
 
 def decode_in_order(
