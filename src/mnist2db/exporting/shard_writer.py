@@ -1,13 +1,13 @@
-"""One WebDataset shard written, hashed and committed on two threads, beside the caller.
+"""WebDataset shards written, hashed and committed on three threads, beside the caller.
 
 The caller (:mod:`mnist2db.exporting.shards`) frames samples
 (:func:`~mnist2db.exporting.tar_members.batch_tars`); a :class:`ShardFile` gathers them into
 writes of about :data:`WRITE_SIZE` bytes, each a list of buffers: small members joined,
-and a large one (an encoded record's bytes, a view of the database's map) left where it
-is. Each write goes to two threads, in order: one writes it (``os.writev``: the kernel's
-copy is the only one) and, at the shard's end, commits the file (fsync, rename); the other
-feeds the shard's SHA-256 (OpenSSL, the GIL released). The two run at once, on the two
-cores, while the caller frames the next samples. At most :data:`WRITES_AHEAD` bytes wait
+and a large one (an encoded record's bytes, as the batch holds them) left where it
+is. Each write goes to two threads, in order: one writes it (``os.writev``: the pieces
+are not joined), the other feeds the shard's SHA-256 (OpenSSL, the GIL released); the two
+run at once, on the two cores, while the caller frames the next samples. A third commits
+each finished shard (fsync, rename) while the next one is written. At most :data:`WRITES_AHEAD` bytes wait
 for either thread (memory's bound); an error on either is raised by a later submit or by
 :meth:`Workers.drain`, and a shard is committed only when every write before its commit
 was made and hashed.

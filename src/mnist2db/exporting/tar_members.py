@@ -74,7 +74,7 @@ def tar_member(name: str, data: bytes) -> list[bytes]:
 
 
 #: A member's data at least this large is left where it is (an encoded record's bytes, a
-#: view of the database's map: never copied here); a batch of smaller ones is joined.
+#: batch's own bytes: never copied here); a batch of smaller ones is joined.
 VIEW_SIZE = 16 << 10
 
 
