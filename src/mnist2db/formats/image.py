@@ -35,7 +35,7 @@ from mnist2db.formats.image_input import (
     read_image_file,
 )
 from mnist2db.formats.opencv import opencv
-from mnist2db.formats.plain_png import plain_samples
+from mnist2db.formats.plain_png import plain_samples, png_data_complete
 from mnist2db.formats.png16 import decode_png16
 
 #: The formats OpenCV 4.6 reads, by Pillow's name for them (GIF is not among them).
@@ -87,6 +87,8 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
     if kind is None:
         raise ImageError(f"{where}: not an image OpenCV reads (PNG, JPEG, BMP, PPM, TIFF, WebP)")
     check_declared_size(data, kind, where)
+    if kind == "PNG" and not png_data_complete(data):
+        raise ImageError(f"{where}: PNG image data ends before its last row (truncated)")
     if kind == "JPEG" and color is not None:
         cv2 = opencv()
         if cv2 is not None and _plain_jpeg(data):

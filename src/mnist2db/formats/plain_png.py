@@ -190,14 +190,97 @@ def _image_module() -> Any:
 def _inflate(compressed: bytes, mode: str, width: int, height: int) -> bytes | None:
     """The samples of ``width`` × ``height`` pixels of ``mode`` (``"L"``, ``"RGB"``) in a
     zlib stream of PNG rows, by Pillow's decoder; None if it fails or the data ends short."""
+    channels = 1 if mode == "L" else 3
     try:
-        picture = _image_module().new(mode, (width, height))
+        fill = _SENTINEL[0] if channels == 1 else _SENTINEL
+        picture = _image_module().new(mode, (width, height), fill)
         if not _decode(picture.im, mode, compressed, width, height):
             return None
         samples: bytes = picture.tobytes()
     except (AttributeError, TypeError, ValueError, OSError):
         return None  # another Pillow's internals, or a damaged stream: the full path
-    return samples
+    return samples if _complete(samples, compressed, width, height, channels) else None
+
+
+#: What the last row holds before it is decoded (a pixel of these values, or of the first):
+#: Pillow's zip decoder stops at the end of a stream that holds too few rows and says
+#: nothing (its check is commented out), so a last row still like this was not decoded,
+#: or happens to hold these values (then the stream is inflated again to know which).
+_SENTINEL = (0x5A, 0xA5, 0x3C)
+
+
+def _sentinel_row(width: int) -> bytes:
+    return bytes(_SENTINEL[:1]) * width
+
+
+def _complete(samples: bytes | bytearray, compressed: bytes, width: int, height: int,
+              channels: int) -> bool:  # fmt: skip
+    """Whether the decoder reached the last row: it no longer holds the sentinel, or the
+    stream holds every row's bytes (libpng refuses a PNG whose data ends sooner, "Not
+    enough image data", and Caffe skips the image)."""
+    row = width * channels
+    last = samples[len(samples) - row :]
+    if last != (_sentinel_row(width) if channels == 1 else bytes(_SENTINEL) * width):
+        return True
+    return data_rows_complete(compressed, height * (row + 1))
+
+
+def data_rows_complete(compressed: bytes | list[memoryview], needed: int) -> bool:
+    """Whether a zlib stream (one piece, or IDAT chunks in order) inflates to at least
+    ``needed`` bytes; counted 1 MiB at a time, never held. A damaged stream: True (not
+    short: the decoder says what is wrong with it)."""
+    inflater = zlib.decompressobj()
+    total = 0
+    try:
+        for piece in compressed if isinstance(compressed, list) else [compressed]:
+            pending = piece
+            while pending and total < needed:
+                total += len(inflater.decompress(pending, 1 << 20))
+                pending = inflater.unconsumed_tail
+            while total < needed and not inflater.eof:
+                flushed = inflater.decompress(b"", 1 << 20)
+                if not flushed:
+                    break
+                total += len(flushed)
+            if total >= needed:
+                return True
+    except zlib.error:
+        return True
+    return total >= needed
+
+
+#: Adam7's passes: first column and row, and their steps.
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
+          (0, 1, 1, 2))  # fmt: skip
+_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+
+
+def png_data_complete(data: bytes) -> bool:
+    """Whether a PNG's image data holds every row its header declares (every pass of an
+    interlaced one), as libpng requires of it; True where its chunks cannot be walked (the
+    decoder then says what is wrong). Pillow writes the missing rows as 0."""
+    if len(data) < 33 or data[12:16] != b"IHDR":
+        return True
+    width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", data[16:29])
+    if colour not in _CHANNELS or depth not in (1, 2, 4, 8, 16):
+        return True
+    bits = depth * _CHANNELS[colour]
+    passes = _ADAM7 if interlace else ((0, 0, 1, 1),)
+    needed = 0
+    for x0, y0, dx, dy in passes:
+        columns, rows = (width - x0 + dx - 1) // dx, (height - y0 + dy - 1) // dy
+        if columns > 0 and rows > 0:
+            needed += rows * (1 + (columns * bits + 7) // 8)
+    parts = []
+    view, position, end = memoryview(data), 8, len(data)
+    while position + 12 <= end:
+        length, name = struct.unpack(">I4s", data[position : position + 8])
+        if name == _IDAT:
+            parts.append(view[position + 8 : min(end, position + 8 + length)])
+        elif name == b"IEND":
+            break
+        position += 12 + length
+    return data_rows_complete(parts, needed)
 
 
 def _inflate_grey(compressed: bytes, width: int, height: int) -> bytes | bytearray | None:
@@ -218,12 +301,12 @@ def _inflate_grey(compressed: bytes, width: int, height: int) -> bytes | bytearr
             buffers.clear()
         buffers[(width, height)] = kept
     buffer, mapped, blank = kept
-    buffer[:] = blank  # rows a short stream leaves undecoded are 0, as in a new image
+    buffer[:] = blank  # the last row the sentinel: see _complete
     try:
         decoded = _decode(mapped.im, "L", compressed, width, height)
     except (AttributeError, TypeError, ValueError, OSError):
         return None
-    return buffer if decoded else None
+    return buffer if decoded and _complete(buffer, compressed, width, height, 1) else None
 
 
 def _mapped_buffer(width: int, height: int) -> tuple[bytearray, Any, bytes] | None:
@@ -240,7 +323,8 @@ def _mapped_buffer(width: int, height: int) -> tuple[bytearray, Any, bytes] | No
         shared = False
     if not _maps:
         _maps.append(shared)
-    return (buffer, mapped, bytes(len(buffer))) if shared else None
+    blank = bytes(len(buffer) - width) + _sentinel_row(width)
+    return (buffer, mapped, blank) if shared else None
 
 
 def _decode(core: Any, mode: str, compressed: bytes, width: int, height: int) -> bool:
