@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench_data import generate, gunzip_or_generate
+from bench_data import generate, gunzip_or_generate, reap
 from bench_export import export_table
 from bench_imageset import imageset_table
 from bench_read import png_read_table, read_table
@@ -135,59 +135,13 @@ class Contender:
         return statistics.median(self.anon) / 1024 if self.anon else float("nan")
 
 
-#: Runs one contender and writes "wall_seconds peak_rss_kib peak_rss_anon_kib" to argv[1].
-#: A separate small process spawns it because Linux counts the spawning process's memory
-#: in the child's ru_maxrss (exec records the old address space's high-water mark): spawned
-#: from this script or from pytest, every child would "peak" at their size. This reaper is
-#: a bare interpreter (~9 MB), below every contender.
-REAPER = """
-import os, sys, threading, time
-report, argv = sys.argv[1], sys.argv[2:]
-anon = [0]
-done = threading.Event()
-def sample(pid):
-    path = f"/proc/{pid}/status"
-    while not done.is_set():
-        try:
-            with open(path) as f:
-                for line in f:
-                    if line.startswith("RssAnon:"):
-                        anon[0] = max(anon[0], int(line.split()[1]))
-                        break
-        except OSError:
-            return
-        time.sleep(0.002)
-start = time.perf_counter()
-pid = os.posix_spawnp(argv[0], argv, os.environ)
-sampler = threading.Thread(target=sample, args=(pid,), daemon=True)
-sampler.start()
-_, status, usage = os.wait4(pid, 0)
-wall = time.perf_counter() - start
-done.set()
-with open(report, "w") as f:
-    f.write(f"{wall} {usage.ru_maxrss} {anon[0]}")
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
-
-
 def run_once(argv: list[str], out: Path) -> tuple[float, int, int, str, int]:
     """Run one process; returns (wall seconds, peak RSS KiB, peak sampled RssAnon KiB, stdout,
     bytes of the files it wrote in ``out``)."""
-    if out.exists():
-        shutil.rmtree(out)
-    # Start every run with no dirty data waiting for the disk (the previous run's deleted
-    # output, a freshly generated input), so no run pays for another's writeback.
-    os.sync()
-    report = out.with_name("report.txt")
-    proc = subprocess.run(
-        [sys.executable, "-c", REAPER, str(report), *argv], capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"benchmark: {' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr}")
-    wall, rss, anon = report.read_text().split()
+    wall, _, rss, anon, stdout = reap(argv, out)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.is_dir() else 0
     shutil.rmtree(out, ignore_errors=True)
-    return float(wall), int(rss), int(anon), proc.stdout, size
+    return wall, rss, anon, stdout, size
 
 
 def measure(

@@ -7,6 +7,8 @@ import gzip
 import os
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 FASHION = Path("/usr/share/datasets/fashion-mnist")
@@ -48,3 +50,57 @@ def generate(work: Path, count: int, stem: str) -> tuple[Path, Path]:
         f.write(bytes([0, 0, 8, 1]) + count.to_bytes(4, "big"))
         f.write(bytes(rng.randrange(10) for _ in range(count)))
     return images, labels
+
+
+#: Runs one contender and writes "wall_seconds cpu_seconds peak_rss_kib peak_rss_anon_kib" to
+#: argv[1] (CPU: user + system of the process and the children it waited for). A separate
+#: small process spawns it because Linux counts the spawning process's memory in the child's
+#: ru_maxrss (exec records the old address space's high-water mark): spawned from a bench
+#: script or from pytest, every child would "peak" at their size. This reaper is a bare
+#: interpreter (~9 MB), below every contender.
+REAPER = """
+import os, sys, threading, time
+report, argv = sys.argv[1], sys.argv[2:]
+anon = [0]
+done = threading.Event()
+def sample(pid):
+    path = f"/proc/{pid}/status"
+    while not done.is_set():
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("RssAnon:"):
+                        anon[0] = max(anon[0], int(line.split()[1]))
+                        break
+        except OSError:
+            return
+        time.sleep(0.002)
+start = time.perf_counter()
+pid = os.posix_spawnp(argv[0], argv, os.environ)
+sampler = threading.Thread(target=sample, args=(pid,), daemon=True)
+sampler.start()
+_, status, usage = os.wait4(pid, 0)
+wall = time.perf_counter() - start
+done.set()
+with open(report, "w") as f:
+    f.write(f"{wall} {usage.ru_utime + usage.ru_stime} {usage.ru_maxrss} {anon[0]}")
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def reap(argv: list[str], out: Path) -> tuple[float, float, int, int, str]:
+    """Run one process through :data:`REAPER`, ``out`` (its output) removed before and after;
+    returns (wall s, CPU s, peak RSS KiB, peak sampled RssAnon KiB, its stdout)."""
+    if out.exists():
+        shutil.rmtree(out)
+    # Start every run with no dirty data waiting for the disk (the previous run's deleted
+    # output, a freshly generated input), so no run pays for another's writeback.
+    os.sync()
+    report = out.with_name("report.txt")
+    proc = subprocess.run(
+        [sys.executable, "-c", REAPER, str(report), *argv], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmark: {' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr}")
+    wall, cpu, rss, anon = report.read_text().split()
+    return float(wall), float(cpu), int(rss), int(anon), proc.stdout

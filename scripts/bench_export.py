@@ -40,59 +40,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_data import gunzip_or_generate
+from bench_data import gunzip_or_generate, reap
 
 BIN = Path(sys.executable).parent
-
-#: Runs one contender; writes "wall_seconds cpu_seconds peak_rss_kib peak_rss_anon_kib" to
-#: argv[1]. A bare interpreter, as scripts/bench.py's reaper (whose reasons hold here), that
-#: also counts the CPU time of the process and the children it waited for.
-REAPER = """
-import os, sys, threading, time
-report, argv = sys.argv[1], sys.argv[2:]
-anon = [0]
-done = threading.Event()
-def sample(pid):
-    path = f"/proc/{pid}/status"
-    while not done.is_set():
-        try:
-            with open(path) as f:
-                for line in f:
-                    if line.startswith("RssAnon:"):
-                        anon[0] = max(anon[0], int(line.split()[1]))
-                        break
-        except OSError:
-            return
-        time.sleep(0.002)
-start = time.perf_counter()
-pid = os.posix_spawnp(argv[0], argv, os.environ)
-sampler = threading.Thread(target=sample, args=(pid,), daemon=True)
-sampler.start()
-_, status, usage = os.wait4(pid, 0)
-wall = time.perf_counter() - start
-done.set()
-with open(report, "w") as f:
-    f.write(f"{wall} {usage.ru_utime + usage.ru_stime} {usage.ru_maxrss} {anon[0]}")
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
 
 
 def run_once(argv: list[str], out: Path) -> tuple[float, float, int, int]:
     """Run one process; returns (wall s, CPU s, peak RSS KiB, peak sampled RssAnon KiB)."""
-    if out.exists():
-        shutil.rmtree(out)
-    # Start every run with no dirty data waiting for the disk (the previous run's deleted
-    # output, a freshly generated input), so no run pays for another's writeback.
-    os.sync()
-    report = out.with_name("report.txt")
-    proc = subprocess.run(
-        [sys.executable, "-c", REAPER, str(report), *argv], capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"benchmark: {' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr}")
-    wall, cpu, rss, anon = report.read_text().split()
+    wall, cpu, rss, anon, _ = reap(argv, out)
     shutil.rmtree(out, ignore_errors=True)
-    return float(wall), float(cpu), int(rss), int(anon)
+    return wall, cpu, rss, anon
 
 
 def make_jpegs(work: Path, count: int) -> tuple[Path, list[bytes]]:
