@@ -72,9 +72,6 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
     Raises:
         ImageError: not an image OpenCV reads, or damaged (naming ``where``).
     """
-    from PIL import UnidentifiedImageError
-    from PIL.Image import DecompressionBombError
-
     kind = image_format(data)
     if kind == "PNG":
         plain = plain_samples(data)
@@ -103,7 +100,7 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
             pixels, model = _samples(opened, kind, color, data)
             gamma = _png_gamma(dict(opened.info)) if kind == "PNG" else None
             orientation = _orientation(kind, data, opened, color)
-    except (*_PILLOW_REFUSALS, UnidentifiedImageError, DecompressionBombError) as exc:
+    except _pillow_refusals() as exc:
         raise ImageError(f"{where}: {kind} image cannot be decoded: {exc}") from None
     if color is None:
         color = model != "grey"
@@ -111,9 +108,15 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
     return _orient(image, orientation)
 
 
-#: What Pillow raises for a file it cannot decode (with its UnidentifiedImageError and
-#: DecompressionBombError). A Warning: one a caller's filter made an error (a corrupt EXIF).
-_PILLOW_REFUSALS = (OSError, ValueError, SyntaxError, struct.error, Warning)
+def _pillow_refusals() -> tuple[type[BaseException], ...]:
+    """What Pillow raises for a file it cannot decode (Pillow loaded: only the images
+    OpenCV does not decode need it). A Warning: one a caller's filter made an error (a
+    corrupt EXIF, ...)."""
+    from PIL import UnidentifiedImageError
+    from PIL.Image import DecompressionBombError
+
+    return (OSError, UnidentifiedImageError, ValueError, SyntaxError, struct.error,
+            DecompressionBombError, Warning)  # fmt: skip
 
 
 def _orientation(kind: str, data: bytes, opened: Any, color: bool | None) -> int:
@@ -172,9 +175,6 @@ def _reduced_jpeg_size(data: bytes, color: bool, where: str) -> tuple[int, int] 
         if decoded is None or decoded.shape[:2] != small:
             return None
         return width, height
-    from PIL import UnidentifiedImageError
-    from PIL.Image import DecompressionBombError
-
     try:
         with open_with_pillow(data, "JPEG") as opened:
             if opened.size != declared:
@@ -187,7 +187,7 @@ def _reduced_jpeg_size(data: bytes, color: bool, where: str) -> tuple[int, int] 
                 return None
             opened.load()
             orientation = _orientation("JPEG", data, opened, color)
-    except (*_PILLOW_REFUSALS, UnidentifiedImageError, DecompressionBombError):
+    except _pillow_refusals():
         return None
     return (height, width) if orientation in (5, 6, 7, 8) else (width, height)
 
