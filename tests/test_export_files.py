@@ -283,6 +283,23 @@ def test_class_names_beside_the_database(tmp_path: Path) -> None:
     assert "  4 class names in classes.txt" in result.stderr
 
 
+def test_class_names_in_the_shards_manifest(tmp_path: Path) -> None:
+    db = _small_db(tmp_path)
+    Path(f"{db}.classes.txt").write_text("zero\none\ntwo\nthree\n")
+    result = run("export", "--to", "webdataset", db, tmp_path / "shards")
+    assert result.exit_code == 0, result.output
+    manifest = tmp_path / "shards.shards.json"
+    assert json.loads(manifest.read_text())["classes"] == ["zero", "one", "two", "three"]
+    assert f"  4 class names in {manifest}" in result.stderr
+    # An explicit --classes wins over the file beside the database.
+    names = tmp_path / "names.txt"
+    names.write_text("a\nb\nc\nd\n")
+    result = run("export", "--to", "webdataset", "--overwrite", "--classes", names, db,
+                 tmp_path / "shards")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(manifest.read_text())["classes"] == ["a", "b", "c", "d"]
+
+
 def test_full_disk_leaves_nothing(tmp_path: Path) -> None:
     from os_helpers import mounted_tmpfs
 

@@ -3,12 +3,13 @@ line naming the database and the key. Never a numpy/struct/protobuf traceback, a
 never says ``valid yes`` of a record that a reader refuses.
 
 The readers: open_db (db[i], slices, iteration, __getitems__, read_range), iter_db,
-info, verify, export, mean, compute_image_mean, show's record selection, and the CLI.
+info, verify, export (to IDX, to files, to WebDataset shards), mean, compute_image_mean, show's record selection, and the CLI.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import resource
 import tempfile
@@ -89,6 +90,10 @@ def readers(db: Path, work: Path) -> dict[str, Callable[[], object]]:
         "info": lambda: db_info(db),
         "verify": lambda: verify_db(db, images, labels),
         "export": lambda: export_db(db, work / "out", prefix="x", overwrite=True),
+        "export --to files": lambda: mnist2db.export_files(db, work / "files", overwrite=True),
+        "export --to webdataset": lambda: mnist2db.export_webdataset(
+            db, work / "shards", overwrite=True
+        ),
         "mean": lambda: compute_mean(db),
         "show": lambda: list(select_records(db, count=5)[1]),
     }
@@ -128,6 +133,16 @@ def _check_every_reader(db: Path, work: Path) -> None:
             continue
         if name == "info":
             info = result
+    # A refused export leaves no partial file under a final name.
+    if "export --to files" in refused:
+        assert not (work / "files").exists(), refused["export --to files"]
+    if "export --to webdataset" in refused:
+        # What a killed export leaves: whole shards its manifest lists, marked incomplete.
+        left = {p.name for p in work.glob("shards*")}
+        if left:
+            manifest = json.loads((work / "shards.shards.json").read_text())
+            assert manifest["complete"] is False
+            assert left == {"shards.shards.json"} | {s["name"] for s in manifest["shards"]}
     if "db[i]" in refused:
         # A record a reader refuses is never called valid: info names the same key.
         key = refused["db[i]"].split(": ")[1]

@@ -385,7 +385,7 @@ def test_format_constants_have_one_home() -> None:
 #: Imports inside functions outside the fast path (fastpath.FAST_PATH, which imports what
 #: costs start-up where it is needed): at most this many a module, each with its reason.
 LAZY_IMPORTS = {
-    "mnist2db.dataset": (1, "labeled_dataset imports dataset: at the top, a circle"),
+    "mnist2db.dataset": (1, "labels.dataset imports dataset: at the top, a circle"),
     "mnist2db.formats.png_codec": (3, "Pillow, for encoded records that are not PNG only"),
     "mnist2db.formats.image_input": (
         2,

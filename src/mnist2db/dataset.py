@@ -57,7 +57,7 @@ from mnist2db.storage.backends import detect_backend
 from mnist2db.storage.readers import DbReader, iterate
 
 if TYPE_CHECKING:
-    from mnist2db.labeled_dataset import LabeledDataset
+    from mnist2db.labels.dataset import LabeledDataset
 
 #: Bound once: db[i]'s hot path looks them up per record.
 _ndarray = np.ndarray
@@ -233,7 +233,7 @@ class DatumDataset:
 
     def value(self, key: bytes) -> bytes:
         """The stored bytes under ``key`` (a label database's records, read by
-        :class:`mnist2db.labeled_dataset.LabeledDataset`).
+        :class:`mnist2db.labels.dataset.LabeledDataset`).
 
         Raises:
             MissingKeyError: no record has that key.
@@ -406,7 +406,7 @@ def open_db(
         backend: ``"lmdb"`` or ``"leveldb"``; detected from the directory's files when None.
         labels: its label database (``OUT_labels``, as ``imageset --values`` writes it):
             the dataset then yields ``(image, targets)``, ``targets`` a float32 vector
-            (a :class:`mnist2db.labeled_dataset.LabeledDataset`).
+            (a :class:`mnist2db.labels.dataset.LabeledDataset`).
 
     Returns:
         A :class:`DatumDataset`: ``len(db)``, ``db[i] -> (image, label)`` with ``image`` a
@@ -420,6 +420,6 @@ def open_db(
     """
     if labels is None:
         return DatumDataset(path, backend)
-    from mnist2db.labeled_dataset import LabeledDataset
+    from mnist2db.labels.dataset import LabeledDataset
 
     return LabeledDataset(DatumDataset(path, backend), DatumDataset(labels, backend))

@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("data_commands", "Show records of an IDX file or a database as images."),
     "info": ("data_commands", "Describe an IDX file or a database: header, shape, labels."),
     "verify": ("data_commands", "Check that a database holds exactly its sources' records."),
-    "export": ("data_commands", "Write a database's records back as IDX files."),
+    "export": ("data_commands", "Write a database back out: IDX files, image files, or shards."),
     "mean": ("training_commands", "Compute a database's mean image, as compute_image_mean."),
     "siamese": ("training_commands", "Write random image pairs for Caffe's siamese example."),
     "imageset": ("imageset_commands", "Convert your own images (a list or class folders)."),

@@ -24,7 +24,7 @@ from mnist2db.errors import RenderError
 from mnist2db.export import export_db
 from mnist2db.formats.datum import key_text
 from mnist2db.info import describe
-from mnist2db.label_databases import verify_label_db
+from mnist2db.labels.databases import verify_label_db
 from mnist2db.render import (
     check_canvas,
     check_text_size,
@@ -277,8 +277,9 @@ def verify(
     "--classes",
     type=Path(dir_okay=False, path_type=str),
     default=None,
-    help="--to files: class names, one a line in label order, written to OUT/classes.txt "
-    "(default: DB.classes.txt beside DB, which imageset writes, if present).",
+    help="--to files and webdataset: class names, one a line in label order, written to "
+    "OUT/classes.txt (files) or the manifest (webdataset) (default: DB.classes.txt beside DB, "
+    "which imageset writes, if present).",
 )
 @click.option(
     "--shard-size",
@@ -309,7 +310,8 @@ def verify(
 def export(db: str, out_dir: str, to: str, prefix: str | None, quiet: bool,
            **options: Any) -> None:  # fmt: skip
     """Write database DB back out: as IDX image and label files (--to idx, into directory
-    OUT), or as image files and a Caffe list (--to files, directory OUT).
+    OUT), as image files and a Caffe list (--to files, directory OUT), or as WebDataset tar
+    shards (--to webdataset, OUT-000000.tar, ... beside OUT.shards.json).
 
     --to idx: for a database made by convert, the files equal the originals byte for
     byte; one made with options (DB/mnist2db.json) is mapped back to its source items: a
@@ -323,9 +325,9 @@ def export(db: str, out_dir: str, to: str, prefix: str | None, quiet: bool,
     OUT appears only when complete.
 
     --to webdataset: the same files as samples KEY.EXT with KEY.cls (the label) and KEY.json
-    (the source key, when KEY is not the key) in shards OUT-000000.tar, ...; each shard
-    appears complete or not at all, and OUT.shards.json lists their names, counts and
-    SHA-256.
+    (the source key, when KEY is not the key; the targets, with --label-db) in shards
+    OUT-000000.tar, ...; each shard appears complete or not at all, and OUT.shards.json
+    lists their names, counts and SHA-256.
 
     \b
     Examples:
@@ -411,3 +413,5 @@ def _export_shards(db: str, out: str, quiet: bool, options: dict[str, Any]) -> N
         echo(f"  {result.mapped} keys are not sample names: mapped, the key in KEY.json", err=True)
     if result.targets:
         echo(f"  {result.targets} target values a record in each KEY.json", err=True)
+    if result.classes:
+        echo(f"  {len(result.classes)} class names in {result.manifest}", err=True)

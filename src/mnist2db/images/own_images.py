@@ -29,7 +29,7 @@ from mnist2db.storage.files import AtomicFile
 from mnist2db.storage.metadata import imageset_metadata
 
 if TYPE_CHECKING:
-    from mnist2db.label_databases import TargetSource
+    from mnist2db.labels.databases import TargetSource
 
 TARGETS = ("db", "idx")
 #: What ``encoded`` may be: each file's own bytes, or a type every image is encoded as.
@@ -85,7 +85,7 @@ def convert_images(
             shuffle given no seed takes the staged run's).
         labels: a label table with a header (CSV, whitespace, CelebA's layout) naming
             the images and their targets, instead of ``listing``; a label database
-            ``OUT_labels`` is written beside (:mod:`mnist2db.label_databases`).
+            ``OUT_labels`` is written beside (:mod:`mnist2db.labels.databases`).
         values: ``listing``'s lines are ``PATH V1 … VN`` with N ``values`` (0: N taken
             from the first line); a label database is written beside, as for ``labels``.
 
@@ -200,7 +200,7 @@ def _targets(
     if values is not None and values < 0:
         raise ArgumentError(f"--values must be 0 (from the first line) or more, got {values}")
     from mnist2db.formats.label_table import open_label_table
-    from mnist2db.label_databases import TargetSource
+    from mnist2db.labels.databases import TargetSource
 
     if labels is not None:
         table = open_label_table(labels, header=True)
