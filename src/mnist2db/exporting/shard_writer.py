@@ -4,14 +4,15 @@ The caller (:mod:`mnist2db.exporting.shards`) frames samples
 (:func:`~mnist2db.exporting.tar_members.batch_tars`); a :class:`ShardFile` gathers them into
 writes of about :data:`WRITE_SIZE` bytes, each a list of buffers: small members joined,
 and a large one (an encoded record's bytes, as the batch holds them) left where it
-is. Each write goes to two threads, in order: one writes it (``os.writev``: the pieces
-are not joined), the other feeds the shard's SHA-256 (OpenSSL, the GIL released); the two
-run at once, on the two cores, while the caller frames the next samples. A third commits
-each finished shard (fsync, rename) while the next one is written. At most :data:`WRITES_AHEAD` bytes wait
-for either thread (memory's bound); an error on either is raised by a later submit or by
-:meth:`Workers.drain`, and a shard is committed only when every write before its commit
-was made and hashed.
-"""
+is. Each write goes to two threads, in order: one writes it (copied once, into the
+aligned buffer of a :class:`~mnist2db.storage.direct_writes.DirectWriter`, and written
+past the page cache where the file system allows: the shard is fsynced before its rename
+anyway), the other feeds the shard's SHA-256 from the same buffers (OpenSSL, the GIL
+released); the two run at once while the caller frames the next samples. A third commits
+each finished shard (fsync, rename) while the next one is written. At most
+:data:`WRITES_AHEAD` bytes wait for either thread (memory's bound); an error on either is
+raised by a later submit or by :meth:`Workers.drain`, and a shard is committed only when
+every write before its commit was made and hashed."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from mnist2db.exporting.tar_members import END_OF_ARCHIVE, VIEW_SIZE
+from mnist2db.storage.direct_writes import DirectWriter
 from mnist2db.storage.files import AtomicFile
 
 #: Bytes gathered before a write is handed to the threads.
@@ -30,8 +32,6 @@ WRITE_SIZE = 1 << 20
 #: Bytes handed to a thread and not yet done, at most (memory's bound: one write more, a
 #: sample larger than that, may wait).
 WRITES_AHEAD = 8 << 20
-#: The most buffers one ``writev`` takes (Linux's IOV_MAX).
-_IOV_MAX = 1024
 
 
 class _Skipped(Exception):
@@ -88,6 +88,7 @@ class Workers:
         self.hasher = _Ordered("mnist2db-sha256")
         self.committer = _Ordered("mnist2db-commit")
         self.files: list[AtomicFile] = []
+        self.direct = DirectWriter()  # the writing thread's, one shard after another
 
     def wait_commits(self) -> None:
         """Wait for the shards finished so far to be committed; raise the first error."""
@@ -109,6 +110,7 @@ class Workers:
             worker.pending.clear()
         for file in self.files:
             file.discard()
+        self.direct.close()
 
 
 class ShardFile:
@@ -119,7 +121,8 @@ class ShardFile:
         self.workers = workers
         self.file = AtomicFile(path).create()
         workers.files.append(self.file)
-        self.fd = self.file.stream.fileno()  # written with writev, never through the stream
+        self.fd = self.file.stream.fileno()  # written by workers.direct, never through the stream
+        workers.writer.submit(workers.direct.start, self.fd)
         self.digest = hashlib.sha256()
         self.count = 0
         self.size = 0
@@ -155,29 +158,17 @@ class ShardFile:
         buffers, size = self.buffers, self.pending_size
         self.buffers, self.small, self.pending_size = [], [], 0
         self.workers.hasher.submit(self._hash, buffers, size=size)
-        return self.workers.writer.submit(self._write, buffers, size=size)
+        return self.workers.writer.submit(self._write, buffers, bool(end), size=size)
 
-    def _write(self, buffers: list[Any]) -> None:
-        """Write ``buffers`` in order (``writev``, at most IOV_MAX at a time, a short write
-        finished piece by piece); a failure (a full disk) names the shard."""
+    def _write(self, buffers: list[Any], last: bool) -> None:
+        """Write ``buffers`` in order (:class:`~mnist2db.storage.direct_writes.DirectWriter`),
+        and the staged tail when ``last``; a failure (a full disk) names the shard."""
         try:
-            for start in range(0, len(buffers), _IOV_MAX):
-                chunk = buffers[start : start + _IOV_MAX]
-                written = os.writev(self.fd, chunk)
-                if written < sum(map(len, chunk)):
-                    self._write_rest(chunk, written)
+            self.workers.direct.write(buffers)
+            if last:
+                self.workers.direct.end()
         except OSError as exc:
             raise OSError(exc.errno, exc.strerror, self.path) from None
-
-    def _write_rest(self, chunk: list[Any], written: int) -> None:
-        for buffer in chunk:
-            view = memoryview(buffer)
-            if written >= len(view):
-                written -= len(view)
-                continue
-            view, written = view[written:], 0
-            while view:
-                view = view[os.write(self.fd, view) :]
 
     def _hash(self, buffers: list[Any]) -> None:
         update = self.digest.update
