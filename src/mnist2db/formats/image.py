@@ -30,6 +30,7 @@ import numpy as np
 from mnist2db.errors import ImageError
 from mnist2db.formats.image_input import (
     check_declared_size,
+    declared_size,
     image_format,
     open_with_pillow,
     read_image_file,
@@ -71,9 +72,6 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
     Raises:
         ImageError: not an image OpenCV reads, or damaged (naming ``where``).
     """
-    from PIL import UnidentifiedImageError
-    from PIL.Image import DecompressionBombError
-
     kind = image_format(data)
     if kind == "PNG":
         plain = plain_samples(data)
@@ -101,17 +99,97 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
         with open_with_pillow(data, kind) as opened:
             pixels, model = _samples(opened, kind, color, data)
             gamma = _png_gamma(dict(opened.info)) if kind == "PNG" else None
-            orientation = 1
-            if _may_orient(kind, data, opened) and color is not None:
-                orientation = int(opened.getexif().get(_EXIF_ORIENTATION, 1) or 1)
-    # A Warning: one a caller's filter made an error (a corrupt EXIF, ...).
-    except (OSError, UnidentifiedImageError, ValueError, SyntaxError, struct.error,
-            DecompressionBombError, Warning) as exc:  # fmt: skip
+            orientation = _orientation(kind, data, opened, color)
+    except _pillow_refusals() as exc:
         raise ImageError(f"{where}: {kind} image cannot be decoded: {exc}") from None
     if color is None:
         color = model != "grey"
     image = _convert(pixels, model, kind, color, gamma)
     return _orient(image, orientation)
+
+
+def _pillow_refusals() -> tuple[type[BaseException], ...]:
+    """What Pillow raises for a file it cannot decode (Pillow loaded: only the images
+    OpenCV does not decode need it). A Warning: one a caller's filter made an error (a
+    corrupt EXIF, ...)."""
+    from PIL import UnidentifiedImageError
+    from PIL.Image import DecompressionBombError
+
+    return (OSError, UnidentifiedImageError, ValueError, SyntaxError, struct.error,
+            DecompressionBombError, Warning)  # fmt: skip
+
+
+def _orientation(kind: str, data: bytes, opened: Any, color: bool | None) -> int:
+    """The EXIF orientation OpenCV applies to the image (1: none)."""
+    if _may_orient(kind, data, opened) and color is not None:
+        return int(opened.getexif().get(_EXIF_ORIENTATION, 1) or 1)
+    return 1
+
+
+def image_shape(data: bytes, *, color: bool, where: str) -> tuple[int, int, int]:
+    """The ``(channels, height, width)`` of the image :func:`decode_image` decodes from
+    ``data``, refused where it refuses it: what Caffe's ``ReadImageToDatum`` decodes for
+    when it stores a file's own bytes (``--encoded``, no resize), its pixels never used.
+
+    A JPEG is decoded at an eighth of its size (libjpeg's DCT scaling: every marker is still
+    parsed and every coefficient entropy-decoded; most of the IDCT, the upsampling and the
+    colour conversion are skipped), by the decoder the full decode would use; one it does
+    not read, and every other format, are decoded in full, so that what is refused, and the
+    reason given, are the full decode's own (tests/formats/test_image_shape.py: a hostile
+    corpus of JPEGs, on both paths, in colour and grey).
+
+    Raises:
+        ImageError: as :func:`decode_image` raises it.
+    """
+    if image_format(data) == "JPEG":
+        size = _reduced_jpeg_size(data, color, where)
+        if size is not None:
+            return 3 if color else 1, size[1], size[0]
+    image = decode_image(data, color=color, where=where)
+    return 1 if image.ndim == 2 else int(image.shape[2]), int(image.shape[0]), int(image.shape[1])
+
+
+#: libjpeg's smallest DCT scaling, 1/8: a block's DC coefficient alone is inverse-transformed.
+_REDUCED = 8
+
+
+def _reduced_jpeg_size(data: bytes, color: bool, where: str) -> tuple[int, int] | None:
+    """A JPEG's ``(width, height)`` as :func:`decode_image` would return it (the EXIF
+    orientation applied), once the decoder the full decode would use has read it at an
+    eighth of its size; None where that decoder does not read it, or anything differs
+    from the full decode's steps (the full decode then decides, and says why).
+
+    Raises:
+        ImageError: the size the header declares is one OpenCV refuses.
+    """
+    check_declared_size(data, "JPEG", where)  # the full decode's first refusal, as it words it
+    declared = declared_size(data, "JPEG")
+    if declared is None:
+        return None
+    width, height = declared
+    small = ((height + _REDUCED - 1) // _REDUCED, (width + _REDUCED - 1) // _REDUCED)
+    cv2 = opencv()
+    if cv2 is not None and _plain_jpeg(data):
+        flag = cv2.IMREAD_REDUCED_COLOR_8 if color else cv2.IMREAD_REDUCED_GRAYSCALE_8
+        decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flag)
+        if decoded is None or decoded.shape[:2] != small:
+            return None
+        return width, height
+    try:
+        with open_with_pillow(data, "JPEG") as opened:
+            if opened.size != declared:
+                return None
+            grey = not color and opened.mode in ("RGB", "YCbCr")  # libjpeg's own luma
+            # Pillow scales by the largest of 8, 4, 2 that fits the size asked for.
+            asked = (max(1, width // _REDUCED), max(1, height // _REDUCED))
+            opened.draft("L" if grey else opened.mode, asked)
+            if opened.size != (small[1], small[0]) or opened.mode not in ("L", "RGB", "CMYK"):
+                return None
+            opened.load()
+            orientation = _orientation("JPEG", data, opened, color)
+    except _pillow_refusals():
+        return None
+    return (height, width) if orientation in (5, 6, 7, 8) else (width, height)
 
 
 #: JPEG markers that start a frame (SOF0-3, 5-7, 9-11, 13-15): its precision and components.

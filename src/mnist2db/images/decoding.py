@@ -12,7 +12,7 @@ import numpy as np
 
 from mnist2db.errors import printable
 from mnist2db.formats.datum import datum_prefix
-from mnist2db.formats.image import decode_image, png_planes, read_image
+from mnist2db.formats.image import decode_image, image_shape, png_planes, read_image
 from mnist2db.formats.image_encode import encode_image
 from mnist2db.formats.image_input import check_fits_a_record, read_image_file
 from mnist2db.formats.image_list import ListEntry
@@ -45,6 +45,10 @@ def image_record(
         if planes is not None:
             data, shape = planes
             return datum_prefix(*shape, len(data)) + data + label + b"\x38\x00", shape
+    if encoding is not None and resize is None and matches_ext(filename, encoding):
+        # The file's own bytes: Caffe decodes them only to know that the image is readable.
+        shape = image_shape(contents, color=color, where=os.fsdecode(filename))
+        return b"\x22" + encode_varint(len(contents)) + contents + label + b"\x38\x01", shape
     image = decode_image(contents, color=color, where=os.fsdecode(filename))
     if resize is not None:
         image = resize_linear(image, resize[0], resize[1])
@@ -52,10 +56,7 @@ def image_record(
     shape = (1 if image.ndim == 2 else int(image.shape[2]), height, width)
     if encoding is None:
         return raw_record(image, shape, label), shape
-    if resize is None and matches_ext(filename, encoding):
-        data = contents
-    else:
-        data = encode_image(image, encoding)
+    data = encode_image(image, encoding)
     return b"\x22" + encode_varint(len(data)) + data + label + b"\x38\x01", shape
 
 
