@@ -69,6 +69,11 @@ class DirectWriter:
             return
         stage, view = self.stage_size, self.view
         for i, buffer in enumerate(buffers):
+            held, size = self.held, len(buffer)  # bytes, or a view of bytes ("B")
+            if held + size < stage:  # most pieces: staged whole
+                view[held : held + size] = buffer
+                self.held = held + size
+                continue
             piece = memoryview(buffer).cast("B")
             while piece:
                 n = min(len(piece), stage - self.held)
