@@ -48,15 +48,16 @@ def image_record(
     if encoding is not None and resize is None and matches_ext(filename, encoding):
         # The file's own bytes: Caffe decodes them only to know that the image is readable.
         shape = image_shape(contents, color=color, where=os.fsdecode(filename))
-        return b"\x22" + encode_varint(len(contents)) + contents + label + b"\x38\x01", shape
-    image = decode_image(contents, color=color, where=os.fsdecode(filename))
-    if resize is not None:
-        image = resize_linear(image, resize[0], resize[1])
-    height, width = int(image.shape[0]), int(image.shape[1])
-    shape = (1 if image.ndim == 2 else int(image.shape[2]), height, width)
-    if encoding is None:
-        return raw_record(image, shape, label), shape
-    data = encode_image(image, encoding)
+        data = contents
+    else:
+        image = decode_image(contents, color=color, where=os.fsdecode(filename))
+        if resize is not None:
+            image = resize_linear(image, resize[0], resize[1])
+        height, width = int(image.shape[0]), int(image.shape[1])
+        shape = (1 if image.ndim == 2 else int(image.shape[2]), height, width)
+        if encoding is None:
+            return raw_record(image, shape, label), shape
+        data = encode_image(image, encoding)
     return b"\x22" + encode_varint(len(data)) + data + label + b"\x38\x01", shape
 
 
