@@ -161,6 +161,7 @@ class _Worker:
         self.spans: deque[tuple[int, int]] = deque()  # (seq, end) of each record in the ring
         self.received = 0
         self.since = time.monotonic()
+        self.stopped = False  # told to end, or killed
 
     def next_seq(self) -> int | None:
         return self.tasks[0][0] + self.received if self.tasks else None
@@ -263,7 +264,8 @@ class OrderedDecoding:
             yield from _run(iter(self._entries), self._workers, self._context, self._work,
                             self._root, self._timeout, self._yielded)  # fmt: skip
         finally:
-            self.close()
+            # The workers end while the caller writes its last batch; close() reaps them.
+            self._stop()
 
     def release(self) -> None:
         """The records yielded so far are no longer read (written, and hashed): their space
@@ -285,15 +287,21 @@ class OrderedDecoding:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _stop(self) -> None:
+        """Idle workers told to end, busy ones killed (at once), none waited for."""
+        for worker in self._workers:
+            if not worker.stopped:
+                worker.stopped = True
+                if worker.tasks:
+                    worker.kill()
+                else:
+                    with contextlib.suppress(OSError):
+                        worker.tasks_conn.send(None)
+
     def close(self) -> None:
         """Stop every worker: idle ones are told to end, busy ones killed; all reaped."""
+        self._stop()
         workers, self._workers = self._workers, []
-        for worker in workers:
-            if worker.tasks:
-                worker.kill()
-            else:
-                with contextlib.suppress(OSError):
-                    worker.tasks_conn.send(None)
         for worker in workers:
             if worker.process.is_alive():
                 worker.process.join(0.5)
