@@ -41,7 +41,15 @@ import struct
 from array import array
 from collections.abc import Callable
 
-import numpy as np
+from mnist2db.formats.jpeg_entropy import (
+    HuffmanTable,
+    ScanNotWhole,
+    bit_windows,
+    walk_ac_first,
+    walk_ac_refine,
+    walk_dc_first,
+    walk_sequential,
+)
 
 #: The marker a JPEG ends with.
 EOI = b"\xff\xd9"
@@ -54,8 +62,6 @@ _MAX_RUN_BLOCKS = 1 << 26
 
 #: libjpeg's largest MCU of an interleaved scan, in blocks (``D_MAX_BLOCKS_IN_MCU``).
 _MAX_BLOCKS_IN_MCU = 10
-#: Each lookup's array type and its entry for a code the table does not hold.
-_LOOKUP_KINDS = {"dc": ("B", 64), "sequential": ("H", 127 << 6), "progressive": ("h", -1)}
 #: A marker, with the fill bytes before it, ending a run of entropy-coded data.
 _MARKER = re.compile(rb"\xff+[^\x00\xff]")
 #: Fill bytes before a stuffed zero, which libjpeg reads as one FF data byte.
@@ -64,7 +70,7 @@ _ODD_STUFFING = re.compile(rb"\xff\xff+\x00")
 _SKIPPED = frozenset((0xDB, *range(0xE0, 0xF0), 0xFE))
 
 
-class _NotWhole(Exception):
+class _NotWhole(ScanNotWhole):
     """Something is missing, or is other than a walk can vouch for."""
 
 
@@ -77,62 +83,9 @@ def completed_jpeg(data: bytes) -> bytes | None:
         return None
     try:
         _Walk(data).run()
-    except (_NotWhole, IndexError, struct.error):
+    except (ScanNotWhole, IndexError, struct.error):
         return None
     return data + EOI
-
-
-class _Table:
-    """A Huffman table (DHT) and the lookups the walks use, made when first used: each maps
-    the next 16 bits of the data to what the code they begin with means."""
-
-    def __init__(self, counts: bytes, symbols: bytes) -> None:
-        self.codes: list[tuple[int, int, int]] = []  # (length, code, symbol)
-        code, at = 0, 0
-        for length in range(1, 17):
-            for _ in range(counts[length - 1]):
-                self.codes.append((length, code, symbols[at]))
-                code += 1
-                at += 1
-            if code >= 1 << length:  # libjpeg's JERR_BAD_HUFF_TABLE (no all-ones code)
-                raise _NotWhole
-            code <<= 1
-        self._lookups: dict[str, array[int]] = {}
-
-    def lookup(self, use: str) -> array[int]:
-        """``"dc"``: code length + the extra bits' count (bits 0-5; 64 for no code);
-        ``"sequential"``: code length + extra bits (bits 0-4), end of block (bit 5), the
-        coefficients advanced (bits 6-; 127 for no code, past any block);
-        ``"progressive"``: code length (bits 0-4), the run (5-8), the size (9-); -1 for no
-        code. Small integers in an array: 64 to 128 KiB a lookup."""
-        made = self._lookups.get(use)
-        if made is None:
-            made = self._lookups[use] = self._make(use)
-        return made
-
-    def _make(self, use: str) -> array[int]:
-        kind, invalid = _LOOKUP_KINDS[use]
-        entries = np.full(1 << 16, invalid, np.int64)
-        for length, code, symbol in self.codes:
-            run, size = symbol >> 4, symbol & 15
-            if use == "dc":
-                if symbol > 15:  # libjpeg's JERR_BAD_HUFF_TABLE for a DC table
-                    raise _NotWhole
-                value = length + symbol
-            elif use == "sequential":
-                if size:
-                    value = (length + size) | (run + 1) << 6
-                elif run == 0:
-                    value = length | 1 << 5
-                elif run == 15:
-                    value = length | 16 << 6
-                else:
-                    continue  # an EOB run in a sequential scan: left invalid
-            else:
-                value = length | run << 5 | size << 9
-            shift = 16 - length
-            entries[code << shift : (code + 1) << shift] = value
-        return array(kind, entries.astype(kind).tobytes())
 
 
 class _Component:
@@ -157,7 +110,7 @@ class _Walk:
         self.components: list[_Component] = []
         self.progressive = False
         self.width = self.height = self.mcus_wide = self.mcus_high = 0
-        self.tables: dict[tuple[int, int], _Table] = {}
+        self.tables: dict[tuple[int, int], HuffmanTable] = {}
         self.restart_interval = 0
         self.run_blocks = _MAX_RUN_BLOCKS
 
@@ -234,10 +187,10 @@ class _Walk:
             symbols = body[at + 17 : at + 17 + total]
             if total > 256 or len(symbols) != total:
                 raise _NotWhole
-            self.tables[kind, ident] = _Table(counts, symbols)
+            self.tables[kind, ident] = HuffmanTable(counts, symbols)
             at += 17 + total
 
-    def _table(self, kind: int, ident: int) -> _Table:
+    def _table(self, kind: int, ident: int) -> HuffmanTable:
         table = self.tables.get((kind, ident))
         if table is None:
             raise _NotWhole  # libjpeg-turbo would use a default table: not vouched for
@@ -264,7 +217,7 @@ class _Walk:
         segments, end = self._segments(at, self._mcus(selected))
         walk = self._walk_for(selected, start, stop, ah)
         parts = [self.data[s:e].replace(b"\xff\x00", b"\xff") for s, e, _ in segments]
-        windows = _windows(b"".join(parts))
+        windows = bit_windows(b"".join(parts))
         offset = 0
         for part, (_, _, mcus) in zip(parts, segments, strict=True):
             bits = walk(windows, 8 * offset, mcus)
@@ -352,12 +305,12 @@ class _Walk:
                 (self._table(0, dc).lookup("dc"), self._table(1, ac).lookup("sequential"))
                 for _, dc, ac in per_mcu
             ]
-            return lambda windows, bit, mcus: _sequential(windows, bit, mcus, blocks)
+            return lambda windows, bit, mcus: walk_sequential(windows, bit, mcus, blocks)
         if start == 0 and ah:
             return lambda windows, bit, mcus: bit + mcus * len(per_mcu)  # a bit a block
         if start == 0:
             luts = [self._table(0, dc).lookup("dc") for _, dc, _ in per_mcu]
-            return lambda windows, bit, mcus: _dc_first(windows, bit, mcus, luts)
+            return lambda windows, bit, mcus: walk_dc_first(windows, bit, mcus, luts)
         component, _, ac = selected[0]
         lut = self._table(1, ac).lookup("progressive")
         if component.nonzero is None:
@@ -372,158 +325,7 @@ class _Walk:
             if self.run_blocks < 0:
                 raise _NotWhole
             if ah:
-                return _ac_refine(windows, bit, block, block + mcus, start, stop, lut, nonzero)
-            return _ac_first(windows, bit, block, block + mcus, start, stop, lut, nonzero)
+                return walk_ac_refine(windows, bit, block, block + mcus, start, stop, lut, nonzero)
+            return walk_ac_first(windows, bit, block, block + mcus, start, stop, lut, nonzero)
 
         return walk
-
-
-def _windows(unstuffed: bytes) -> array[int]:
-    """Each byte's 32-bit window (it and the next three, zeros past the end), for the walks'
-    16-bit peeks at any bit: ``(windows[bit >> 3] >> (16 - (bit & 7))) & 0xFFFF``."""
-    padded = np.frombuffer(unstuffed + b"\x00\x00\x00", np.uint8)
-    made = array("I")
-    step = 1 << 16  # numpy's temporaries a few hundred KiB
-    for first in range(0, len(unstuffed), step):
-        part = padded[first : first + step + 3].astype(np.uint32)
-        n = len(part) - 3
-        word = part[:n] << 24 | part[1 : n + 1] << 16 | part[2 : n + 2] << 8 | part[3 : n + 3]
-        made.frombytes(word.astype(np.uint32).tobytes())
-    return made
-
-
-def _sequential(
-    windows: array[int], bit: int, mcus: int, blocks: list[tuple[array[int], array[int]]]
-) -> int:
-    """A sequential scan's interval: per block, its DC code and extra bits, then AC codes
-    and their extra bits to the end of block or the 63rd coefficient."""
-    for _ in range(mcus):
-        for dc, ac in blocks:
-            entry = dc[(windows[bit >> 3] >> (16 - (bit & 7))) & 0xFFFF]
-            bit += entry & 63
-            k = 1 + (entry & 64)  # past the block when no code: refused below
-            while k < 64:
-                entry = ac[(windows[bit >> 3] >> (16 - (bit & 7))) & 0xFFFF]
-                bit += entry & 31
-                if entry & 32:
-                    break
-                k += entry >> 6
-            if k > 64:
-                raise _NotWhole  # no such code, or a run past the block
-    return bit
-
-
-def _dc_first(windows: array[int], bit: int, mcus: int, luts: list[array[int]]) -> int:
-    for _ in range(mcus):
-        for dc in luts:
-            entry = dc[(windows[bit >> 3] >> (16 - (bit & 7))) & 0xFFFF]
-            if entry > 63:
-                raise _NotWhole
-            bit += entry
-    return bit
-
-
-def _ac_first(windows: array[int], bit: int, block: int, end: int, start: int, stop: int,
-              lut: array[int], nonzero: array[int]) -> int:  # fmt: skip
-    """A progressive AC scan's first pass (``decode_mcu_AC_first``) over blocks
-    ``block``..``end`` of one component: which coefficients it makes nonzero, recorded."""
-    run = 0
-    while block < end:
-        if run:
-            skipped = min(run, end - block)
-            block += skipped
-            run -= skipped
-            continue
-        k, made = start, 0
-        while k <= stop:
-            entry = lut[(windows[bit >> 3] >> (16 - (bit & 7))) & 0xFFFF]
-            if entry < 0:
-                raise _NotWhole
-            bit += entry & 31
-            r, size = (entry >> 5) & 15, entry >> 9
-            if size:
-                k += r
-                if k > stop:
-                    raise _NotWhole
-                bit += size
-                made |= 1 << k
-                k += 1
-            elif r == 15:
-                k += 16
-                if k > stop + 1:
-                    raise _NotWhole
-            else:
-                run = 1 << r
-                if r:
-                    run += (windows[bit >> 3] >> (32 - (bit & 7) - r)) & ((1 << r) - 1)
-                    bit += r
-                run -= 1
-                break
-        if made:
-            nonzero[block] |= made
-        block += 1
-    if run:
-        raise _NotWhole  # an end-of-band run past the interval
-    return bit
-
-
-def _ac_refine(windows: array[int], bit: int, block: int, end: int, start: int, stop: int,
-               lut: array[int], nonzero: array[int]) -> int:  # fmt: skip
-    """A progressive AC scan's refinement (``decode_mcu_AC_refine``): a correction bit for
-    each coefficient already nonzero in the band, the codes of those it makes nonzero."""
-    band = ((1 << (stop + 1)) - 1) ^ ((1 << start) - 1)
-    run = 0
-    while block < end:
-        if run:
-            covered = min(run, end - block)
-            bit += _corrections(nonzero, block, block + covered, band)
-            block += covered
-            run -= covered
-            continue
-        mask, k = nonzero[block], start
-        while k <= stop:
-            entry = lut[(windows[bit >> 3] >> (16 - (bit & 7))) & 0xFFFF]
-            if entry < 0:
-                raise _NotWhole
-            bit += entry & 31
-            r, size = (entry >> 5) & 15, entry >> 9
-            if size:
-                if size != 1:
-                    raise _NotWhole  # libjpeg's JWRN_HUFF_BAD_CODE
-                bit += 1
-            elif r != 15:
-                run = 1 << r
-                if r:
-                    run += (windows[bit >> 3] >> (32 - (bit & 7) - r)) & ((1 << r) - 1)
-                    bit += r
-                break
-            while k <= stop:  # past the nonzero (a correction bit each) and r zeros
-                if mask >> k & 1:
-                    bit += 1
-                elif r:
-                    r -= 1
-                else:
-                    break
-                k += 1
-            else:
-                raise _NotWhole  # the zero it names is past the band
-            if size:
-                mask |= 1 << k
-            k += 1
-        if run:
-            bit += (mask & band & ~((1 << k) - 1)).bit_count()
-            run -= 1
-        nonzero[block] = mask
-        block += 1
-    if run:
-        raise _NotWhole
-    return bit
-
-
-def _corrections(nonzero: array[int], block: int, end: int, band: int) -> int:
-    """The correction bits of blocks ``block``..``end`` in an end-of-band run: one for each
-    coefficient of the band already nonzero."""
-    if end - block < 16:
-        return sum((nonzero[i] & band).bit_count() for i in range(block, end))
-    masks = np.frombuffer(nonzero, np.uint64)[block:end] & np.uint64(band)
-    return int(np.unpackbits(masks.view(np.uint8)).sum())
