@@ -344,7 +344,8 @@ def write_imageset(
             stagings = [staged_paths] if targets is None else staged_paths
             staging = stagings[0]
             write_plan(staging, plan)
-            batches = _batches(decoded, check_size, batch_size, state, skip, where, first)
+            batches = _batches(decoded, check_size, batch_size, state, skip, where, first,
+                               decoded.release)  # fmt: skip
             if backend == "lmdb":
                 batches = _unmapping(batches, os.path.join(staging, "data.mdb"))
 
@@ -402,10 +403,12 @@ def _batches(
     skip: Callable[[ListEntry, str], None],
     where: str,
     first: tuple[ListEntry, tuple[int, int, int]] | None = None,
+    release: Callable[[], None] | None = None,
 ) -> Iterator[list[tuple[bytes, bytes]]]:
     """``(key, value)`` batches of at most ``batch_size`` records or :data:`BATCH_BYTES`: the
     one place where a record's key and value are made (a label database written beside
-    would take its record here, under the same key)."""
+    would take its record here, under the same key). ``release``: called when a batch
+    yielded is written (the next one asked for), its values read no more."""
     batch: list[tuple[bytes, bytes]] = []
     size = 0
 
@@ -428,6 +431,8 @@ def _batches(
         if len(batch) >= batch_size or size >= BATCH_BYTES:
             yield batch
             batch, size = [], 0
+            if release is not None:
+                release()
     if batch:
         yield batch
 
