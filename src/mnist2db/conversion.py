@@ -376,6 +376,8 @@ def write_database(
 
     The records' digest is written beside them (``mnist2db.json``, which the caller's
     :func:`~mnist2db.storage.metadata.write_metadata` keeps): ``verify DB`` checks it.
+    When the next batch is asked for, the last one is written and read no more: its
+    buffers may be reused (the imageset's workers' rings are).
     """
     check_record_count(total, staging)  # each writer checked already, before any work
     hint = size_hint(total, value_size, streaming=streaming)
@@ -388,8 +390,9 @@ def write_database(
         for values in batches:
             n = len(values)
             items = values if keyed else list(zip(record_keys(done, n), values, strict=True))
+            digest.add(items)  # type: ignore[arg-type]  # hashed on its thread meanwhile
             writer.write_batch(items)  # type: ignore[arg-type]
-            digest.add(items)  # type: ignore[arg-type]
+            digest.done_reading()
             done += n
             progress(done, total)
     except BaseException:

@@ -87,7 +87,10 @@ IMAGESET_PATH = frozenset(
         "mnist2db.images.datum_records",
         "mnist2db.images.process_setup",
         "mnist2db.images.record_work",
+        "mnist2db.images.result_ring",
         "mnist2db.images.resume",
+        "mnist2db.images.worker_loop",
+        "mnist2db.images.worker_messages",
         "mnist2db.images.workers",
     }
 )

@@ -35,6 +35,7 @@ from mnist2db.formats.image_input import (
     open_with_pillow,
     read_image_file,
 )
+from mnist2db.formats.jpeg_scans import completed_jpeg
 from mnist2db.formats.opencv import opencv
 from mnist2db.formats.plain_png import plain_samples, png_data_complete
 from mnist2db.formats.png16 import decode_png16
@@ -69,9 +70,19 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
     own kind (grey images grey, every other colour; alpha dropped, no EXIF orientation:
     what Caffe's data layer gets from an encoded Datum).
 
+    A JPEG missing only its final EOI marker (its scans whole) is read in colour or grey as
+    libjpeg reads it from a file, with the EOI put back
+    (:func:`mnist2db.formats.jpeg_scans.completed_jpeg`); one cut anywhere before is refused.
+
     Raises:
         ImageError: not an image OpenCV reads, or damaged (naming ``where``).
     """
+    return _decode_image(data, color, where, complete=True)
+
+
+def _decode_image(data: bytes, color: bool | None, where: str, *, complete: bool) -> np.ndarray:
+    """:func:`decode_image`; ``complete``: whether a JPEG refused is tried with its EOI put
+    back (False: the caller knows it is not whole but for its EOI)."""
     kind = image_format(data)
     if kind == "PNG":
         plain = plain_samples(data)
@@ -101,7 +112,15 @@ def decode_image(data: bytes, *, color: bool | None, where: str) -> np.ndarray:
             gamma = _png_gamma(dict(opened.info)) if kind == "PNG" else None
             orientation = _orientation(kind, data, opened, color)
     except _pillow_refusals() as exc:
-        raise ImageError(f"{where}: {kind} image cannot be decoded: {exc}") from None
+        refused = ImageError(f"{where}: {kind} image cannot be decoded: {exc}")
+        # (imread's reading of a file: imdecode's of a buffer, color None, is left as it was)
+        whole = completed_jpeg(data) if complete and kind == "JPEG" and color is not None else None
+        if whole is None:
+            raise refused from None
+        try:
+            return _decode_image(whole, color, where, complete=False)
+        except ImageError:
+            raise refused from None
     if color is None:
         color = model != "grey"
     image = _convert(pixels, model, kind, color, gamma)
@@ -136,16 +155,24 @@ def image_shape(data: bytes, *, color: bool, where: str) -> tuple[int, int, int]
     colour conversion are skipped), by the decoder the full decode would use; one it does
     not read, and every other format, are decoded in full, so that what is refused, and the
     reason given, are the full decode's own (tests/formats/test_image_shape.py: a hostile
-    corpus of JPEGs, on both paths, in colour and grey).
+    corpus of JPEGs, on both paths, in colour and grey). One missing only its EOI marker is
+    decided on its bytes with the EOI put back, as the full decode reads it.
 
     Raises:
         ImageError: as :func:`decode_image` raises it.
     """
+    complete = True
     if image_format(data) == "JPEG":
         size = _reduced_jpeg_size(data, color, where)
+        if size is None:
+            # One missing only its EOI: read, as the full decode reads it, with it put back.
+            whole = completed_jpeg(data)
+            complete = whole is not None  # (not whole: the full decode need not walk it again)
+            if whole is not None:
+                size = _reduced_jpeg_size(whole, color, where)
         if size is not None:
             return 3 if color else 1, size[1], size[0]
-    image = decode_image(data, color=color, where=where)
+    image = _decode_image(data, color, where, complete=complete)
     return 1 if image.ndim == 2 else int(image.shape[2]), int(image.shape[0]), int(image.shape[1])
 
 

@@ -47,7 +47,8 @@ from mnist2db.images.resume import (
     remove_plan,
     write_plan,
 )
-from mnist2db.images.workers import OrderedDecoding, attempt, default_jobs
+from mnist2db.images.worker_loop import attempt
+from mnist2db.images.workers import OrderedDecoding, default_jobs
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import BACKEND, DEFAULT_BATCH_SIZE, check_backend, check_batch_size
 from mnist2db.storage.db_staging import staged_database, staged_databases, stale_staging
@@ -276,7 +277,8 @@ def write_imageset(
     # The workers fork first (before the database is opened: none ever holds it), so that
     # they load their decoders while the list is checked.
     preload = work.preloads(_first(entries))
-    with OrderedDecoding(todo(), work, root_bytes, jobs, preload=preload) as decoded:
+    with OrderedDecoding(todo(), work, root_bytes, jobs, preload=preload,
+                         releases=True) as decoded:  # fmt: skip
         digest = EntryDigest()
         total = check_entries(
             checked(),
@@ -344,7 +346,8 @@ def write_imageset(
             stagings = [staged_paths] if targets is None else staged_paths
             staging = stagings[0]
             write_plan(staging, plan)
-            batches = _batches(decoded, check_size, batch_size, state, skip, where, first)
+            batches = _batches(decoded, check_size, batch_size, state, skip, where, first,
+                               decoded.release)  # fmt: skip
             if backend == "lmdb":
                 batches = _unmapping(batches, os.path.join(staging, "data.mdb"))
 
@@ -402,10 +405,12 @@ def _batches(
     skip: Callable[[ListEntry, str], None],
     where: str,
     first: tuple[ListEntry, tuple[int, int, int]] | None = None,
+    release: Callable[[], None] | None = None,
 ) -> Iterator[list[tuple[bytes, bytes]]]:
     """``(key, value)`` batches of at most ``batch_size`` records or :data:`BATCH_BYTES`: the
     one place where a record's key and value are made (a label database written beside
-    would take its record here, under the same key)."""
+    would take its record here, under the same key). ``release``: called when a batch
+    yielded is written (the next one asked for), its values read no more."""
     batch: list[tuple[bytes, bytes]] = []
     size = 0
 
@@ -428,6 +433,8 @@ def _batches(
         if len(batch) >= batch_size or size >= BATCH_BYTES:
             yield batch
             batch, size = [], 0
+            if release is not None:
+                release()
     if batch:
         yield batch
 

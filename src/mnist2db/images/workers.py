@@ -1,11 +1,16 @@
 """Images decoded on worker processes, the results in list order, in bounded memory.
 
 Each of ``jobs`` worker processes takes tasks of :data:`CHUNK` consecutive entries (at most
-:data:`AHEAD` tasks queued each) and sends back what ``work`` made of each (a record, pixels,
-or the reason it could not be read), a message per :data:`MESSAGE_BYTES` of results. The
-parent reorders them and yields them in list order; it writes the database itself, so no
-database is ever used by two processes (the workers are started before it is opened, and
-never touch it).
+:data:`AHEAD` tasks queued each; fewer of each once results show large records:
+:data:`TASK_BYTES`, :data:`AHEAD_BYTES`) and sends back what ``work`` made of each (a
+record, pixels, or the reason it could not be read), a message per
+:data:`~mnist2db.images.worker_loop.MESSAGE_BYTES` of results (the worker's side:
+:mod:`mnist2db.images.worker_loop`). A record travels in the worker's ring of shared memory
+(:mod:`mnist2db.images.result_ring`, :data:`RING_BYTES`), the message saying only where it
+is; one that does not fit there, in the message. The parent reorders them and yields them
+in list order; it writes the database itself, so no database is ever used by two processes
+(the workers are started before it is opened, and never touch it). A record yielded is a
+view of the ring, valid until :meth:`OrderedDecoding.release` gives its space back.
 
 Bounds: results waiting for an earlier one hold at most :data:`WINDOW_BYTES`; beyond that
 the parent reads only from the worker holding the next entry, and the others wait (each
@@ -19,9 +24,8 @@ main thread, even while it waits) kills every worker at once: nothing waits for 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import faulthandler
 import fcntl
+import gc
 import multiprocessing
 import os
 import pickle
@@ -32,13 +36,15 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 
-from mnist2db.errors import ImageError, printable
 from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.formats.opencv import opencv
-from mnist2db.images.process_setup import PARENT_HEAP, WORKER_HEAP, keep_the_heap, one_blas_thread
+from mnist2db.images.process_setup import PARENT_HEAP, keep_the_heap, one_blas_thread
+from mnist2db.images.result_ring import ResultRing, RingError
+from mnist2db.images.worker_loop import attempt, serve, shown_entry
+from mnist2db.images.worker_messages import PipeWaiter, receive_messages, unpack_results
 
 if TYPE_CHECKING:
     from typing import Any
@@ -48,18 +54,26 @@ if TYPE_CHECKING:
 #: on it (tiny images decode in ~25 µs each); the results stay bounded by WINDOW_BYTES.
 CHUNK = 32
 AHEAD = 8
-#: Bytes of results a worker gathers into one message (one image may exceed it alone).
-MESSAGE_BYTES = 1 << 18
-#: Bytes of results held by the parent while an earlier entry is still being decoded.
+#: Bytes of results a task makes at most, and a worker's queued tasks, once the records'
+#: size is known (photos: tasks of 10, two queued): so that at the list's end a worker
+#: that was slow (descheduled) leaves the others waiting for little.
+TASK_BYTES = 2 << 20
+AHEAD_BYTES = 8 << 20
+#: Bytes of results held by the parent while an earlier entry is still being decoded (the
+#: records in the rings aside: the rings bound those).
 WINDOW_BYTES = 16 << 20
+#: Bytes of each worker's ring of records: a batch being written (4 MiB at most, its share
+#: of it with several workers) and what the worker makes meanwhile, so that it does not
+#: wait while the parent commits. Its pages count in the resident set of the worker and of
+#: the parent (shared: once in PSS).
+RING_BYTES = 8 << 20
+#: Seconds a worker waits for space in its ring (the parent writing a batch) before a record
+#: goes by the pipe, where the caller releases what it has written (:meth:`release`).
+RING_PATIENCE = 0.05
 #: Seconds one image may take before its worker is taken for hung and killed.
 DEFAULT_TIMEOUT = 60.0
 
-_PR_SET_PDEATHSIG = 1
-_HEAD = struct.Struct("<I")  # a message's pickle's size
-_LENGTH, _LONG_LENGTH = struct.Struct("!i"), struct.Struct("!Q")  # Connection's framing
 _PIPE_BYTES = 1 << 20
-_IOV_MAX = 1024
 
 
 def default_jobs() -> int:
@@ -69,155 +83,26 @@ def default_jobs() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def attempt(work: Callable[[ListEntry], Any], root: bytes, entry: ListEntry) -> Any:
-    """``work(entry)``, or the reason (a str) the image could not be read."""
-    try:
-        return work(entry)
-    except ImageError as exc:
-        return str(exc)
-    except OSError as exc:
-        return f"{_shown(root, entry)}: cannot read it: {exc.strerror}"
-
-
-def _shown(root: bytes, entry: ListEntry) -> str:
-    return printable(os.fsdecode(root + entry.path))
-
-
-_BLOB = (bytes, bytearray, memoryview)
-
-
-def _size(result: Any) -> int:
-    if isinstance(result, tuple) and result and isinstance(result[0], _BLOB):
-        return len(result[0])
-    return int(getattr(result, "nbytes", 0)) or len(str(result))
-
-
-def _pack(results: list[Any]) -> list[bytes | bytearray]:
-    """One message of results, in parts (written as one, :func:`_send`). A result
-    ``(bytes, ...)`` (a record) travels as its bytes alone, after a pickle of everything
-    else: no pickling of the records, no copy of them into the message, and the parent
-    takes them as views of the message, without a copy."""
-    sizes: list[int] = []
-    rest: list[Any] = []
-    blobs: list[bytes | bytearray] = []
-    for result in results:
-        if isinstance(result, tuple) and result and isinstance(result[0], (bytes, bytearray)):
-            sizes.append(len(result[0]))
-            rest.append(result[1:])
-            blobs.append(result[0])
-        else:
-            sizes.append(-1)
-            rest.append(result)
-    head = pickle.dumps((sizes, rest), protocol=pickle.HIGHEST_PROTOCOL)
-    size = _HEAD.size + len(head) + sum(map(len, blobs))
-    framing = _LENGTH.pack(size) if size < 1 << 31 else _LENGTH.pack(-1) + _LONG_LENGTH.pack(size)
-    return [framing + _HEAD.pack(len(head)) + head, *blobs]
-
-
-def _send(fd: int, parts: list[bytes | bytearray]) -> None:
-    """``parts`` written to ``fd`` as one message, framed as ``send_bytes`` frames it."""
-    views = [memoryview(part) for part in parts]
-    while views:
-        wrote = os.writev(fd, views[:_IOV_MAX])
-        while views and wrote >= len(views[0]):
-            wrote -= len(views[0])
-            views.pop(0)
-        if views and wrote:
-            views[0] = views[0][wrote:]
-
-
-def _receive(conn: Connection) -> bytes | bytearray:
-    """One message ``conn.send_bytes`` sent, read straight into one buffer (Connection's own
-    reader copies each chunk twice more).
-
-    Raises:
-        EOFError: the other end closed (or died) before the message was whole.
-    """
-    fd = conn.fileno()
-    size = _LENGTH.unpack(_read_into(fd, bytearray(_LENGTH.size)))[0]
-    if size == -1:  # over 2 GiB: an 8-byte length follows
-        size = _LONG_LENGTH.unpack(_read_into(fd, bytearray(_LONG_LENGTH.size)))[0]
-    first = os.read(fd, size)  # the whole message, mostly: one copy, no zeroed buffer
-    if len(first) == size:
-        return first
-    if not first:
-        raise EOFError
-    buffer = bytearray(size)
-    buffer[: len(first)] = first
-    return _read_into(fd, buffer, len(first))
-
-
-def _read_into(fd: int, buffer: bytearray, at: int = 0) -> bytearray:
-    view = memoryview(buffer)
-    while at < len(buffer):
-        got = os.readv(fd, [view[at:]])
-        if not got:
-            raise EOFError
-        at += got
-    return buffer
-
-
-def _unpack(message: bytes | bytearray) -> list[Any]:
-    """:func:`_pack`'s results, each record's bytes a ``memoryview`` of ``message``."""
-    view = memoryview(message)
-    at = _HEAD.size + _HEAD.unpack_from(view)[0]
-    sizes, rest = pickle.loads(view[_HEAD.size : at])
-    results: list[Any] = []
-    for size, other in zip(sizes, rest, strict=True):
-        if size < 0:
-            results.append(other)
-        else:
-            results.append((view[at : at + size], *other))
-            at += size
-    return results
-
-
-def _serve(
-    tasks: Connection, conn: Connection, work: Callable[[ListEntry], Any], root: bytes
-) -> None:
-    """A worker's loop: tasks in, results out, until the parent closes its end or dies."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent decides
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    faulthandler.disable()  # a decoder's crash is reported by the parent, in one line
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:
-        return  # the parent died before the death signal was asked for
-    keep_the_heap(WORKER_HEAP)
-    out = conn.fileno()
-    while True:
-        try:
-            task = tasks.recv()
-        except (EOFError, OSError):
-            return
-        if task is None:
-            return
-        results: list[Any] = []
-        size = 0
-        for entry in task:
-            results.append(attempt(work, root, entry))
-            size += _size(results[-1])
-            if size >= MESSAGE_BYTES:
-                _send(out, _pack(results))
-                results, size = [], 0
-        if results:
-            _send(out, _pack(results))
-
-
 class _Worker:
     """One worker process, its connection and its tasks: ``(first seq, entries)`` in order;
     ``received``: results of the first task already received; ``since``: when it last
     delivered (or was given work while idle)."""
 
-    def __init__(self, context: Any, work: Callable[[ListEntry], Any], root: bytes) -> None:
+    def __init__(
+        self, context: Any, work: Callable[[ListEntry], Any], root: bytes, patience: float
+    ) -> None:
         # Two pipes, tasks down and results up; the results' holds a megabyte (Linux's
-        # limit for anyone), so a photo's record crosses in one or two writes, not twenty.
+        # limit for anyone), so a record that does not fit the ring crosses in one or two
+        # writes, not twenty. A ring of its own, mapped before the fork (not with spawn:
+        # a map is not passed to a process started afresh).
         task_out, task_in = multiprocessing.Pipe(duplex=False)
         self.conn, result_in = multiprocessing.Pipe(duplex=False)
         with contextlib.suppress(OSError, AttributeError):
             fcntl.fcntl(result_in.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-        args = (task_out, result_in, work, root)
-        self.process = context.Process(target=_serve, args=args, daemon=True)
+        forked = context.get_start_method() == "fork"
+        self.ring = ResultRing(RING_BYTES, patience) if forked and RING_BYTES else None
+        args = (task_out, result_in, work, root, self.ring)
+        self.process = context.Process(target=serve, args=args, daemon=True)
         with warnings.catch_warnings():
             # Python 3.12+ warns of fork() beside threads: the workers are safe (_context).
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -226,8 +111,10 @@ class _Worker:
         result_in.close()
         self.tasks_conn: Connection = task_in
         self.tasks: deque[tuple[int, list[ListEntry]]] = deque()
+        self.spans: deque[tuple[int, int]] = deque()  # (seq, end) of each record in the ring
         self.received = 0
         self.since = time.monotonic()
+        self.stopped = False  # told to end, or killed
 
     def next_seq(self) -> int | None:
         return self.tasks[0][0] + self.received if self.tasks else None
@@ -278,8 +165,10 @@ class OrderedDecoding:
     """``jobs`` worker processes, started at once (before the caller opens its database),
     decoding ``entries`` with ``work``; iterate for each entry with its result or the reason
     (a str) it could not be read, in order. ``preload`` runs before they fork (what they all
-    import, loaded once: by default numpy, Pillow and OpenCV; None: nothing). :meth:`close` (or leaving the ``with``) kills
-    the workers at once, whatever they are doing."""
+    import, loaded once: by default numpy, Pillow and OpenCV; None: nothing). ``releases``:
+    the caller calls :meth:`release` as it is done with records (a worker whose ring is full
+    then waits a little for space, rather than send by the pipe). :meth:`close` (or leaving
+    the ``with``) kills the workers at once, whatever they are doing."""
 
     def __init__(
         self,
@@ -290,11 +179,15 @@ class OrderedDecoding:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         preload: Callable[[], None] | None = _preload,
+        releases: bool = False,
     ) -> None:
         self._entries, self._work, self._root = entries, work, root
+        self._patience = RING_PATIENCE if releases else 0.0
         self._heap_kept = False
+        self._frozen = False
         self._timeout, self._jobs = timeout, jobs
         self._workers: list[_Worker] = []
+        self._yielded = [0]  # entries yielded so far
         if jobs <= 0:
             return
         for stream in (sys.stdout, sys.stderr):  # a forked child must not write them again
@@ -304,9 +197,14 @@ class OrderedDecoding:
         if self._context.get_start_method() == "fork" and preload is not None:
             with one_blas_thread():
                 preload()
+        # What is loaded by now lives as long as the run: the collector skips it (a full
+        # collection walked numpy's and OpenCV's objects again and again), and the workers
+        # leave its pages shared (a collection writes to every object it walks).
+        gc.freeze()
+        self._frozen = True
         try:
             for _ in range(jobs):
-                self._workers.append(_Worker(self._context, work, root))
+                self._workers.append(_Worker(self._context, work, root, self._patience))
         except BaseException:
             self.close()
             raise
@@ -321,9 +219,25 @@ class OrderedDecoding:
             return
         try:
             yield from _run(iter(self._entries), self._workers, self._context, self._work,
-                            self._root, self._timeout)  # fmt: skip
+                            self._root, self._timeout, self._yielded,
+                            self._patience)  # fmt: skip
         finally:
-            self.close()
+            # The workers end while the caller writes its last batch; close() reaps them.
+            self._stop()
+
+    def release(self) -> None:
+        """The records yielded so far are no longer read (written, and hashed): their space
+        in the rings may be reused. Until this is called for it, a record yielded stays as
+        it was; without it, the rings fill and the records travel by the pipes."""
+        yielded = self._yielded[0]
+        for worker in self._workers:
+            spans, end = worker.spans, -1
+            # In the ring's order: a record put after one not yet yielded (an entry handed
+            # out again after a worker died) waits for it.
+            while spans and spans[0][0] < yielded:
+                end = spans.popleft()[1]
+            if end >= 0 and worker.ring is not None:
+                worker.ring.release(end)
 
     def __enter__(self) -> OrderedDecoding:
         return self
@@ -331,15 +245,21 @@ class OrderedDecoding:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _stop(self) -> None:
+        """Idle workers told to end, busy ones killed (at once), none waited for."""
+        for worker in self._workers:
+            if not worker.stopped:
+                worker.stopped = True
+                if worker.tasks:
+                    worker.kill()
+                else:
+                    with contextlib.suppress(OSError):
+                        worker.tasks_conn.send(None)
+
     def close(self) -> None:
         """Stop every worker: idle ones are told to end, busy ones killed; all reaped."""
+        self._stop()
         workers, self._workers = self._workers, []
-        for worker in workers:
-            if worker.tasks:
-                worker.kill()
-            else:
-                with contextlib.suppress(OSError):
-                    worker.tasks_conn.send(None)
         for worker in workers:
             if worker.process.is_alive():
                 worker.process.join(0.5)
@@ -348,6 +268,9 @@ class OrderedDecoding:
         if self._heap_kept:
             self._heap_kept = False
             keep_the_heap(None)
+        if self._frozen:
+            self._frozen = False
+            gc.unfreeze()
 
 
 def decode_in_order(
@@ -370,14 +293,20 @@ def _run(
     work: Callable[[ListEntry], Any],
     root: bytes,
     timeout: float,
+    yielded: list[int],
+    patience: float,
 ) -> Iterator[tuple[ListEntry, Any]]:
+    """The parent's loop; ``yielded[0]``: the entries yielded so far."""
     listed: dict[int, ListEntry] = {}  # dispatched, not yet yielded
-    ready: dict[int, tuple[Any, int]] = {}  # result and its size
+    ready: dict[int, tuple[Any, int]] = {}  # result and the bytes it holds
     redo: deque[tuple[int, list[ListEntry]]] = deque()  # entries of a worker that died
     held = 0  # bytes in ready
     head = dispatched = 0
     head_since = time.monotonic()
     exhausted = False
+    waiting = PipeWaiter()
+    made = [0, 0]  # results received, their bytes
+    chunk_size, ahead = CHUNK, AHEAD
 
     def next_task() -> tuple[int, list[ListEntry]] | None:
         nonlocal dispatched, exhausted
@@ -388,9 +317,9 @@ def _run(
         chunk: list[ListEntry] = []
         for entry in source:
             chunk.append(entry)
-            if len(chunk) == CHUNK:
+            if len(chunk) == chunk_size:
                 break
-        if len(chunk) < CHUNK:
+        if len(chunk) < chunk_size:
             exhausted = True
         if not chunk:
             return None
@@ -406,42 +335,61 @@ def _run(
         received are handed out again one a task, and the one that fails alone is blamed."""
         worker.kill()
         worker.reap()
-        workers[workers.index(worker)] = _Worker(context, work, root)
+        workers[workers.index(worker)] = _Worker(context, work, root, patience)
         if not worker.tasks:
             return
         start, chunk = worker.tasks.popleft()
         later = list(worker.tasks)
         seq = start + worker.received
         if len(chunk) == 1:
-            ready[seq] = (f"{_shown(root, listed[seq])}: cannot read it: {reason}", 0)
+            ready[seq] = (f"{shown_entry(root, listed[seq])}: cannot read it: {reason}", 0)
             singles = []
         else:
             singles = [(i, [listed[i]]) for i in range(seq, start + len(chunk))]
         redo.extendleft(reversed(singles + later))
 
-    def receive(worker: _Worker) -> bool:
-        """One message of ``worker``'s results into ``ready``; False at its end of file."""
+    def receive(worker: _Worker) -> str | None:
+        """One message of ``worker``'s results into ``ready``; else why there is none (its
+        end of file, or a message that is not one)."""
         nonlocal held
         try:
-            results = _unpack(_receive(worker.conn))
+            messages = receive_messages(worker.conn.fileno())
         except (EOFError, OSError):
-            return False
+            return ""
+        except ValueError:
+            return "its decoder sent a result that is not one (killed)"
         worker.since = time.monotonic()
-        for result in results:
-            size = _size(result)
-            ready[worker.tasks[0][0] + worker.received] = (result, size)
-            held += size
-            worker.received += 1
-            if worker.received == len(worker.tasks[0][1]):
-                worker.tasks.popleft()
-                worker.received = 0
-        return True
+        tasks, spans = worker.tasks, worker.spans
+        for message in messages:
+            try:
+                results, size = unpack_results(message, worker.ring)
+            except (RingError, ValueError, pickle.UnpicklingError, TypeError, struct.error):
+                return "its decoder sent a result that is not one (killed)"
+            if len(results) > sum(len(chunk) for _, chunk in tasks) - worker.received:
+                return "its decoder sent more results than it was given images (killed)"
+            made[0] += len(results)
+            made[1] += size
+            for result, size, end in results:
+                seq = tasks[0][0] + worker.received
+                ready[seq] = (result, size)
+                if end >= 0:
+                    spans.append((seq, end))
+                held += size
+                worker.received += 1
+                if worker.received == len(tasks[0][1]):
+                    tasks.popleft()
+                    worker.received = 0
+        return None
 
     while True:
+        if made[0]:
+            mean = made[1] // made[0] + 1
+            chunk_size = max(4, min(CHUNK, TASK_BYTES // mean))
+            ahead = max(2, min(AHEAD, AHEAD_BYTES // (mean * chunk_size)))
         # One task at a time to the worker with the fewest, so that work spreads evenly.
         while held < WINDOW_BYTES or redo:
-            worker = min(workers, key=lambda w: len(w.tasks))
-            if len(worker.tasks) >= AHEAD:
+            worker = min(workers, key=_queued)
+            if len(worker.tasks) >= ahead:
                 break
             task = next_task()
             if task is None:
@@ -456,27 +404,42 @@ def _run(
         while head in ready:
             result, size = ready.pop(head)
             held -= size
+            yielded[0] = head + 1
             yield listed.pop(head), result
             head += 1
             head_since = time.monotonic()
         if exhausted and not redo and head == dispatched:
             return
         holder = next((w for w in workers if w.next_seq() == head), None)
-        readable = [w for w in workers if w.tasks and (held < WINDOW_BYTES or w is holder)]
-        waits: list[Any] = [w.conn for w in readable]
-        waits += [w.process.sentinel for w in workers if w.tasks]
         deadline = None if holder is None else max(holder.since, head_since) + timeout
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        woken = set(wait(waits, left)) if waits else set()
+        # The results of each worker with tasks (without room in the window, of the one
+        # holding the next entry alone), and the sentinels of all with tasks.
+        fds: dict[int, Any] = {}
+        for w in workers:
+            if w.tasks:
+                if held < WINDOW_BYTES or w is holder:
+                    fds[w.conn.fileno()] = w.conn
+                fds[w.process.sentinel] = w.process.sentinel
+        woken = waiting.wait(fds, left)
         if holder is not None and not woken and deadline is not None:
             if time.monotonic() >= deadline:
                 fail(holder, _died(holder, timeout))
             continue
         for worker in list(workers):
-            if worker.conn in woken and receive(worker):
+            if worker.conn in woken:
+                why = receive(worker)
+                if why is None:
+                    continue
+            elif worker.process.sentinel in woken:
+                why = None
+                while why is None and worker.tasks and worker.conn.poll():
+                    why = receive(worker)  # what it sent before it died
+            else:
                 continue
-            if worker.conn in woken or worker.process.sentinel in woken:
-                while worker.tasks and worker.conn.poll() and receive(worker):
-                    pass  # what it sent before it died
-                worker.process.join(1)
-                fail(worker, _died(worker, None))
+            worker.process.join(0 if why else 1)
+            fail(worker, why or _died(worker, None))
+
+
+def _queued(worker: _Worker) -> int:
+    return len(worker.tasks)

@@ -40,6 +40,7 @@ class RecordDigest:
         self._last: bytes | None = None
         self._ordered = True
         self._hashing: Any = None  # the thread hashing the last batch
+        self._in_place = False  # it reads the batch's own values (not a copy)
         self.count = 0
 
     def add(self, items: Sequence[tuple[bytes, bytes]]) -> None:
@@ -66,20 +67,29 @@ class RecordDigest:
         else:
             parts = ((pack(len(k)), k, pack(len(v)), v) for k, v in zip(keys, values, strict=True))
         framed: tuple[bytes, ...] = tuple(itertools.chain.from_iterable(parts))
-        if sum(map(len, values)) < _JOIN_BELOW * len(values):
+        in_place = sum(map(len, values)) >= _JOIN_BELOW * len(values)
+        if not in_place:
             framed = (b"".join(framed),)  # small records: one update, not four each
         # (large ones are hashed where they are: no copy of the batch, no page faults)
         self._wait()
+        self._in_place = in_place
         self._hashing = threading.Thread(
             target=_update, args=(self._hash, framed), name="mnist2db-digest", daemon=True
         )
         self._hashing.start()
         self.count += len(items)
 
+    def done_reading(self) -> None:
+        """Return once the values of the last batch added are read no more (their hash
+        reads large ones in place, on its thread): their buffers may then be reused."""
+        if self._in_place:
+            self._wait()
+
     def _wait(self) -> None:
         if self._hashing is not None:
             self._hashing.join()
             self._hashing = None
+        self._in_place = False
 
     @property
     def sha256(self) -> str:

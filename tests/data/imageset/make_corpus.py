@@ -10,8 +10,8 @@ resizing have something to do), in every format and pixel layout whose decoding 
 promised identical to Caffe's: PNG (8-bit grey, grey+alpha, RGB, RGBA, palettes with and
 without transparency, 1/2/4-bit grey, 16-bit grey, RGB and RGBA), BMP (24-bit, 32-bit,
 grey and colour palettes), PPM/PGM (8 and 16 bits), TIFF (grey, RGB, RGBA, LZW), JPEG
-(4:4:4, 4:2:2, 4:2:0, grey, progressive, CMYK, all eight EXIF orientations) and WebP
-(lossy, lossless, alpha). ``digests.json`` holds, per run (flags and list), per backend,
+(4:4:4, 4:2:2, 4:2:0, grey, progressive, CMYK, all eight EXIF orientations, four missing
+their final EOI marker) and WebP (lossy, lossless, alpha). ``digests.json`` holds, per run (flags and list), per backend,
 each record's key and the SHA-256 of its value, read back from the database Caffe wrote.
 The images are committed as made: a different Pillow or libjpeg may write other bytes,
 so remaking the images means remaking the digests with Caffe too.
@@ -55,6 +55,14 @@ RUNS: dict[str, tuple[str, list[str]]] = {
     "check-size-gray": ("same.txt", ["--check_size", "--gray"]),
 }
 BACKENDS = ("lmdb", "leveldb")
+#: JPEGs written again without their EOI marker (FF D9: 2 bytes short) or its second byte
+#: (1 byte short): (name, the JPEG it is cut from, its length as a slice's end).
+NO_EOI = (
+    ("no_eoi_420.jpg", "jpeg_420.jpg", -2),
+    ("no_eoi_progressive.jpeg", "jpeg_progressive.jpeg", -2),
+    ("no_eoi_grey.jpg", "jpeg_grey.jpg", -2),
+    ("no_eoi_but_ff_444.jpg", "jpeg_444.jpg", -1),
+)
 
 
 def _scene(seed: int, height: int, width: int, channels: int) -> np.ndarray:
@@ -195,6 +203,12 @@ def make_images() -> dict[str, tuple[int, int]]:
     save("jpeg_cmyk.jpg", photo.convert("CMYK"), quality=90)
     for orientation in range(1, 9):
         save(f"jpeg_exif{orientation}.jpg", photo, quality=90, exif=_exif(orientation))
+    # Missing their final EOI marker and only it (their scans whole), or its second byte:
+    # Caffe's libjpeg reads each as the whole file. Listed after the rest (their keys last).
+    for name, source_name, cut in NO_EOI:
+        with open(os.path.join(IMAGES, source_name), "rb") as source:
+            whole = source.read()
+        write(name, whole[:cut], made[source_name])
     # WebP
     save("webp_lossy.webp", photo, quality=80)
     save("webp_lossless.webp", rgb, lossless=True)
@@ -209,10 +223,11 @@ def make_images() -> dict[str, tuple[int, int]]:
 
 
 def write_lists(made: dict[str, tuple[int, int]]) -> None:
-    names = sorted(n for n in made if not n.startswith("same"))
+    names = sorted(n for n in made if not n.startswith(("same", "no_eoi")))
     lines = [f"{name} {i % 10}" for i, name in enumerate(names)]
     lines.insert(5, "missing.png 3")  # skipped by Caffe: the keys have a gap
     lines.append("png_rgb.png -1")  # the same file twice, a negative label
+    lines += [f"{name} {i}" for i, (name, _, _) in enumerate(NO_EOI)]
     with open(os.path.join(HERE, "all.txt"), "w") as out:
         out.write("\n".join(lines) + "\n")
     encodable = [
