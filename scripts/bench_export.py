@@ -6,8 +6,8 @@ every run starting with no dirty data waiting for the disk; wall seconds and the
 seconds (user + system) of the process and its children:
 * encoded records, two sizes: ``--jpegs`` generated 256 × 256 JPEGs (~40 KB each, 3000:
   124 MB) in a ``convert_imageset --encoded`` LMDB, and a large database (``--large``
-  records, 50,000: ~2 GB) of the same JPEGs named again and again, as ``convert_imageset
-  --encoded`` writes a list that names each file many times (written here directly: the
+  records, 50,000: ~2 GB) of the same JPEGs copied again and again under 50,000 names, as
+  ``convert_imageset --encoded`` writes a list of such files (written here directly: the
   same keys and values, in seconds rather than a minute). For each: ``cat`` of the same
   bytes (the JPEG files concatenated beforehand) into one file on the same disk, and the
   same followed by ``sync FILE`` (an export flushes what it writes: its output survives a
@@ -119,10 +119,13 @@ def make_jpegs(work: Path, count: int) -> tuple[Path, list[bytes]]:
 
 
 def write_large(work: Path, values: list[bytes], count: int) -> Path:
-    """The LMDB ``convert_imageset --encoded`` writes for a list naming the files of
-    ``values`` again and again (``count`` lines): record ``i`` is file ``i % len(values)``'s
-    (its key ``%08d_NAME``, its label ``i % 10`` as in the small list, its value that
-    file's record). Written with py-lmdb directly: the same keys and values."""
+    """The LMDB ``convert_imageset --encoded`` writes for a list of ``count`` files, file
+    ``i`` a copy of file ``i % len(values)`` of ``values`` (its key ``%08d_%06d.jpg`` of
+    ``i`` twice, its label ``i % 10`` as in the small list, its value that file's record):
+    ``count`` distinct names, so that ``--to files`` writes every record's file (a list
+    naming 3000 files again and again, as earlier runs had it, made it write 3000 files
+    and compare the other 47,000 records with them). Written with py-lmdb directly: the
+    same keys and values."""
     import lmdb
 
     db = work / "large_lmdb"
@@ -131,7 +134,7 @@ def write_large(work: Path, values: list[bytes], count: int) -> Path:
     for start in range(0, count, 1000):
         with env.begin(write=True) as txn:
             for i in range(start, min(count, start + 1000)):
-                key = b"%08d_%06d.jpg" % (i, i % len(values))
+                key = b"%08d_%06d.jpg" % (i, i)
                 txn.put(key, values[i % len(values)], append=True)
     env.sync(True)
     env.close()
