@@ -89,6 +89,7 @@ IMAGESET_PATH = frozenset(
         "mnist2db.images.record_work",
         "mnist2db.images.result_ring",
         "mnist2db.images.resume",
+        "mnist2db.images.worker_loop",
         "mnist2db.images.worker_messages",
         "mnist2db.images.workers",
     }

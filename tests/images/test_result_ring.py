@@ -17,7 +17,7 @@ import warnings
 import pytest
 
 from mnist2db.formats.image_list import ListEntry
-from mnist2db.images import workers
+from mnist2db.images import worker_loop, workers
 from mnist2db.images.result_ring import ResultRing, RingError
 from mnist2db.images.worker_messages import ResultMessage, send_message
 from mnist2db.images.workers import OrderedDecoding, decode_in_order
@@ -120,7 +120,7 @@ class Work:
         name = entry.path.decode()
         if name in ("torn", "liar"):
             serve = sys._getframe()
-            while serve.f_code is not workers._serve.__code__:
+            while serve.f_code is not worker_loop.serve.__code__:
                 serve = serve.f_back  # type: ignore[assignment]
             ring, out = serve.f_locals["ring"], serve.f_locals["out"]
             if name == "torn":
@@ -175,7 +175,9 @@ def test_a_worker_that_announces_a_record_outside_its_ring_costs_its_image_only(
 
 
 @pytest.mark.parametrize("release", [True, False])
-def test_records_stay_as_yielded_until_released_and_the_ring_is_reused_after(release: bool) -> None:
+def test_records_stay_as_yielded_until_released_and_the_ring_is_reused_after(
+    release: bool,
+) -> None:
     """1,200 records of 100 KiB (120 MB, the rings 8 MiB each): without release(), the
     rings fill once and the rest come by the pipes, and every record is intact when read
     again at the end; with it after each record, the rings are used again and again."""
@@ -197,3 +199,44 @@ def test_records_stay_as_yielded_until_released_and_the_ring_is_reused_after(rel
     else:
         assert 0 < in_rings <= ring_records
         assert all(bytes(record) == _expected(line) for line, record in kept)
+
+
+def test_a_caller_that_promises_releases_and_makes_none_still_gets_every_record() -> None:
+    """``releases=True`` makes a worker whose ring is full wait for space, a little: never
+    released, the rings fill, and the rest come by the pipes after each wait, intact."""
+    count = 200  # the two rings hold 162 of them
+    listed = [ListEntry(i, b"image%d" % i, 0) for i in range(count)]
+    kept = []
+    with OrderedDecoding(listed, Work(), b"", 2, preload=None, releases=True) as decoding:
+        kept = [(entry.line, record) for entry, (record, _) in decoding]
+    assert [line for line, _ in kept] == list(range(count))
+    assert all(bytes(record) == _expected(line) for line, record in kept)
+    assert 0 < sum(isinstance(record.obj, mmap.mmap) for _, record in kept) <= 162
+
+
+def test_a_worker_waits_for_released_space_when_patient() -> None:
+    """A full ring with patience: the child's put returns the span once the parent releases
+    space after the fork (whenever the release comes in the child's wait); without patience
+    the same full ring refuses at once."""
+    ring = ResultRing(1 << 16, patience=30.0)
+    spans = _in_child(ring, [b"p" * 16000] * 4)
+    assert None not in spans
+    for span in spans:
+        ring.view(*span)  # type: ignore[misc]
+    ring._written = 64000  # the worker's count after its four records
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.write(write, pickle.dumps(ring.put(b"q" * 16000)))
+        os._exit(0)
+    os.close(write)
+    ring.release(16000)
+    with os.fdopen(read, "rb") as pipe:
+        assert pickle.loads(pipe.read()) == (65536, 16000)
+    os.waitpid(pid, 0)
+    impatient = ResultRing(1 << 16)
+    impatient._written = 64000
+    assert _in_child(impatient, [b"q" * 16000]) == [None]

@@ -47,7 +47,8 @@ from mnist2db.images.resume import (
     remove_plan,
     write_plan,
 )
-from mnist2db.images.workers import OrderedDecoding, attempt, default_jobs
+from mnist2db.images.worker_loop import attempt
+from mnist2db.images.workers import OrderedDecoding, default_jobs
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import BACKEND, DEFAULT_BATCH_SIZE, check_backend, check_batch_size
 from mnist2db.storage.db_staging import staged_database, staged_databases, stale_staging
@@ -276,7 +277,8 @@ def write_imageset(
     # The workers fork first (before the database is opened: none ever holds it), so that
     # they load their decoders while the list is checked.
     preload = work.preloads(_first(entries))
-    with OrderedDecoding(todo(), work, root_bytes, jobs, preload=preload) as decoded:
+    with OrderedDecoding(todo(), work, root_bytes, jobs, preload=preload,
+                         releases=True) as decoded:  # fmt: skip
         digest = EntryDigest()
         total = check_entries(
             checked(),

@@ -14,20 +14,23 @@ released, in the ring's header, and reads from the ring only what it has checked
 must begin at or after the end of the last record it accepted, lie within the ring, and end
 within the space released to the worker, so a worker that sends garbage, or dies in the
 middle of a record it has not announced, can cost its own images only. A record that does
-not fit (the ring full, or the record larger than a quarter of it) goes through the pipe as
-before; nothing ever waits for the ring.
+not fit (the record larger than a quarter of the ring, or the ring still full after
+``patience`` seconds: the parent commits a batch in ~10 ms) goes through the pipe as before,
+so that nothing waits on the ring for long, whatever the parent does.
 """
 
 from __future__ import annotations
 
 import mmap
 import struct
+import time
 
 from mnist2db.errors import Mnist2dbError
 
 #: The released count: the parent's, read by the worker; the data begins a cache line on.
 _RELEASED = struct.Struct("=Q")
 _HEADER = 64
+_NAP = 0.0005  # seconds between two looks at the released count, while the ring is full
 
 
 class RingError(Mnist2dbError):
@@ -35,10 +38,13 @@ class RingError(Mnist2dbError):
 
 
 class ResultRing:
-    """``size`` bytes shared between the parent and the one worker forked after it."""
+    """``size`` bytes shared between the parent and the one worker forked after it;
+    ``patience``: seconds a worker waits for space before a record goes by the pipe (0 where
+    the parent never releases any)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, patience: float = 0.0) -> None:
         self.size = size
+        self.patience = patience
         # Anonymous and shared: the worker forked next sees the same pages.
         self._map = mmap.mmap(-1, _HEADER + size)
         self._data = memoryview(self._map)[_HEADER:]
@@ -55,16 +61,24 @@ class ResultRing:
         length = len(record)
         if length > size >> 2:
             return None
-        released = _RELEASED.unpack_from(self._map)[0]
-        start = self._written
-        if not start - size <= released <= start:
-            return None  # a count the parent did not write: take it for no space at all
+        written = start = self._written
         at = start % size
         if at + length > size:  # not split over the end: the tail is skipped
             start += size - at
             at = 0
-        if start + length - released > size:
-            return None
+        deadline = 0.0
+        while True:
+            released = _RELEASED.unpack_from(self._map)[0]
+            if not written - size <= released <= written:
+                return None  # a count the parent did not write: take it for no space at all
+            if start + length - released <= size:
+                break
+            now = time.monotonic()
+            if not deadline:
+                deadline = now + self.patience
+            if now >= deadline:
+                return None
+            time.sleep(_NAP)
         self._data[at : at + length] = record
         self._written = start + length
         return start, length

@@ -26,7 +26,9 @@ RING_MIN = 16 << 10
 
 _HEAD = struct.Struct("<I")  # a message's pickle's size
 _LENGTH, _LONG_LENGTH = struct.Struct("!i"), struct.Struct("!Q")  # Connection's framing
-_READ_AHEAD = 1 << 16  # bytes the parent reads at once: a message is ~70 bytes a record
+#: Bytes the parent reads at once: a message of records in a ring is ~70 bytes a record, one
+#: of small records in the message itself about 256 KiB at most (the workers' MESSAGE_BYTES).
+_READ_AHEAD = 320 << 10
 _IOV_MAX = 1024
 
 
@@ -161,10 +163,10 @@ def read_into(fd: int, buffer: bytearray, at: int = 0) -> bytearray:
 
 def unpack_results(
     message: bytes | bytearray | memoryview, ring: ResultRing | None
-) -> list[tuple[Any, int, int]]:
-    """:class:`ResultMessage`'s results, each ``(result, bytes held, ring end)``: a record's bytes
-    a ``memoryview`` of ``ring`` (the end of its span, else -1) or of ``message`` (the bytes
-    it holds in the parent).
+) -> tuple[list[tuple[Any, int, int]], int]:
+    """:class:`ResultMessage`'s results, each ``(result, bytes held, ring end)``: a record's
+    bytes a ``memoryview`` of ``ring`` (the end of its span, else -1) or of ``message`` (the
+    bytes it holds in the parent); and the bytes of all its results.
 
     Raises:
         RingError: a span outside the space the ring gave the worker, or a ring where none
@@ -175,20 +177,24 @@ def unpack_results(
     at = _HEAD.size + _HEAD.unpack_from(view)[0]
     sizes, rest = pickle.loads(view[_HEAD.size : at])
     results: list[tuple[Any, int, int]] = []
+    made = 0
     for size, other in zip(sizes, rest, strict=True):
         if type(size) is tuple:
             if ring is None or len(size) != 2:
                 raise RingError(f"a worker announced a record at {size!r} without a ring")
             start, length = size
             results.append(((ring.view(start, length), *other), 0, start + length))
+            made += length
         elif size < 0:
             results.append((other, result_size(other), -1))
+            made += results[-1][1]
         else:
             if at + size > len(view):
                 raise ValueError("a message shorter than its records")
             results.append(((view[at : at + size], *other), size, -1))
             at += size
-    return results
+            made += size
+    return results, made
 
 
 class PipeWaiter:

@@ -1,14 +1,16 @@
 """Images decoded on worker processes, the results in list order, in bounded memory.
 
 Each of ``jobs`` worker processes takes tasks of :data:`CHUNK` consecutive entries (at most
-:data:`AHEAD` tasks queued each) and sends back what ``work`` made of each (a record, pixels,
-or the reason it could not be read), a message per :data:`MESSAGE_BYTES` of results. A
-record travels in the worker's ring of shared memory (:mod:`mnist2db.images.result_ring`,
-:data:`RING_BYTES`), the message saying only where it is; one that does not fit there, in
-the message. The parent reorders them and yields them in list order; it writes the
-database itself, so no database is ever used by two processes (the workers are started
-before it is opened, and never touch it). A record yielded is a view of the ring, valid
-until :meth:`OrderedDecoding.release` gives its space back to the worker.
+:data:`AHEAD` tasks queued each; fewer of each once results show large records:
+:data:`TASK_BYTES`, :data:`AHEAD_BYTES`) and sends back what ``work`` made of each (a
+record, pixels, or the reason it could not be read), a message per
+:data:`~mnist2db.images.worker_loop.MESSAGE_BYTES` of results (the worker's side:
+:mod:`mnist2db.images.worker_loop`). A record travels in the worker's ring of shared memory
+(:mod:`mnist2db.images.result_ring`, :data:`RING_BYTES`), the message saying only where it
+is; one that does not fit there, in the message. The parent reorders them and yields them
+in list order; it writes the database itself, so no database is ever used by two processes
+(the workers are started before it is opened, and never touch it). A record yielded is a
+view of the ring, valid until :meth:`OrderedDecoding.release` gives its space back.
 
 Bounds: results waiting for an earlier one hold at most :data:`WINDOW_BYTES`; beyond that
 the parent reads only from the worker holding the next entry, and the others wait (each
@@ -22,8 +24,6 @@ main thread, even while it waits) kills every worker at once: nothing waits for 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import faulthandler
 import fcntl
 import gc
 import multiprocessing
@@ -38,19 +38,13 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
 
-from mnist2db.errors import ImageError, printable
 from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.formats.opencv import opencv
-from mnist2db.images.process_setup import PARENT_HEAP, WORKER_HEAP, keep_the_heap, one_blas_thread
+from mnist2db.images.process_setup import PARENT_HEAP, keep_the_heap, one_blas_thread
 from mnist2db.images.result_ring import ResultRing, RingError
-from mnist2db.images.worker_messages import (
-    PipeWaiter,
-    ResultMessage,
-    receive_messages,
-    send_message,
-    unpack_results,
-)
+from mnist2db.images.worker_loop import attempt, serve, shown_entry
+from mnist2db.images.worker_messages import PipeWaiter, receive_messages, unpack_results
 
 if TYPE_CHECKING:
     from typing import Any
@@ -60,8 +54,11 @@ if TYPE_CHECKING:
 #: on it (tiny images decode in ~25 µs each); the results stay bounded by WINDOW_BYTES.
 CHUNK = 32
 AHEAD = 8
-#: Bytes of results a worker gathers into one message (one image may exceed it alone).
-MESSAGE_BYTES = 1 << 18
+#: Bytes of results a task makes at most, and a worker's queued tasks, once the records'
+#: size is known (photos: tasks of 10, two queued): so that at the list's end a worker
+#: that was slow (descheduled) leaves the others waiting for little.
+TASK_BYTES = 2 << 20
+AHEAD_BYTES = 8 << 20
 #: Bytes of results held by the parent while an earlier entry is still being decoded (the
 #: records in the rings aside: the rings bound those).
 WINDOW_BYTES = 16 << 20
@@ -70,10 +67,12 @@ WINDOW_BYTES = 16 << 20
 #: wait while the parent commits. Its pages count in the resident set of the worker and of
 #: the parent (shared: once in PSS).
 RING_BYTES = 8 << 20
+#: Seconds a worker waits for space in its ring (the parent writing a batch) before a record
+#: goes by the pipe, where the caller releases what it has written (:meth:`release`).
+RING_PATIENCE = 0.05
 #: Seconds one image may take before its worker is taken for hung and killed.
 DEFAULT_TIMEOUT = 60.0
 
-_PR_SET_PDEATHSIG = 1
 _PIPE_BYTES = 1 << 20
 
 
@@ -84,60 +83,14 @@ def default_jobs() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def attempt(work: Callable[[ListEntry], Any], root: bytes, entry: ListEntry) -> Any:
-    """``work(entry)``, or the reason (a str) the image could not be read."""
-    try:
-        return work(entry)
-    except ImageError as exc:
-        return str(exc)
-    except OSError as exc:
-        return f"{_shown(root, entry)}: cannot read it: {exc.strerror}"
-
-
-def _shown(root: bytes, entry: ListEntry) -> str:
-    return printable(os.fsdecode(root + entry.path))
-
-
-def _serve(
-    tasks: Connection,
-    conn: Connection,
-    work: Callable[[ListEntry], Any],
-    root: bytes,
-    ring: ResultRing | None,
-) -> None:
-    """A worker's loop: tasks in, results out, until the parent closes its end or dies."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent decides
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    faulthandler.disable()  # a decoder's crash is reported by the parent, in one line
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:
-        return  # the parent died before the death signal was asked for
-    keep_the_heap(WORKER_HEAP)
-    out = conn.fileno()
-    while True:
-        try:
-            task = tasks.recv()
-        except (EOFError, OSError):
-            return
-        if task is None:
-            return
-        message = ResultMessage(ring)
-        for entry in task:
-            message.add(attempt(work, root, entry))
-            if message.size >= MESSAGE_BYTES:
-                send_message(out, message.parts())
-                message = ResultMessage(ring)
-        if message.sizes:
-            send_message(out, message.parts())
-
-
 class _Worker:
     """One worker process, its connection and its tasks: ``(first seq, entries)`` in order;
     ``received``: results of the first task already received; ``since``: when it last
     delivered (or was given work while idle)."""
 
-    def __init__(self, context: Any, work: Callable[[ListEntry], Any], root: bytes) -> None:
+    def __init__(
+        self, context: Any, work: Callable[[ListEntry], Any], root: bytes, patience: float
+    ) -> None:
         # Two pipes, tasks down and results up; the results' holds a megabyte (Linux's
         # limit for anyone), so a record that does not fit the ring crosses in one or two
         # writes, not twenty. A ring of its own, mapped before the fork (not with spawn:
@@ -147,9 +100,9 @@ class _Worker:
         with contextlib.suppress(OSError, AttributeError):
             fcntl.fcntl(result_in.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
         forked = context.get_start_method() == "fork"
-        self.ring = ResultRing(RING_BYTES) if forked and RING_BYTES else None
+        self.ring = ResultRing(RING_BYTES, patience) if forked and RING_BYTES else None
         args = (task_out, result_in, work, root, self.ring)
-        self.process = context.Process(target=_serve, args=args, daemon=True)
+        self.process = context.Process(target=serve, args=args, daemon=True)
         with warnings.catch_warnings():
             # Python 3.12+ warns of fork() beside threads: the workers are safe (_context).
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -212,8 +165,10 @@ class OrderedDecoding:
     """``jobs`` worker processes, started at once (before the caller opens its database),
     decoding ``entries`` with ``work``; iterate for each entry with its result or the reason
     (a str) it could not be read, in order. ``preload`` runs before they fork (what they all
-    import, loaded once: by default numpy, Pillow and OpenCV; None: nothing). :meth:`close` (or leaving the ``with``) kills
-    the workers at once, whatever they are doing."""
+    import, loaded once: by default numpy, Pillow and OpenCV; None: nothing). ``releases``:
+    the caller calls :meth:`release` as it is done with records (a worker whose ring is full
+    then waits a little for space, rather than send by the pipe). :meth:`close` (or leaving
+    the ``with``) kills the workers at once, whatever they are doing."""
 
     def __init__(
         self,
@@ -224,8 +179,10 @@ class OrderedDecoding:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         preload: Callable[[], None] | None = _preload,
+        releases: bool = False,
     ) -> None:
         self._entries, self._work, self._root = entries, work, root
+        self._patience = RING_PATIENCE if releases else 0.0
         self._heap_kept = False
         self._frozen = False
         self._timeout, self._jobs = timeout, jobs
@@ -247,7 +204,7 @@ class OrderedDecoding:
         self._frozen = True
         try:
             for _ in range(jobs):
-                self._workers.append(_Worker(self._context, work, root))
+                self._workers.append(_Worker(self._context, work, root, self._patience))
         except BaseException:
             self.close()
             raise
@@ -262,7 +219,8 @@ class OrderedDecoding:
             return
         try:
             yield from _run(iter(self._entries), self._workers, self._context, self._work,
-                            self._root, self._timeout, self._yielded)  # fmt: skip
+                            self._root, self._timeout, self._yielded,
+                            self._patience)  # fmt: skip
         finally:
             # The workers end while the caller writes its last batch; close() reaps them.
             self._stop()
@@ -336,6 +294,7 @@ def _run(
     root: bytes,
     timeout: float,
     yielded: list[int],
+    patience: float,
 ) -> Iterator[tuple[ListEntry, Any]]:
     """The parent's loop; ``yielded[0]``: the entries yielded so far."""
     listed: dict[int, ListEntry] = {}  # dispatched, not yet yielded
@@ -346,6 +305,8 @@ def _run(
     head_since = time.monotonic()
     exhausted = False
     waiting = PipeWaiter()
+    made = [0, 0]  # results received, their bytes
+    chunk_size, ahead = CHUNK, AHEAD
 
     def next_task() -> tuple[int, list[ListEntry]] | None:
         nonlocal dispatched, exhausted
@@ -356,9 +317,9 @@ def _run(
         chunk: list[ListEntry] = []
         for entry in source:
             chunk.append(entry)
-            if len(chunk) == CHUNK:
+            if len(chunk) == chunk_size:
                 break
-        if len(chunk) < CHUNK:
+        if len(chunk) < chunk_size:
             exhausted = True
         if not chunk:
             return None
@@ -374,14 +335,14 @@ def _run(
         received are handed out again one a task, and the one that fails alone is blamed."""
         worker.kill()
         worker.reap()
-        workers[workers.index(worker)] = _Worker(context, work, root)
+        workers[workers.index(worker)] = _Worker(context, work, root, patience)
         if not worker.tasks:
             return
         start, chunk = worker.tasks.popleft()
         later = list(worker.tasks)
         seq = start + worker.received
         if len(chunk) == 1:
-            ready[seq] = (f"{_shown(root, listed[seq])}: cannot read it: {reason}", 0)
+            ready[seq] = (f"{shown_entry(root, listed[seq])}: cannot read it: {reason}", 0)
             singles = []
         else:
             singles = [(i, [listed[i]]) for i in range(seq, start + len(chunk))]
@@ -401,11 +362,13 @@ def _run(
         tasks, spans = worker.tasks, worker.spans
         for message in messages:
             try:
-                results = unpack_results(message, worker.ring)
+                results, size = unpack_results(message, worker.ring)
             except (RingError, ValueError, pickle.UnpicklingError, TypeError, struct.error):
                 return "its decoder sent a result that is not one (killed)"
             if len(results) > sum(len(chunk) for _, chunk in tasks) - worker.received:
                 return "its decoder sent more results than it was given images (killed)"
+            made[0] += len(results)
+            made[1] += size
             for result, size, end in results:
                 seq = tasks[0][0] + worker.received
                 ready[seq] = (result, size)
@@ -419,10 +382,14 @@ def _run(
         return None
 
     while True:
+        if made[0]:
+            mean = made[1] // made[0] + 1
+            chunk_size = max(4, min(CHUNK, TASK_BYTES // mean))
+            ahead = max(2, min(AHEAD, AHEAD_BYTES // (mean * chunk_size)))
         # One task at a time to the worker with the fewest, so that work spreads evenly.
         while held < WINDOW_BYTES or redo:
             worker = min(workers, key=_queued)
-            if len(worker.tasks) >= AHEAD:
+            if len(worker.tasks) >= ahead:
                 break
             task = next_task()
             if task is None:
