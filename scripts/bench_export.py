@@ -14,9 +14,10 @@ seconds (user + system) of the process and its children:
   crash); ``export --to webdataset``; ``export --to files`` and its floor, ``tar -x`` of a
   tar of the very tree the export writes (the same files, created by a C tool), then
   ``sync -f`` (the export flushes its file system once, syncfs, before the rename that
-  makes its tree appear). The small size is what earlier runs measured: there a Python
-  process's start-up alone is longer than ``cat``'s whole copy. The large one measures
-  throughput;
+  makes its tree appear; the trees of many files are deleted only at the end, where the
+  disk has room: :data:`KEEP_FREE`). The small size is what earlier runs
+  measured: there a Python process's start-up alone is longer than ``cat``'s whole copy.
+  The large one measures throughput;
 * raw 28 × 28 records (Fashion-MNIST's training set, else generated): ``convert --encoded
   png`` of the IDX files, and ``export --to webdataset`` / ``--to files`` of the raw LMDB
   (each record becomes a PNG), and the ``tar -x`` floor of the tree;
@@ -38,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench_data import gunzip_or_generate, reap
@@ -45,11 +47,43 @@ from bench_data import gunzip_or_generate, reap
 BIN = Path(sys.executable).parent
 
 
-def run_once(argv: list[str], out: Path) -> tuple[float, float, int, int]:
-    """Run one process; returns (wall s, CPU s, peak RSS KiB, peak sampled RssAnon KiB)."""
+#: The free space a run leaves on the work directory's file system for the trees of many
+#: files it sets aside (below it, they are deleted between rounds, and the next round waits
+#: :data:`SETTLE_SECONDS`). ext4 without a journal (this project's test machine's disk) does
+#: not reuse an inode freed less than 60 s after its inode table block reached the disk (360
+#: s while that block is dirty, as it is again once a new file's inode is written in it):
+#: every file creation in that inode's group scans past each such inode
+#: (``recently_deleted``, in ``find_inode_bit``), so a tree of 60,000 files deleted before a
+#: run slowed the next run's creation of 60,000 files 3 to 10 times (the ``tar -x`` floor of
+#: the raw tree, run right after the export's tree was deleted: 41.7 s, against 2.9-3.5 s
+#: with no deletion before it). The trees of many files (``--to files`` and its floors) are
+#: therefore set aside after their run and deleted at the end, so that no run pays for
+#: another's deletion.
+KEEP_FREE = 16 << 30
+SETTLE_SECONDS = 370
+
+
+def run_once(
+    argv: list[str], out: Path, aside: Path | None = None
+) -> tuple[float, float, int, int]:
+    """Run one process; returns (wall s, CPU s, peak RSS KiB, peak sampled RssAnon KiB).
+    Its output is deleted, or moved into ``aside`` (a tree of many files: :data:`KEEP_FREE`)."""
     wall, cpu, rss, anon, _ = reap(argv, out)
-    shutil.rmtree(out, ignore_errors=True)
+    if aside is not None and out.exists():
+        out.rename(aside / str(len(list(aside.iterdir()))))
+    else:
+        shutil.rmtree(out, ignore_errors=True)
     return wall, cpu, rss, anon
+
+
+def settle(aside: Path, wait: bool = True) -> None:
+    """Delete the trees set aside, flush, and (``wait``) give ext4 time to reuse their
+    inodes freely."""
+    shutil.rmtree(aside, ignore_errors=True)
+    aside.mkdir()
+    os.sync()
+    if wait:
+        time.sleep(SETTLE_SECONDS)
 
 
 def make_jpegs(work: Path, count: int) -> tuple[Path, list[bytes]]:
@@ -117,15 +151,16 @@ def joined_bytes(db: Path, target: Path) -> int:
     return size
 
 
-def tree_tar(db: Path, work: Path, kind: str) -> Path:
-    """A tar of the tree ``export --to files`` writes of ``db`` (for the ``tar -x`` floor)."""
+def tree_tar(db: Path, work: Path, kind: str, aside: Path) -> Path:
+    """A tar of the tree ``export --to files`` writes of ``db`` (for the ``tar -x`` floor);
+    the tree is set aside (:data:`KEEP_FREE`)."""
     import mnist2db
 
     tree = work / f"tree-{kind}"
     mnist2db.export_files(db, tree)
     tar = work / f"tree-{kind}.tar"
     subprocess.run(["tar", "-C", str(tree), "-cf", str(tar), "."], check=True)
-    shutil.rmtree(tree)
+    tree.rename(aside / tree.name)
     return tar
 
 
@@ -151,12 +186,14 @@ def export_table(
     raw_db = work / "raw_train_lmdb"
     mnist2db.convert(images, labels, raw_db)
     out = work / "out-export"
+    aside = work / "set-aside"
+    aside.mkdir()
     untar = "mkdir {out} && tar -C {out} --no-same-owner --no-same-permissions -m -xf {tar} && sync -f {out}"
     contenders: dict[str, list[str]] = {START: [m2d, "export", "--help"]}
     for size, db in dbs.items():
         joined = work / f"jpegs-{size}.bin"
         what = f"{size}: {sizes[size] / 1e6:.0f} MB of JPEG records"
-        tar = tree_tar(db, work, size)
+        tar = tree_tar(db, work, size, aside)
         contenders |= {
             f"cat ({what})": ["sh", "-c", f"mkdir {out} && cat {joined} > {out}/all"],
             f"cat, then sync FILE ({what})": ["sh", "-c", f"mkdir {out} && cat {joined} > {out}/all && sync {out}/all"],
@@ -164,7 +201,7 @@ def export_table(
             f"export --to files ({what})": [m2d, "export", "-q", "--to", "files", str(db), str(out)],
             f"floor: tar -x of that tree, then sync -f ({what})": ["sh", "-c", untar.format(out=out, tar=tar)],
         }  # fmt: skip
-    tar = tree_tar(raw_db, work, "raw")
+    tar = tree_tar(raw_db, work, "raw", aside)
     contenders |= {
         "convert --encoded png (28 × 28)": [m2d, "convert", "-q", "--encoded", "png", str(images), str(labels), str(out)],
         "export --to webdataset (raw 28 × 28 -> PNG)": [m2d, "export", "-q", "--to", "webdataset", str(raw_db), f"{out}/s"],
@@ -172,9 +209,13 @@ def export_table(
         "floor: tar -x of that tree, then sync -f (raw 28 × 28 -> PNG)": ["sh", "-c", untar.format(out=out, tar=tar)],
     }  # fmt: skip
     runs: dict[str, list[tuple[float, float, int, int]]] = {name: [] for name in contenders}
-    for _ in range(repeat):
+    for round_ in range(repeat):
+        if round_ and shutil.disk_usage(work).free < KEEP_FREE:
+            settle(aside)
         for name, argv in contenders.items():  # alternating: one run of each, then again
-            runs[name].append(run_once(argv, out))
+            many = name.startswith(("export --to files", "floor:"))
+            runs[name].append(run_once(argv, out, aside if many else None))
+    settle(aside, wait=False)
     wall = {name: statistics.median(r[0] for r in found) for name, found in runs.items()}
     cpu = {name: statistics.median(r[1] for r in found) for name, found in runs.items()}
     records = len(mnist2db.open_db(raw_db))

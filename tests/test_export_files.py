@@ -24,7 +24,7 @@ from db_helpers import write_raw_db
 from helpers import fashion_file
 from PIL import Image
 
-from mnist2db import array_to_datum, convert, iter_db
+from mnist2db import array_to_datum, convert, export_files, iter_db
 from mnist2db.caffe_tools.convert_imageset import convert_imageset
 from mnist2db.cli.app import cli
 from mnist2db.storage.readers import open_reader
@@ -411,3 +411,41 @@ def test_mixed_encodings_keep_key_order(tmp_path: Path, backend: str) -> None:
     for name, planes in (("0/a0.png", grey[0]), ("2/a2.png", grey[1]), ("5/a5.png", grey[2])):
         assert np.array_equal(np.asarray(Image.open(out / name)), planes[0])
     assert np.array_equal(np.asarray(Image.open(out / "3/a3.png")), colour[::-1].transpose(1, 2, 0))
+
+
+def test_a_name_shared_by_equal_bytes_only(tmp_path: Path) -> None:
+    """Records naming one path: those holding its bytes share the file, one holding other
+    bytes of the same size (or another size) gets a name of its own; and the check of a
+    file already there opens no link, no FIFO (it would wait), no directory."""
+    from mnist2db.exporting.folder import _holds
+
+    def encoded(data: bytes, label: int) -> bytes:
+        datum = array_to_datum(np.zeros((1, 1, 1), np.uint8), label)
+        datum.ClearField("channels"), datum.ClearField("height"), datum.ClearField("width")
+        datum.data, datum.encoded = data, True
+        return datum.SerializeToString()
+
+    db = write_raw_db(tmp_path / "db", "lmdb", {
+        b"00000000_a.bin": encoded(b"same bytes", 0),
+        b"00000001_a.bin": encoded(b"same bytes", 1),
+        b"00000002_a.bin": encoded(b"SAME BYTES", 2),
+        b"00000003_a.bin": encoded(b"same", 3),
+    })  # fmt: skip
+    out = tmp_path / "files"
+    result = export_files(db, out)
+    assert (result.restored, result.shared, result.mapped) == (1, 1, 2)
+    lines = (out / "list.txt").read_text().splitlines()
+    assert lines[:2] == ["a.bin 0", "a.bin 1"]
+    assert (out / lines[2].split()[0]).read_bytes() == b"SAME BYTES"
+    assert (out / lines[3].split()[0]).read_bytes() == b"same"
+
+    (tmp_path / "file").write_bytes(b"data")
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir()
+    assert _holds(str(tmp_path / "file"), b"data")
+    assert _holds(str(tmp_path / "file"), memoryview(b"data"))
+    assert not _holds(str(tmp_path / "file"), b"dat!")
+    assert not _holds(str(tmp_path / "file"), b"data and more")
+    for other in ("link", "fifo", "dir", "missing"):
+        assert not _holds(str(tmp_path / other), b"data"), other
