@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import tracemalloc
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -25,19 +25,6 @@ from mnist2db.formats.opencv import NO_OPENCV, opencv
 
 CORPUS = list(hostile_corpus())
 BASES = base_jpegs()
-DECODERS = ["opencv", "pure"]
-
-
-@pytest.fixture(params=DECODERS)
-def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The decoding path: OpenCV's wheel where it is proved to give Caffe's pixels, or Pillow."""
-    if request.param == "opencv" and opencv() is None:
-        pytest.skip("OpenCV's wheel is not installed")
-    if request.param == "pure":
-        monkeypatch.setenv(NO_OPENCV, "1")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", module=r"PIL\.")  # as the front ends run
-        yield request.param
 
 
 def outcome(

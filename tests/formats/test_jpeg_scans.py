@@ -12,7 +12,6 @@ import io
 import re
 import tracemalloc
 import warnings
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -24,7 +23,7 @@ from PIL import Image
 from mnist2db.errors import ImageError
 from mnist2db.formats.image import decode_image, image_shape
 from mnist2db.formats.jpeg_scans import EOI, completed_jpeg
-from mnist2db.formats.opencv import NO_OPENCV, opencv
+from mnist2db.formats.opencv import NO_OPENCV
 
 BASES = base_jpegs()
 CORPUS = list(hostile_corpus())
@@ -35,17 +34,6 @@ def missing_only_the_eoi(name: str) -> bool:
     base, _, what = name.partition(": ")
     cut = re.fullmatch(r"cut at (\d+)", what)
     return what == "EOI removed" or (cut is not None and int(cut.group(1)) >= len(BASES[base]) - 2)
-
-
-@pytest.fixture(params=["opencv", "pure"])
-def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    if request.param == "opencv" and opencv() is None:
-        pytest.skip("OpenCV's wheel is not installed")
-    if request.param == "pure":
-        monkeypatch.setenv(NO_OPENCV, "1")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", module=r"PIL\.")  # as the front ends run
-        yield request.param
 
 
 def pillows_refusal(data: bytes) -> str:
