@@ -100,7 +100,7 @@ def _decode_image(data: bytes, color: bool | None, where: str, *, complete: bool
         raise ImageError(f"{where}: PNG image data ends before its last row (truncated)")
     if kind == "JPEG" and color is not None:
         cv2 = opencv()
-        if cv2 is not None and _plain_jpeg(data):
+        if cv2 is not None and _opencv_jpeg(cv2, data):
             flag = cv2.IMREAD_COLOR if color else cv2.IMREAD_GRAYSCALE
             decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flag)
             if decoded is not None:
@@ -196,7 +196,7 @@ def _reduced_jpeg_size(data: bytes, color: bool, where: str) -> tuple[int, int] 
     width, height = declared
     small = ((height + _REDUCED - 1) // _REDUCED, (width + _REDUCED - 1) // _REDUCED)
     cv2 = opencv()
-    if cv2 is not None and _plain_jpeg(data):
+    if cv2 is not None and _opencv_jpeg(cv2, data):
         flag = cv2.IMREAD_REDUCED_COLOR_8 if color else cv2.IMREAD_REDUCED_GRAYSCALE_8
         decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flag)
         if decoded is None or decoded.shape[:2] != small:
@@ -222,6 +222,31 @@ def _reduced_jpeg_size(data: bytes, color: bool, where: str) -> tuple[int, int] 
 #: JPEG markers that start a frame (SOF0-3, 5-7, 9-11, 13-15): its precision and components.
 _SOF_MARKERS = frozenset((*range(0xC0, 0xC4), *range(0xC5, 0xC8), *range(0xC9, 0xCC),
                           *range(0xCD, 0xD0)))  # fmt: skip
+
+
+#: Whether this OpenCV's ``imdecode`` returns an image for a JPEG cut inside its scan (found
+#: once: :func:`_reads_cut_jpegs`).
+_CUT_JPEGS_READ: list[bool] = []
+
+
+def _opencv_jpeg(cv2: Any, data: bytes) -> bool:
+    """Whether OpenCV's wheel decodes ``data`` here: a plain JPEG (:func:`_plain_jpeg`), and,
+    where the wheel reads a JPEG cut short as if it were whole (4.7 does: ``imdecode``
+    returns the rows it never reached as they were; newer ones refuse it), one that ends
+    in its EOI marker; any other takes the Pillow path, which refuses a cut one (and reads
+    one missing only its EOI with it put back, :func:`decode_image`)."""
+    return _plain_jpeg(data) and (data.endswith(b"\xff\xd9") or not _reads_cut_jpegs(cv2))
+
+
+def _reads_cut_jpegs(cv2: Any) -> bool:
+    """Whether ``cv2.imdecode`` reads a JPEG cut inside its scan data (a small one made and
+    cut here, once a process)."""
+    if not _CUT_JPEGS_READ:
+        noise = ((np.arange(48 * 48 * 3, dtype=np.uint64) * 2654435761) >> 13).astype(np.uint8)
+        made, encoded = cv2.imencode(".jpg", noise.reshape(48, 48, 3))
+        cut = np.asarray(encoded, dtype=np.uint8)[: len(encoded) * 2 // 3]
+        _CUT_JPEGS_READ.append(not made or cv2.imdecode(cut, cv2.IMREAD_COLOR) is not None)
+    return _CUT_JPEGS_READ[0]
 
 
 def _plain_jpeg(data: bytes) -> bool:
