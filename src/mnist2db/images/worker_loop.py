@@ -50,8 +50,10 @@ def serve(
     work: Callable[[ListEntry], Any],
     root: bytes,
     ring: ResultRing | None,
+    warm: Callable[[], None] | None = None,
 ) -> None:
-    """A worker's loop: tasks in, results out, until the parent closes its end or dies."""
+    """A worker's loop: tasks in, results out, until the parent closes its end or dies.
+    ``warm``: run first (the decoders loaded while the parent prepares the first tasks)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     faulthandler.disable()  # a decoder's crash is reported by the parent, in one line
@@ -60,6 +62,8 @@ def serve(
     if os.getppid() == 1:
         return  # the parent died before the death signal was asked for
     keep_the_heap(WORKER_HEAP)
+    if warm is not None:
+        warm()
     out = conn.fileno()
     while True:
         try:

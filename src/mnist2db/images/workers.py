@@ -89,8 +89,9 @@ class _Worker:
     delivered (or was given work while idle)."""
 
     def __init__(
-        self, context: Any, work: Callable[[ListEntry], Any], root: bytes, patience: float
-    ) -> None:
+        self, context: Any, work: Callable[[ListEntry], Any], root: bytes, patience: float,
+        warm: Callable[[], None] | None = None,
+    ) -> None:  # fmt: skip
         # Two pipes, tasks down and results up; the results' holds a megabyte (Linux's
         # limit for anyone), so a record that does not fit the ring crosses in one or two
         # writes, not twenty. A ring of its own, mapped before the fork (not with spawn:
@@ -101,7 +102,7 @@ class _Worker:
             fcntl.fcntl(result_in.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
         forked = context.get_start_method() == "fork"
         self.ring = ResultRing(RING_BYTES, patience) if forked and RING_BYTES else None
-        args = (task_out, result_in, work, root, self.ring)
+        args = (task_out, result_in, work, root, self.ring, warm)
         self.process = context.Process(target=serve, args=args, daemon=True)
         with warnings.catch_warnings():
             # Python 3.12+ warns of fork() beside threads: the workers are safe (_context).
@@ -167,8 +168,11 @@ class OrderedDecoding:
     (a str) it could not be read, in order. ``preload`` runs before they fork (what they all
     import, loaded once: by default numpy, Pillow and OpenCV; None: nothing). ``releases``:
     the caller calls :meth:`release` as it is done with records (a worker whose ring is full
-    then waits a little for space, rather than send by the pipe). :meth:`close` (or leaving
-    the ``with``) kills the workers at once, whatever they are doing."""
+    then waits a little for space, rather than send by the pipe). ``warm``: what each worker
+    runs as it starts, before its first task (its decoders loaded in parallel with the
+    others' and with the caller's preparations; a worker started to replace one that died
+    does without). :meth:`close` (or leaving the ``with``) kills the workers at once,
+    whatever they are doing."""
 
     def __init__(
         self,
@@ -180,6 +184,7 @@ class OrderedDecoding:
         timeout: float = DEFAULT_TIMEOUT,
         preload: Callable[[], None] | None = _preload,
         releases: bool = False,
+        warm: Callable[[], None] | None = None,
     ) -> None:
         self._entries, self._work, self._root = entries, work, root
         self._patience = RING_PATIENCE if releases else 0.0
@@ -204,7 +209,7 @@ class OrderedDecoding:
         self._frozen = True
         try:
             for _ in range(jobs):
-                self._workers.append(_Worker(self._context, work, root, self._patience))
+                self._workers.append(_Worker(self._context, work, root, self._patience, warm))
         except BaseException:
             self.close()
             raise
