@@ -274,9 +274,8 @@ def write_imageset(
             if entry.line > done.last_line:
                 yield entry
 
-    # The workers fork first (before the database is opened: none ever holds it, and before
-    # numpy, Pillow or OpenCV is loaded: this process needs none), so that each loads its
-    # decoders while the list is checked.
+    # The workers fork first (before the database is opened, and before any decoder is
+    # loaded: this process needs none), and load their decoders while the list is checked.
     warm = work.warm_up(_first(entries))
     with OrderedDecoding(todo(), work, root_bytes, jobs, preload=None, releases=True,
                          warm=warm) as decoded:  # fmt: skip
