@@ -48,12 +48,14 @@ from mnist2db.images.resume import (
     write_plan,
 )
 from mnist2db.images.worker_loop import attempt
+from mnist2db.images.worker_messages import Run
 from mnist2db.images.workers import OrderedDecoding, default_jobs
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import BACKEND, DEFAULT_BATCH_SIZE, check_backend, check_batch_size
 from mnist2db.storage.db_staging import staged_database, staged_databases, stale_staging
 from mnist2db.storage.files import temp_prefix
 from mnist2db.storage.metadata import write_metadata
+from mnist2db.storage.record_digest import FramedItems
 from mnist2db.storage.targets import labels_path
 
 if TYPE_CHECKING:
@@ -270,6 +272,9 @@ def write_imageset(
             yield entry
 
     def todo() -> Iterator[ListEntry]:  # the entries the run writes (after a resumed run's)
+        if kept is not None and done.last_line < 0:
+            yield from kept  # all of them, as the check kept them
+            return
         for entry in entries() if kept is None else kept:
             if entry.line > done.last_line:
                 yield entry
@@ -278,7 +283,7 @@ def write_imageset(
     # they load their decoders while the list is checked.
     preload = work.preloads(_first(entries))
     with OrderedDecoding(todo(), work, root_bytes, jobs, preload=preload,
-                         releases=True) as decoded:  # fmt: skip
+                         releases=True, keys=image_key) as decoded:  # fmt: skip
         digest = EntryDigest()
         total = check_entries(
             checked(),
@@ -346,8 +351,8 @@ def write_imageset(
             stagings = [staged_paths] if targets is None else staged_paths
             staging = stagings[0]
             write_plan(staging, plan)
-            batches = _batches(decoded, check_size, batch_size, state, skip, where, first,
-                               decoded.release)  # fmt: skip
+            batches = _batches(decoded.runs(), check_size, batch_size, state, skip, where,
+                               first, decoded.release)  # fmt: skip
             if backend == "lmdb":
                 batches = _unmapping(batches, os.path.join(staging, "data.mdb"))
 
@@ -398,7 +403,7 @@ def _first(entries: Entries) -> ListEntry | None:
 
 
 def _batches(
-    decoded: Iterable[tuple[ListEntry, Any]],
+    decoded: Iterable[tuple[ListEntry, Any] | Run],
     check_size: bool,
     batch_size: int,
     state: dict[str, Any],
@@ -409,12 +414,46 @@ def _batches(
 ) -> Iterator[list[tuple[bytes, bytes]]]:
     """``(key, value)`` batches of at most ``batch_size`` records or :data:`BATCH_BYTES`: the
     one place where a record's key and value are made (a label database written beside
-    would take its record here, under the same key). ``release``: called when a batch
-    yielded is written (the next one asked for), its values read no more."""
-    batch: list[tuple[bytes, bytes]] = []
+    would take its record here, under the same key). ``decoded``: each entry with its
+    result, or a :class:`~mnist2db.images.worker_messages.Run` of records under their keys
+    (taken whole, or split where a batch ends, as its records one by one would be).
+    ``release``: called when a batch yielded is written (the next one asked for), its
+    values read no more. A batch is a :class:`FramedItems`: its digest's framing too, when
+    every record came in a run."""
+    batch = FramedItems()
     size = 0
 
-    for entry, record in decoded:
+    for item in decoded:
+        if isinstance(item, Run):
+            shape = item.shape
+            if first is None:
+                first = (item.entries[0], shape)
+                state["shape"] = shape
+            elif shape != first[1]:
+                state["mixed"] = True
+                if check_size:
+                    raise other_size(where, item.entries[0], shape, *first,
+                                     "--check_size: every image one size; or give a resize")  # fmt: skip
+            pairs, framed, value_size = item.pairs, item.framed, max(1, item.value_size)
+            frame = len(framed) // item.count
+            while pairs:
+                # The records that end the batch: batch_size of them, or the one that
+                # reaches BATCH_BYTES.
+                room = min(batch_size - len(batch), -(-(BATCH_BYTES - size) // value_size))
+                take = min(len(pairs), max(1, room))
+                batch.extend(pairs[:take] if take < len(pairs) else pairs)
+                if batch.framed is not None:
+                    batch.framed.append(framed[: take * frame])
+                size += take * item.value_size
+                state["count"] += take
+                pairs, framed = pairs[take:], framed[take * frame :]
+                if len(batch) >= batch_size or size >= BATCH_BYTES:
+                    yield batch
+                    batch, size = FramedItems(), 0
+                    if release is not None:
+                        release()
+            continue
+        entry, record = item
         if isinstance(record, str):
             skip(entry, record)
             continue
@@ -428,11 +467,12 @@ def _batches(
                 raise other_size(where, entry, shape, *first,
                                   "--check_size: every image one size; or give a resize")  # fmt: skip
         batch.append((image_key(entry), value))
+        batch.framed = None  # the digest frames it
         size += len(value)
         state["count"] += 1
         if len(batch) >= batch_size or size >= BATCH_BYTES:
             yield batch
-            batch, size = [], 0
+            batch, size = FramedItems(), 0
             if release is not None:
                 release()
     if batch:
