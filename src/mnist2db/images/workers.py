@@ -7,7 +7,10 @@ record, pixels, or the reason it could not be read), a message per
 :data:`~mnist2db.images.worker_loop.MESSAGE_BYTES` of results (the worker's side:
 :mod:`mnist2db.images.worker_loop`). A record travels in the worker's ring of shared memory
 (:mod:`mnist2db.images.result_ring`, :data:`RING_BYTES`), the message saying only where it
-is; one that does not fit there, in the message. The parent reorders them and yields them
+is; one that does not fit there, in the message. Where the caller gives each entry's key
+(``keys``), small records come as runs (:class:`~mnist2db.images.worker_messages.Run`:
+consecutive records of one layout under their keys, checked by the parent against the
+entries' own keys, :meth:`OrderedDecoding.runs`). The parent reorders them and yields them
 in list order; it writes the database itself, so no database is ever used by two processes
 (the workers are started before it is opened, and never touch it). A record yielded is a
 view of the ring, valid until :meth:`OrderedDecoding.release` gives its space back.
