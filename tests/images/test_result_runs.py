@@ -16,7 +16,7 @@ import pytest
 
 from mnist2db.formats.image_list import ListEntry, image_key
 from mnist2db.images import worker_loop
-from mnist2db.images.datum_records import _batches
+from mnist2db.images.record_batches import record_batches
 from mnist2db.images.worker_messages import ResultMessage, Run, send_message
 from mnist2db.images.workers import OrderedDecoding
 from mnist2db.storage.record_digest import RecordDigest
@@ -168,7 +168,7 @@ def test_batches_of_runs_are_the_records_one_by_one_and_hash_as_them(
             made = [
                 [(bytes(k), bytes(v)) for k, v in batch]
                 for batch in _hashed(
-                    _batches(
+                    record_batches(
                         decoding.runs(),
                         False,
                         batch_size,
