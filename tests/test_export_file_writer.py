@@ -52,10 +52,18 @@ def _tree(out: Path) -> dict[str, bytes]:
 
 
 def _children(pid: int) -> list[int]:
-    found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as stream:
-            found += [int(child) for child in stream.read().split()]
+    """The processes ``pid``'s threads forked (a thread, or ``pid``, may end meanwhile)."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:  # ended
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as stream:
+                found += [int(child) for child in stream.read().split()]
+        except FileNotFoundError:
+            continue
     return found
 
 

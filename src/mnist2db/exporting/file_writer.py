@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import pickle
 import signal
@@ -49,6 +50,8 @@ IN_FLIGHT = 2
 SMALL_FILES = 16 << 10
 
 _PR_SET_PDEATHSIG = 1
+#: The pipes' capacity asked for (Linux's default limit for a process's pipes).
+_PIPE_SIZE = 1 << 20
 
 #: What the process runs on each batch: ``(batch, index of its first record)`` to a result
 #: the parent receives (pickled).
@@ -84,6 +87,9 @@ class FileWriter:
                 os._exit(status)
         os.close(requests_r)
         os.close(answers_w)
+        for end in (requests_w, answers_r):  # a batch in a few writes, not one a page
+            with contextlib.suppress(OSError, AttributeError):
+                fcntl.fcntl(end, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
         self.pid, self.requests, self.answers = pid, requests_w, answers_r
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="mnist2db-files")
 

@@ -72,6 +72,7 @@ RESERVED = (LIST_NAME, CLASSES_NAME, MARKER, RENAMED_NAME, TARGETS_NAME, SKIPPED
 _PROGRESS_EVERY = 1000
 #: Directories known to exist, remembered (a bounded number) to spare a makedirs per file.
 _DIRS_REMEMBERED = 4096
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -124,19 +125,23 @@ class _Tree:
     def create(self, relative: str, data: bytes | memoryview) -> str | None:
         """Write ``data`` at ``relative``: "new"; "shared" when an equal file is there;
         None when the name is taken (another file, or a directory)."""
-        path = os.path.join(self.root, relative)
-        if not self._directory(os.path.dirname(path)):
+        # Joined by hand (a relative path is never absolute: caffe_path and file_stem
+        # see to it), and written at once: a few microseconds a file, 60,000 files.
+        path = f"{self.root}/{relative}"
+        if not self._directory(path.rpartition("/")[0]):
             return None
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            fd = os.open(path, _CREATE, 0o666)
         except FileExistsError:
             return "shared" if _holds(path, data) else None
         except (NotADirectoryError, IsADirectoryError):
             return None
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            written = os.write(fd, data)
+            if written < len(data):  # a short write: the rest
+                view = memoryview(data)[written:]
+                while view:
+                    view = view[os.write(fd, view) :]
         except OSError as exc:
             raise OSError(exc.errno, exc.strerror, path) from None
         finally:
