@@ -165,3 +165,52 @@ def test_a_killed_writing_process_ends_the_export_and_leaves_nothing(tmp_path: P
         f"Error: {out}: the process creating its files (pid {killed}) ended before the export"
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fashion_lmdb"]
+
+
+@two_cpus
+def test_a_bad_record_after_many_leaves_nothing_and_no_process(tmp_path: Path) -> None:
+    """The export fails (a record that is no Datum, after 5000 placed by the process): the
+    one error naming the key, no OUT, no staging directory, and the process is gone."""
+    rng = np.random.default_rng(5)
+    records = {
+        b"%08d" % i: array_to_datum(
+            rng.integers(0, 256, (1, 6, 6), dtype=np.uint8), i % 10
+        ).SerializeToString()
+        for i in range(5000)
+    }
+    records[b"99999999"] = b"\xff not a Datum"
+    db = write_raw_db(tmp_path / "db", "lmdb", records)
+    out = tmp_path / "out" / "files"
+    with pytest.raises(Exception, match="key 99999999") as raised:
+        export_files(db, out)
+    assert type(raised.value).__name__ == "DatumError"
+    assert not (tmp_path / "out").exists()
+    assert _children(os.getpid()) == []
+
+
+@two_cpus
+def test_an_interrupted_export_ends_its_process_and_leaves_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "fashion_lmdb"
+    convert(fashion_file("t10k-images-idx3-ubyte"), fashion_file("t10k-labels-idx1-ubyte"), db)
+    out = tmp_path / "files"
+    export = subprocess.Popen([sys.executable, "-m", "mnist2db", "export", "--to", "files",
+                               "--quiet", str(db), str(out)], stderr=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    writers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while export.poll() is None and time.monotonic() < deadline:
+            staged = [p for p in tmp_path.iterdir() if p.name.startswith(".files.")]
+            writers = _children(export.pid)
+            if writers and staged and any(p.rglob("*.png") for p in staged):
+                export.send_signal(signal.SIGINT)
+                break
+        _, stderr = export.communicate(timeout=60)
+    finally:
+        if export.poll() is None:
+            export.kill()
+            export.wait()
+    assert writers, "finished before it could be interrupted"
+    assert export.returncode == 130, stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fashion_lmdb"]
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in writers)

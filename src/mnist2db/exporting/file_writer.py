@@ -119,14 +119,32 @@ class FileWriter:
             raise result
         return result
 
-    def close(self) -> None:
-        """Wait for the request in progress, end the process and reap it: once this
-        returns, nothing creates files in the tree any more."""
-        self.pool.shutdown(wait=True, cancel_futures=True)
-        os.close(self.requests)  # the process reads the end of its pipe and exits
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
-        os.close(self.answers)
+    def close(self, abort: bool = False) -> None:
+        """End the process and reap it: once this returns, nothing creates files in the
+        tree any more. Normally after its last answer (the end of its request pipe ends
+        it); with ``abort`` (the export failed: its tree is about to be removed), or when
+        waiting is interrupted, killed at once, whatever batch it is placing. The pipes
+        are closed only once the parent's thread is done with them (a descriptor closed
+        under a write in progress could be another file's by the next write)."""
+        ended = False
+        try:
+            if not abort:
+                self.pool.shutdown(wait=True)  # its last batch answered
+                os.close(self.requests)
+                self.requests = -1
+                os.waitpid(self.pid, 0)
+                ended = True
+        finally:
+            if not ended:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(self.pid, 0)
+                # Its pipes' other ends are gone: an exchange in progress ends with an error.
+                self.pool.shutdown(wait=True, cancel_futures=True)
+                if self.requests >= 0:
+                    os.close(self.requests)
+            os.close(self.answers)
 
 
 def _end_with(parent: int) -> None:

@@ -51,6 +51,7 @@ from mnist2db.exporting.samples import (
 from mnist2db.exporting.targets import TargetStream, csv_field, value_texts
 from mnist2db.exporting.tree import MARKER, MARKER_FORMAT, staged_tree
 from mnist2db.formats.datum import key_text
+from mnist2db.interrupt import deferred
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.readers import shared_reader
 
@@ -334,13 +335,21 @@ def _write_tree(
     :data:`~mnist2db.exporting.file_writer.IN_FLIGHT` ahead of their list lines; any other
     batch here, once every batch before it is placed: in key order, one file after another,
     as if here alone."""
-    writer = _file_writer(tree)
+    writer = None
     try:
-        return _write_listed(records, db_path, tree, counts, examples, total, progress, targets,
-                             writer)  # fmt: skip
-    finally:
+        # A signal during the fork is raised once the writer is made (os.fork runs handlers
+        # of its own, which would swallow the exception), and the writer closed below.
+        with deferred():
+            writer = _file_writer(tree)
+        count = _write_listed(records, db_path, tree, counts, examples, total, progress,
+                              targets, writer)  # fmt: skip
+    except BaseException:
         if writer is not None:
-            writer.close()
+            writer.close(abort=True)  # before the tree is removed
+        raise
+    if writer is not None:
+        writer.close()
+    return count
 
 
 def _write_listed(
