@@ -392,7 +392,10 @@ LAZY_IMPORTS = {
         "Pillow, for a header the reader cannot size itself; "
         "fetch.untrusted's words for a path not a file",
     ),
-    "mnist2db.formats.opencv": (1, "cv2: an optional extra"),
+    "mnist2db.formats.opencv": (
+        2,
+        "cv2: an optional extra; numpy for its probe (the PNG path loads none)",
+    ),
     "mnist2db.formats.image_encode": (1, "Pillow, for --encoded jpg only"),
     "mnist2db.formats.image": (2, "Pillow, only for an image OpenCV does not decode"),
     "mnist2db.formats.plain_png": (

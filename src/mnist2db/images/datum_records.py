@@ -273,11 +273,11 @@ def write_imageset(
             if entry.line > done.last_line:
                 yield entry
 
-    # The workers fork first (before the database is opened: none ever holds it), so that
-    # they load their decoders while the list is checked.
-    preload = work.preloads(_first(entries))
-    with OrderedDecoding(todo(), work, root_bytes, jobs, preload=preload,
-                         releases=True, keys=image_key) as decoded:  # fmt: skip
+    # The workers fork first (before the database is opened, and before any decoder is
+    # loaded: this process needs none), and load their decoders while the list is checked.
+    warm = work.warm_up(_first(entries))
+    with OrderedDecoding(todo(), work, root_bytes, jobs, preload=None, releases=True,
+                         keys=image_key, warm=warm) as decoded:  # fmt: skip
         digest = EntryDigest()
         total = check_entries(
             checked(),

@@ -52,10 +52,12 @@ def serve(
     root: bytes,
     ring: ResultRing | None,
     keys: Callable[[ListEntry], bytes] | None = None,
+    warm: Callable[[], None] | None = None,
 ) -> None:
     """A worker's loop: tasks in (lists of entries as plain tuples), results out, until the
     parent closes its end or dies; ``keys``: each entry's record's key (small records are
-    then sent as runs under their keys)."""
+    then sent as runs under their keys); ``warm``: run first (the decoders loaded while the
+    parent prepares the first tasks)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     faulthandler.disable()  # a decoder's crash is reported by the parent, in one line
@@ -64,6 +66,8 @@ def serve(
     if os.getppid() == 1:
         return  # the parent died before the death signal was asked for
     keep_the_heap(WORKER_HEAP)
+    if warm is not None:
+        warm()
     out = conn.fileno()
     while True:
         try:

@@ -99,6 +99,7 @@ class _Worker:
         root: bytes,
         patience: float,
         keys: Callable[[ListEntry], bytes] | None = None,
+        warm: Callable[[], None] | None = None,
     ) -> None:
         # Two pipes, tasks down and results up; the results' holds a megabyte (Linux's
         # limit for anyone), so a record that does not fit the ring crosses in one or two
@@ -110,7 +111,7 @@ class _Worker:
             fcntl.fcntl(result_in.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
         forked = context.get_start_method() == "fork"
         self.ring = ResultRing(RING_BYTES, patience) if forked and RING_BYTES else None
-        args = (task_out, result_in, work, root, self.ring, keys)
+        args = (task_out, result_in, work, root, self.ring, keys, warm)
         self.process = context.Process(target=serve, args=args, daemon=True)
         with warnings.catch_warnings():
             # Python 3.12+ warns of fork() beside threads: the workers are safe (_context).
@@ -178,7 +179,10 @@ class OrderedDecoding:
     the caller calls :meth:`release` as it is done with records (a worker whose ring is full
     then waits a little for space, rather than send by the pipe). ``keys``: each entry's
     record's key: small records then come as :class:`Run` s from :meth:`runs` (checked
-    against these keys). :meth:`close` (or leaving the ``with``) kills the workers at once,
+    against these keys). ``warm``: what each worker runs as it starts, before its first
+    task (its decoders loaded in parallel with the others' and with the caller's
+    preparations; a worker started to replace one that died does without). :meth:`close`
+    (or leaving the ``with``) kills the workers at once,
     whatever they are doing."""
 
     def __init__(
@@ -192,6 +196,7 @@ class OrderedDecoding:
         preload: Callable[[], None] | None = _preload,
         releases: bool = False,
         keys: Callable[[ListEntry], bytes] | None = None,
+        warm: Callable[[], None] | None = None,
     ) -> None:
         self._entries, self._work, self._root = entries, work, root
         self._keys = keys
@@ -217,7 +222,8 @@ class OrderedDecoding:
         self._frozen = True
         try:
             for _ in range(jobs):
-                self._workers.append(_Worker(self._context, work, root, self._patience, keys))
+                worker = _Worker(self._context, work, root, self._patience, keys, warm)
+                self._workers.append(worker)
         except BaseException:
             self.close()
             raise
