@@ -111,3 +111,29 @@ def test_a_list_of_pngs_stays_on_the_imageset_path(tmp_path: Path) -> None:
     assert sorted(set(loaded) - FAST_PATH - IMAGESET_PATH) == []
     assert sorted(IMAGESET_PATH - set(loaded)) == []
     assert (tmp_path / "db" / "data.mdb").is_file()
+
+
+@pytest.mark.parametrize("flags", [["--resize_height=8", "--resize_width=6"], ["--encoded"], []])
+def test_a_list_of_photos_loads_no_decoder_in_the_parent(tmp_path: Path, flags: list[str]) -> None:
+    """JPEGs: the workers load numpy, Pillow and OpenCV themselves, after the fork (so they
+    fork sooner and load them in parallel); the parent, which never decodes, loads none."""
+    from PIL import Image
+
+    from mnist2db.storage.readers import iter_db
+
+    root = tmp_path / "images"
+    root.mkdir()
+    rng = np.random.default_rng(4)
+    for i in range(4):
+        pixels = rng.integers(0, 256, (20 + i, 30, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(root / f"{i}.jpg", quality=90)
+    listing = tmp_path / "list.txt"
+    listing.write_text("".join(f"{i}.jpg {i}\n" for i in range(4)))
+    args = [*flags, "-j", "2", f"{root}/", str(listing), str(tmp_path / "db")]
+    module = "mnist2db.caffe_tools.convert_imageset"
+    exit_code, banned, loaded = run_fresh(tmp_path, module, "convert_imageset", args,
+                                          IMAGESET_BANNED)  # fmt: skip
+    assert (exit_code, banned) == (0, [])
+    assert sorted(set(loaded) - FAST_PATH - IMAGESET_PATH) == []
+    keys = [key for key, _ in iter_db(str(tmp_path / "db"), "lmdb")]
+    assert keys == [f"{i:08d}_{i}.jpg".encode() for i in range(4)]

@@ -392,10 +392,16 @@ LAZY_IMPORTS = {
         "Pillow, for a header the reader cannot size itself; "
         "fetch.untrusted's words for a path not a file",
     ),
-    "mnist2db.formats.opencv": (1, "cv2: an optional extra"),
+    "mnist2db.formats.opencv": (
+        2,
+        "cv2: an optional extra; numpy for its probe (the PNG path loads none)",
+    ),
     "mnist2db.formats.image_encode": (1, "Pillow, for --encoded jpg only"),
     "mnist2db.formats.image": (2, "Pillow, only for an image OpenCV does not decode"),
-    "mnist2db.formats.plain_png": (1, "Pillow's core, by the worker that decodes a first PNG"),
+    "mnist2db.formats.plain_png": (
+        2,
+        "Pillow's core and, for RGB, its Image module: by the worker that decodes",
+    ),
     "mnist2db.caffe_tools.convert_imageset": (6, "--help and flag errors before numpy, Pillow"),
     "mnist2db.cli.imageset_commands": (2, "imageset --help without the pipeline loaded"),
     "mnist2db.cli.data_commands": (2, "the export command's modules (export's file)"),

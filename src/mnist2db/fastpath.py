@@ -86,6 +86,7 @@ IMAGESET_PATH = frozenset(
         "mnist2db.images",
         "mnist2db.images.datum_records",
         "mnist2db.images.process_setup",
+        "mnist2db.images.record_batches",
         "mnist2db.images.record_work",
         "mnist2db.images.result_ring",
         "mnist2db.images.resume",

@@ -22,7 +22,7 @@ from PIL import Image
 
 from mnist2db.errors import ImageError
 from mnist2db.formats.image import decode_image, image_shape
-from mnist2db.formats.jpeg_scans import EOI, completed_jpeg
+from mnist2db.formats.jpeg_scans import EOI, MAX_WALKED_BYTES, completed_jpeg
 from mnist2db.formats.opencv import NO_OPENCV
 
 BASES = base_jpegs()
@@ -180,3 +180,51 @@ def test_hostile_jpegs_are_not_whole_within_bounds() -> None:
         finally:
             tracemalloc.stop()
         assert peak < len(data) * 6 + (16 << 20), (what, peak)
+
+
+def _padded_to(data: bytes, size: int) -> bytes:
+    """``data`` (a JPEG) made ``size`` bytes long by comment segments after its SOI (each
+    segment 4 to 65,537 bytes: its marker, its length, the comment)."""
+    padding, left = [], size - len(data)
+    while left:
+        n = min(left, 65537)
+        if 0 < left - n < 4:
+            n -= 4
+        padding.append(b"\xff\xfe" + (n - 2).to_bytes(2, "big") + b"c" * (n - 4))
+        left -= n
+    return data[:2] + b"".join(padding) + data[2:]
+
+
+def test_a_file_longer_than_the_walks_bound_stays_refused() -> None:
+    """At the bound a JPEG missing only its EOI is completed; a byte more and it is refused
+    (so which files are completed never depends on how fast the machine walks them)."""
+    whole = BASES["progressive-420"]
+    at_bound = _padded_to(whole, MAX_WALKED_BYTES + 2)
+    assert len(at_bound) == MAX_WALKED_BYTES + 2 and at_bound.endswith(EOI)
+    assert completed_jpeg(at_bound[:-2]) == at_bound
+    past = _padded_to(whole, MAX_WALKED_BYTES + 3)
+    assert len(past) == MAX_WALKED_BYTES + 3
+    assert completed_jpeg(past[:-2]) is None
+
+
+@pytest.mark.parametrize("name", ["baseline-420", "progressive-420"])
+def test_a_file_whose_scans_cover_more_blocks_than_the_bound_stays_refused(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The blocks all scans cover are counted: a file within the bound is completed, the same
+    file with the bound one block lower is refused (time is bounded by blocks, not bytes
+    alone: a smooth progressive photo walks ~0.6 MB/s)."""
+    import mnist2db.formats.jpeg_scans as jpeg_scans
+
+    whole = BASES[name]
+    walk = jpeg_scans._Walk(whole[:-2])
+    walk.run()
+    scanned = jpeg_scans._MAX_SCANNED_BLOCKS - walk.unscanned_blocks
+    # 45 x 37, 4:2:0: 9 MCUs of 6 blocks; a luma scan alone 6 x 5 blocks, a chroma 3 x 3.
+    # Progressive (libjpeg's usual ten scans): two interleaved DC scans, four of luma AC,
+    # two of each chroma's AC.
+    assert scanned == {"baseline-420": 54, "progressive-420": 2 * 54 + 4 * 30 + 4 * 9}[name]
+    monkeypatch.setattr(jpeg_scans, "_MAX_SCANNED_BLOCKS", scanned)
+    assert completed_jpeg(whole[:-2]) == whole
+    monkeypatch.setattr(jpeg_scans, "_MAX_SCANNED_BLOCKS", scanned - 1)
+    assert completed_jpeg(whole[:-2]) is None

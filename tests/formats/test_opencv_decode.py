@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from mnist2db.formats.image import decode_image
-from mnist2db.formats.opencv import NO_OPENCV, opencv
+from mnist2db.formats.opencv import NO_OPENCV, opencv, reads_cut_jpegs
 
 pytestmark = pytest.mark.skipif(opencv() is None, reason="OpenCV's wheel is not installed")
 
@@ -67,3 +67,31 @@ def test_a_cmyk_jpeg_takes_the_pillow_path(monkeypatch: pytest.MonkeyPatch) -> N
     Image.fromarray(pixels, "CMYK").save(out, "JPEG")
     fast, pure = both(out.getvalue(), True, monkeypatch)
     assert np.array_equal(fast, pure)
+
+
+def test_the_variable_is_honoured_as_soon_as_it_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MNIST2DB_NO_OPENCV set, emptied and removed in a running process: each change seen by
+    the next call (the module reads the mapping behind os.environ, not a copy of it)."""
+    loaded = opencv()
+    assert loaded is not None
+    monkeypatch.setenv(NO_OPENCV, "1")
+    assert opencv() is None
+    monkeypatch.setenv(NO_OPENCV, "")
+    assert opencv() is loaded
+    monkeypatch.setenv(NO_OPENCV, "yes")
+    assert opencv() is None
+    monkeypatch.delenv(NO_OPENCV)
+    assert opencv() is loaded
+
+
+def test_the_cut_jpeg_probe_is_a_property_of_the_wheel() -> None:
+    """reads_cut_jpegs: the same answer every call, and the answer of a cut JPEG decoded here
+    (4.7 reads one; later wheels refuse it)."""
+    cv2 = opencv()
+    assert cv2 is not None
+    pixels = np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    data = np.frombuffer(jpeg(pixels, quality=90), dtype=np.uint8)
+    cut = data[: len(data) * 2 // 3]
+    read = cv2.imdecode(cut, cv2.IMREAD_COLOR) is not None
+    assert reads_cut_jpegs(cv2) is read
+    assert reads_cut_jpegs(cv2) is read

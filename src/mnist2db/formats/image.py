@@ -36,7 +36,7 @@ from mnist2db.formats.image_input import (
     read_image_file,
 )
 from mnist2db.formats.jpeg_scans import completed_jpeg
-from mnist2db.formats.opencv import opencv
+from mnist2db.formats.opencv import opencv, reads_cut_jpegs
 from mnist2db.formats.plain_png import plain_samples, png_data_complete
 from mnist2db.formats.png16 import decode_png16
 
@@ -224,29 +224,13 @@ _SOF_MARKERS = frozenset((*range(0xC0, 0xC4), *range(0xC5, 0xC8), *range(0xC9, 0
                           *range(0xCD, 0xD0)))  # fmt: skip
 
 
-#: Whether this OpenCV's ``imdecode`` returns an image for a JPEG cut inside its scan (found
-#: once: :func:`_reads_cut_jpegs`).
-_CUT_JPEGS_READ: list[bool] = []
-
-
 def _opencv_jpeg(cv2: Any, data: bytes) -> bool:
     """Whether OpenCV's wheel decodes ``data`` here: a plain JPEG (:func:`_plain_jpeg`), and,
-    where the wheel reads a JPEG cut short as if it were whole (4.7 does: ``imdecode``
-    returns the rows it never reached as they were; newer ones refuse it), one that ends
-    in its EOI marker; any other takes the Pillow path, which refuses a cut one (and reads
-    one missing only its EOI with it put back, :func:`decode_image`)."""
-    return _plain_jpeg(data) and (data.endswith(b"\xff\xd9") or not _reads_cut_jpegs(cv2))
-
-
-def _reads_cut_jpegs(cv2: Any) -> bool:
-    """Whether ``cv2.imdecode`` reads a JPEG cut inside its scan data (a small one made and
-    cut here, once a process)."""
-    if not _CUT_JPEGS_READ:
-        noise = ((np.arange(48 * 48 * 3, dtype=np.uint64) * 2654435761) >> 13).astype(np.uint8)
-        made, encoded = cv2.imencode(".jpg", noise.reshape(48, 48, 3))
-        cut = np.asarray(encoded, dtype=np.uint8)[: len(encoded) * 2 // 3]
-        _CUT_JPEGS_READ.append(not made or cv2.imdecode(cut, cv2.IMREAD_COLOR) is not None)
-    return _CUT_JPEGS_READ[0]
+    where the wheel reads a JPEG cut short as if it were whole
+    (:func:`~mnist2db.formats.opencv.reads_cut_jpegs`), one that ends in its EOI marker; any
+    other takes the Pillow path, which refuses a cut one (and reads one missing only its EOI
+    with it put back, :func:`decode_image`)."""
+    return _plain_jpeg(data) and (data.endswith(b"\xff\xd9") or not reads_cut_jpegs(cv2))
 
 
 def _plain_jpeg(data: bytes) -> bool:

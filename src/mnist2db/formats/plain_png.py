@@ -9,7 +9,9 @@ decoder inflates them: here Pillow's own zlib decoder, without its Python chunk 
 (:func:`plain_samples`). MNIST-size images are read thousands a second a core, so
 :func:`plain_record` goes from the path to the record in one function: the file read
 through its descriptor, the grey samples inflated into a buffer kept for the next image
-of the size (Pillow's ``Image`` and ``tobytes`` cost more than the inflate itself).
+of the size by Pillow's core (``PIL._imaging``) alone (Pillow's ``Image`` and ``tobytes``
+cost more than the inflate itself; its ``Image`` module alone takes each worker ~19 ms of
+CPU to import).
 
 Anything else gives None (another kind of PNG, grey wanted of a colour one, a file that is
 not regular or over :data:`FAST_BYTES`, a CRC that does not match, data cut short):
@@ -47,11 +49,13 @@ _IDAT = b"IDAT"
 _crc32 = zlib.crc32
 _from_bytes = int.from_bytes
 
-#: Pillow's ``Image`` module, loaded by the first call that decodes (a worker, not the
-#: parent that forks it); whether Pillow maps a buffer (False: it copied one); and each
-#: thread's buffers kept for the next grey image of a size (Pillow's decoder runs without
-#: the GIL: a buffer is never shared by two threads).
+#: Pillow's ``Image`` module and its core, each loaded by the first call that needs it (a
+#: worker, not the parent that forks it: a grey image needs the core alone); whether
+#: Pillow maps a buffer (False: it copied one); and each thread's buffers kept for the
+#: next grey image of a size (Pillow's decoder runs without the GIL: a buffer is never
+#: shared by two threads).
 _pillow: list[Any] = []
+_pillow_core: list[Any] = []
 _maps: list[bool] = []
 _kept = threading.local()
 _KEPT_SIZES = 16
@@ -187,6 +191,15 @@ def _image_module() -> Any:
     return _pillow[0]
 
 
+def _core() -> Any:
+    """Pillow's C core (what its ``Image`` module wraps), without the module."""
+    if not _pillow_core:
+        from PIL import _imaging
+
+        _pillow_core.append(_imaging)
+    return _pillow_core[0]
+
+
 def _inflate(compressed: bytes, mode: str, width: int, height: int) -> bytes | None:
     """The samples of ``width`` × ``height`` pixels of ``mode`` (``"L"``, ``"RGB"``) in a
     zlib stream of PNG rows, by Pillow's decoder; None if it fails or the data ends short."""
@@ -303,7 +316,7 @@ def _inflate_grey(compressed: bytes, width: int, height: int) -> bytes | bytearr
     buffer, mapped, blank = kept
     buffer[:] = blank  # the last row the sentinel: see _complete
     try:
-        decoded = _decode(mapped.im, "L", compressed, width, height)
+        decoded = _decode(mapped, "L", compressed, width, height)
     except (AttributeError, TypeError, ValueError, OSError):
         return None
     return buffer if decoded and _complete(buffer, compressed, width, height, 1) else None
@@ -315,7 +328,8 @@ def _mapped_buffer(width: int, height: int) -> tuple[bytearray, Any, bytes] | No
     mapped: never again)."""
     buffer = bytearray(width * height)
     try:
-        mapped = _image_module().frombuffer("L", (width, height), buffer, "raw", "L", 0, 1)
+        # As Image.frombuffer("L", size, buffer, "raw", "L", 0, 1) maps it: the core image.
+        mapped = _core().map_buffer(buffer, (width, height), "raw", 0, ("L", 0, 1))
         buffer[0] = 1
         shared = mapped.getpixel((0, 0)) == 1
         buffer[0] = 0
@@ -330,8 +344,7 @@ def _mapped_buffer(width: int, height: int) -> tuple[bytearray, Any, bytes] | No
 def _decode(core: Any, mode: str, compressed: bytes, width: int, height: int) -> bool:
     """Inflate and unfilter ``compressed`` into Pillow's image ``core``; True when every row
     was decoded (a damaged or short stream: False)."""
-    Image = _image_module()
-    decoder = Image._getdecoder(mode, "zip", mode)
+    decoder = _core().zip_decoder(mode, mode)  # Image._getdecoder(mode, "zip", mode)
     decoder.setimage(core, (0, 0, width, height))
     consumed, error = decoder.decode(compressed)
     decoder.cleanup()

@@ -36,6 +36,7 @@ from mnist2db.formats.datum import KEY_LIMIT
 from mnist2db.formats.image_input import check_resize
 from mnist2db.formats.image_list import ListEntry, image_key
 from mnist2db.formats.image_types import ENCODE_TYPES, encoding_of, matches_ext
+from mnist2db.images.record_batches import record_batches
 from mnist2db.images.record_work import RecordWork
 from mnist2db.images.resume import (
     Committed,
@@ -61,11 +62,6 @@ if TYPE_CHECKING:
 
     from mnist2db.labels.databases import LabelsResult, TargetSource
 
-#: Bytes of records per transaction at most (a batch also stops at ``batch_size`` records):
-#: LMDB holds a transaction's dirty pages in memory until it commits, and the workers wait
-#: on their pipes while it does (4 MiB: ~10 ms here, the 1 MiB a pipe holds; 16 MiB held
-#: 25 MiB more, at the same CPU).
-BATCH_BYTES = 4 << 20
 #: Batches written between two releases of LMDB's mapped pages (:func:`_unmapping`).
 RELEASE_EVERY = 8
 
@@ -270,15 +266,18 @@ def write_imageset(
             yield entry
 
     def todo() -> Iterator[ListEntry]:  # the entries the run writes (after a resumed run's)
+        if kept is not None and done.last_line < 0:
+            yield from kept  # all of them, as the check kept them
+            return
         for entry in entries() if kept is None else kept:
             if entry.line > done.last_line:
                 yield entry
 
-    # The workers fork first (before the database is opened: none ever holds it), so that
-    # they load their decoders while the list is checked.
-    preload = work.preloads(_first(entries))
-    with OrderedDecoding(todo(), work, root_bytes, jobs, preload=preload,
-                         releases=True) as decoded:  # fmt: skip
+    # The workers fork first (before the database is opened, and before any decoder is
+    # loaded: this process needs none), and load their decoders while the list is checked.
+    warm = work.warm_up(_first(entries))
+    with OrderedDecoding(todo(), work, root_bytes, jobs, preload=None, releases=True,
+                         keys=image_key, warm=warm) as decoded:  # fmt: skip
         digest = EntryDigest()
         total = check_entries(
             checked(),
@@ -346,8 +345,8 @@ def write_imageset(
             stagings = [staged_paths] if targets is None else staged_paths
             staging = stagings[0]
             write_plan(staging, plan)
-            batches = _batches(decoded, check_size, batch_size, state, skip, where, first,
-                               decoded.release)  # fmt: skip
+            batches = record_batches(decoded.runs(), check_size, batch_size, state, skip,
+                                     where, first, decoded.release)  # fmt: skip
             if backend == "lmdb":
                 batches = _unmapping(batches, os.path.join(staging, "data.mdb"))
 
@@ -397,48 +396,6 @@ def _first(entries: Entries) -> ListEntry | None:
             close()
 
 
-def _batches(
-    decoded: Iterable[tuple[ListEntry, Any]],
-    check_size: bool,
-    batch_size: int,
-    state: dict[str, Any],
-    skip: Callable[[ListEntry, str], None],
-    where: str,
-    first: tuple[ListEntry, tuple[int, int, int]] | None = None,
-    release: Callable[[], None] | None = None,
-) -> Iterator[list[tuple[bytes, bytes]]]:
-    """``(key, value)`` batches of at most ``batch_size`` records or :data:`BATCH_BYTES`: the
-    one place where a record's key and value are made (a label database written beside
-    would take its record here, under the same key). ``release``: called when a batch
-    yielded is written (the next one asked for), its values read no more."""
-    batch: list[tuple[bytes, bytes]] = []
-    size = 0
-
-    for entry, record in decoded:
-        if isinstance(record, str):
-            skip(entry, record)
-            continue
-        value, shape = record
-        if first is None:
-            first = (entry, shape)
-            state["shape"] = shape
-        elif shape != first[1]:
-            state["mixed"] = True
-            if check_size:
-                raise other_size(where, entry, shape, *first,
-                                  "--check_size: every image one size; or give a resize")  # fmt: skip
-        batch.append((image_key(entry), value))
-        size += len(value)
-        state["count"] += 1
-        if len(batch) >= batch_size or size >= BATCH_BYTES:
-            yield batch
-            batch, size = [], 0
-            if release is not None:
-                release()
-    if batch:
-        yield batch
-
-
 def _unmapping(batches: Iterator[list[tuple[bytes, bytes]]], path: str) -> Iterator[Any]:
     """``batches``, and after each is written, LMDB's map of ``path`` let go of the pages it
     touched: the kernel maps the file's pages around each one LMDB reads (64 KiB at a time),
@@ -485,15 +442,3 @@ def check_jobs(jobs: int | None) -> int:
     if jobs < 0:
         raise ArgumentError(f"--jobs must be 0 or more, got {jobs}")
     return jobs
-
-
-def other_size(where: str, entry: ListEntry, shape: tuple[int, ...], first: ListEntry,
-               first_shape: tuple[int, ...], hint: str) -> ImageError:  # fmt: skip
-    """An image of another size than the first one, in one line naming both."""
-    return ImageError(
-        f"{where}:{entry.line + 1}: {printable(os.fsdecode(entry.path))} is "
-        + " × ".join(map(str, shape))
-        + f", the first image ({printable(os.fsdecode(first.path))}) "
-        + " × ".join(map(str, first_shape))
-        + f" ({hint})"
-    )

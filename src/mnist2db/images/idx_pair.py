@@ -19,9 +19,9 @@ from mnist2db.images.datum_records import (
     Skipped,
     check_entries,
     check_jobs,
-    other_size,
 )
 from mnist2db.images.decoding import PixelWork
+from mnist2db.images.record_batches import other_size
 from mnist2db.images.workers import decode_in_order
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.file_placement import check_file_target, place_together

@@ -10,12 +10,15 @@ PNG lists that spend most of their time starting up load neither numpy nor OpenC
 
 from __future__ import annotations
 
+import gc
+
 from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.formats.image_types import encoding_of
 from mnist2db.formats.opencv import opencv
 from mnist2db.formats.plain_png import plain_record
 from mnist2db.formats.png import PNG_SIGNATURE
+from mnist2db.images.process_setup import one_blas_thread
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -49,24 +52,30 @@ class RecordWork:
             entry, root=self.root, color=self.color, resize=self.resize, encoding=encoding
         )
 
-    def preloads(self, first: ListEntry | None) -> Callable[[], None] | None:
-        """What to load before the workers fork, so that they share it: the full decoders,
-        unless the run is of raw, unresized records and its ``first`` image a PNG (a list
-        of MNIST-size PNGs: each worker loads Pillow's core alone, and only what a later
-        image needs)."""
+    def warm_up(self, first: ListEntry | None) -> Callable[[], None] | None:
+        """What each worker loads as it starts, before its first task (:func:`load_decoders`),
+        or None: nothing, when the run is of raw, unresized records and its ``first`` image a
+        PNG (a list of MNIST-size PNGs: each worker loads Pillow's core with its first image,
+        and only what a later image needs)."""
         if self.plain and first is not None and _begins_as_png(self.root + first.path):
             return None
-        return preload_decoders
+        return load_decoders
 
 
-def preload_decoders() -> None:
-    """Load every decoder the full path may use: numpy, Pillow and its plugins, OpenCV."""
-    from PIL import Image
+def load_decoders() -> None:
+    """Load the decoders the full path uses in this process, a worker as it starts, without
+    OpenBLAS's thread pools: numpy and OpenCV, or where OpenCV is not used, Pillow and its
+    plugins (with OpenCV, Pillow is loaded by the first image that needs it: one that is not
+    a plain JPEG; it would cost each worker ~0.05 s of CPU before its first image). The
+    collector skips what they made from then on (it lives as long as the worker)."""
+    with one_blas_thread():
+        import mnist2db.images.decoding  # noqa: F401 (numpy, the resize, the encoders)
 
-    import mnist2db.images.decoding  # noqa: F401 (numpy, the resize, the encoders)
+        if opencv() is None:
+            from PIL import Image
 
-    Image.preinit()
-    opencv()
+            Image.preinit()
+    gc.freeze()
 
 
 def _begins_as_png(path: bytes) -> bool:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 MESSAGE_BYTES = 1 << 18
 
 _PR_SET_PDEATHSIG = 1
+_entry = tuple.__new__  # a ListEntry from its fields' tuple
 
 
 def attempt(work: Callable[[ListEntry], Any], root: bytes, entry: ListEntry) -> Any:
@@ -50,8 +51,13 @@ def serve(
     work: Callable[[ListEntry], Any],
     root: bytes,
     ring: ResultRing | None,
+    keys: Callable[[ListEntry], bytes] | None = None,
+    warm: Callable[[], None] | None = None,
 ) -> None:
-    """A worker's loop: tasks in, results out, until the parent closes its end or dies."""
+    """A worker's loop: tasks in (lists of entries as plain tuples), results out, until the
+    parent closes its end or dies; ``keys``: each entry's record's key (small records are
+    then sent as runs under their keys); ``warm``: run first (the decoders loaded while the
+    parent prepares the first tasks)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     faulthandler.disable()  # a decoder's crash is reported by the parent, in one line
@@ -60,6 +66,8 @@ def serve(
     if os.getppid() == 1:
         return  # the parent died before the death signal was asked for
     keep_the_heap(WORKER_HEAP)
+    if warm is not None:
+        warm()
     out = conn.fileno()
     while True:
         try:
@@ -69,8 +77,10 @@ def serve(
         if task is None:
             return
         message = ResultMessage(ring)
-        for entry in task:
-            message.add(attempt(work, root, entry))
+        for fields in task:
+            entry = _entry(ListEntry, fields)
+            result = attempt(work, root, entry)
+            message.add(result, None if keys is None or type(result) is str else keys(entry))
             if message.size >= MESSAGE_BYTES:
                 send_message(out, message.parts())
                 message = ResultMessage(ring)

@@ -7,7 +7,10 @@ record, pixels, or the reason it could not be read), a message per
 :data:`~mnist2db.images.worker_loop.MESSAGE_BYTES` of results (the worker's side:
 :mod:`mnist2db.images.worker_loop`). A record travels in the worker's ring of shared memory
 (:mod:`mnist2db.images.result_ring`, :data:`RING_BYTES`), the message saying only where it
-is; one that does not fit there, in the message. The parent reorders them and yields them
+is; one that does not fit there, in the message. Where the caller gives each entry's key
+(``keys``), small records come as runs (:class:`~mnist2db.images.worker_messages.Run`:
+consecutive records of one layout under their keys, checked by the parent against the
+entries' own keys, :meth:`OrderedDecoding.runs`). The parent reorders them and yields them
 in list order; it writes the database itself, so no database is ever used by two processes
 (the workers are started before it is opened, and never touch it). A record yielded is a
 view of the ring, valid until :meth:`OrderedDecoding.release` gives its space back.
@@ -36,6 +39,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
 from multiprocessing.connection import Connection
 
 from mnist2db.fastpath import TYPE_CHECKING
@@ -44,7 +48,7 @@ from mnist2db.formats.opencv import opencv
 from mnist2db.images.process_setup import PARENT_HEAP, keep_the_heap, one_blas_thread
 from mnist2db.images.result_ring import ResultRing, RingError
 from mnist2db.images.worker_loop import attempt, serve, shown_entry
-from mnist2db.images.worker_messages import PipeWaiter, receive_messages, unpack_results
+from mnist2db.images.worker_messages import PipeWaiter, Run, receive_messages, unpack_results
 
 if TYPE_CHECKING:
     from typing import Any
@@ -89,7 +93,13 @@ class _Worker:
     delivered (or was given work while idle)."""
 
     def __init__(
-        self, context: Any, work: Callable[[ListEntry], Any], root: bytes, patience: float
+        self,
+        context: Any,
+        work: Callable[[ListEntry], Any],
+        root: bytes,
+        patience: float,
+        keys: Callable[[ListEntry], bytes] | None = None,
+        warm: Callable[[], None] | None = None,
     ) -> None:
         # Two pipes, tasks down and results up; the results' holds a megabyte (Linux's
         # limit for anyone), so a record that does not fit the ring crosses in one or two
@@ -101,7 +111,7 @@ class _Worker:
             fcntl.fcntl(result_in.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
         forked = context.get_start_method() == "fork"
         self.ring = ResultRing(RING_BYTES, patience) if forked and RING_BYTES else None
-        args = (task_out, result_in, work, root, self.ring)
+        args = (task_out, result_in, work, root, self.ring, keys, warm)
         self.process = context.Process(target=serve, args=args, daemon=True)
         with warnings.catch_warnings():
             # Python 3.12+ warns of fork() beside threads: the workers are safe (_context).
@@ -167,8 +177,13 @@ class OrderedDecoding:
     (a str) it could not be read, in order. ``preload`` runs before they fork (what they all
     import, loaded once: by default numpy, Pillow and OpenCV; None: nothing). ``releases``:
     the caller calls :meth:`release` as it is done with records (a worker whose ring is full
-    then waits a little for space, rather than send by the pipe). :meth:`close` (or leaving
-    the ``with``) kills the workers at once, whatever they are doing."""
+    then waits a little for space, rather than send by the pipe). ``keys``: each entry's
+    record's key: small records then come as :class:`Run` s from :meth:`runs` (checked
+    against these keys). ``warm``: what each worker runs as it starts, before its first
+    task (its decoders loaded in parallel with the others' and with the caller's
+    preparations; a worker started to replace one that died does without). :meth:`close`
+    (or leaving the ``with``) kills the workers at once,
+    whatever they are doing."""
 
     def __init__(
         self,
@@ -180,8 +195,11 @@ class OrderedDecoding:
         timeout: float = DEFAULT_TIMEOUT,
         preload: Callable[[], None] | None = _preload,
         releases: bool = False,
+        keys: Callable[[ListEntry], bytes] | None = None,
+        warm: Callable[[], None] | None = None,
     ) -> None:
         self._entries, self._work, self._root = entries, work, root
+        self._keys = keys
         self._patience = RING_PATIENCE if releases else 0.0
         self._heap_kept = False
         self._frozen = False
@@ -204,7 +222,8 @@ class OrderedDecoding:
         self._frozen = True
         try:
             for _ in range(jobs):
-                self._workers.append(_Worker(self._context, work, root, self._patience))
+                worker = _Worker(self._context, work, root, self._patience, keys, warm)
+                self._workers.append(worker)
         except BaseException:
             self.close()
             raise
@@ -213,6 +232,17 @@ class OrderedDecoding:
         self._heap_kept = True
 
     def __iter__(self) -> Iterator[tuple[ListEntry, Any]]:
+        for item in self.runs():
+            if type(item) is Run:
+                for entry, (_, value) in zip(item.entries, item.pairs, strict=True):
+                    yield entry, (value, item.shape)
+            else:
+                yield item  # type: ignore[misc]
+
+    def runs(self) -> Iterator[tuple[ListEntry, Any] | Run]:
+        """Each entry with its result, in order, as :meth:`__iter__`; but where ``keys``
+        was given, consecutive records of one layout as a :class:`Run` (checked: its keys
+        are its entries')."""
         if self._jobs <= 0:
             for entry in self._entries:
                 yield entry, attempt(self._work, self._root, entry)
@@ -220,7 +250,7 @@ class OrderedDecoding:
         try:
             yield from _run(iter(self._entries), self._workers, self._context, self._work,
                             self._root, self._timeout, self._yielded,
-                            self._patience)  # fmt: skip
+                            self._patience, self._keys)  # fmt: skip
         finally:
             # The workers end while the caller writes its last batch; close() reaps them.
             self._stop()
@@ -295,10 +325,12 @@ def _run(
     timeout: float,
     yielded: list[int],
     patience: float,
-) -> Iterator[tuple[ListEntry, Any]]:
+    keys: Callable[[ListEntry], bytes] | None = None,
+) -> Iterator[tuple[ListEntry, Any] | Run]:
     """The parent's loop; ``yielded[0]``: the entries yielded so far."""
-    listed: dict[int, ListEntry] = {}  # dispatched, not yet yielded
-    ready: dict[int, tuple[Any, int]] = {}  # result and the bytes it holds
+    # What is yielded from each entry on (``(entry, result)`` or a Run), the bytes it holds
+    # and the entries it covers.
+    ready: dict[int, tuple[Any, int, int]] = {}
     redo: deque[tuple[int, list[ListEntry]]] = deque()  # entries of a worker that died
     held = 0  # bytes in ready
     head = dispatched = 0
@@ -314,18 +346,12 @@ def _run(
             return redo.popleft()
         if exhausted:
             return None
-        chunk: list[ListEntry] = []
-        for entry in source:
-            chunk.append(entry)
-            if len(chunk) == chunk_size:
-                break
+        chunk = list(islice(source, chunk_size))
         if len(chunk) < chunk_size:
             exhausted = True
         if not chunk:
             return None
         start = dispatched
-        for i, entry in enumerate(chunk):
-            listed[start + i] = entry
         dispatched += len(chunk)
         return start, chunk
 
@@ -335,17 +361,18 @@ def _run(
         received are handed out again one a task, and the one that fails alone is blamed."""
         worker.kill()
         worker.reap()
-        workers[workers.index(worker)] = _Worker(context, work, root, patience)
+        workers[workers.index(worker)] = _Worker(context, work, root, patience, keys)
         if not worker.tasks:
             return
         start, chunk = worker.tasks.popleft()
         later = list(worker.tasks)
         seq = start + worker.received
         if len(chunk) == 1:
-            ready[seq] = (f"{shown_entry(root, listed[seq])}: cannot read it: {reason}", 0)
+            entry = chunk[0]
+            ready[seq] = ((entry, f"{shown_entry(root, entry)}: cannot read it: {reason}"), 0, 1)
             singles = []
         else:
-            singles = [(i, [listed[i]]) for i in range(seq, start + len(chunk))]
+            singles = [(i, [chunk[i - start]]) for i in range(seq, start + len(chunk))]
         redo.extendleft(reversed(singles + later))
 
     def receive(worker: _Worker) -> str | None:
@@ -365,18 +392,36 @@ def _run(
                 results, size = unpack_results(message, worker.ring)
             except (RingError, ValueError, pickle.UnpicklingError, TypeError, struct.error):
                 return "its decoder sent a result that is not one (killed)"
-            if len(results) > sum(len(chunk) for _, chunk in tasks) - worker.received:
+            count = len(results)
+            for result, _, _ in results:
+                if type(result) is Run:
+                    count += result.count - 1
+            if count > sum(len(chunk) for _, chunk in tasks) - worker.received:
                 return "its decoder sent more results than it was given images (killed)"
-            made[0] += len(results)
+            made[0] += count
             made[1] += size
             for result, size, end in results:
-                seq = tasks[0][0] + worker.received
-                ready[seq] = (result, size)
-                if end >= 0:
-                    spans.append((seq, end))
+                start, chunk = tasks[0]
+                at = worker.received
+                seq = start + at
+                if type(result) is Run:
+                    # A run lies within one task (a worker's message ends with its task).
+                    entries = chunk[at : at + result.count]
+                    try:
+                        if keys is None:
+                            raise ValueError("a run of records without keys")
+                        result.check(entries, list(map(keys, entries)))
+                    except ValueError:
+                        return "its decoder sent a result that is not one (killed)"
+                    ready[seq] = (result, size, result.count)
+                    worker.received += result.count
+                else:
+                    ready[seq] = ((chunk[at], result), size, 1)
+                    if end >= 0:
+                        spans.append((seq, end))
+                    worker.received += 1
                 held += size
-                worker.received += 1
-                if worker.received == len(tasks[0][1]):
+                if worker.received == len(chunk):
                     tasks.popleft()
                     worker.received = 0
         return None
@@ -398,15 +443,16 @@ def _run(
                 worker.since = time.monotonic()
             worker.tasks.append(task)
             try:
-                worker.tasks_conn.send(task[1])
+                # As plain tuples: pickled in C, without ListEntry's __reduce__.
+                worker.tasks_conn.send(list(map(tuple, task[1])))
             except OSError:
                 break  # it died: its sentinel says so, and its tasks are handed out again
         while head in ready:
-            result, size = ready.pop(head)
+            item, size, count = ready.pop(head)
             held -= size
-            yielded[0] = head + 1
-            yield listed.pop(head), result
-            head += 1
+            head += count
+            yielded[0] = head
+            yield item
             head_since = time.monotonic()
         if exhausted and not redo and head == dispatched:
             return

@@ -22,6 +22,18 @@ DIGEST_METHOD = (
 )
 
 
+class FramedItems(list):  # type: ignore[type-arg]
+    """A batch of ``(key, value)`` records with their framing for the digest, when known:
+    ``framed``, buffers whose bytes in order are the batch's records framed as
+    :data:`DIGEST_METHOD` frames them (one update each, nothing framed again), or None."""
+
+    __slots__ = ("framed",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.framed: list[Any] | None = []
+
+
 class RecordDigest:
     """The digest of a database's records (:data:`DIGEST_METHOD`), given in key order a
     batch at a time; :meth:`fields` is None if they came out of order (then the digest
@@ -52,12 +64,23 @@ class RecordDigest:
 
         pack = self._pack
         keys = [key for key, _ in items]
-        values = [value for _, value in items]
         if (self._last is not None and keys[0] <= self._last) or any(
             map(bytes.__ge__, keys, keys[1:])
         ):
             self._ordered = False
         self._last = keys[-1]
+        framed_already = getattr(items, "framed", None)
+        if framed_already is not None:
+            # Framed by the workers (each frame checked by the parent): hashed as it is.
+            self._wait()
+            self._hashing = threading.Thread(
+                target=_update, args=(self._hash, tuple(framed_already)),
+                name="mnist2db-digest", daemon=True,
+            )  # fmt: skip
+            self._hashing.start()
+            self.count += len(items)
+            return
+        values = [value for _, value in items]
         key_sizes, value_sizes = set(map(len, keys)), set(map(len, values))
         if len(key_sizes) == len(value_sizes) == 1:  # Caffe's keys, one record layout
             key_size, value_size = pack(key_sizes.pop()), pack(value_sizes.pop())
