@@ -26,7 +26,7 @@ seconds (user + system) of the process and its children:
 The targets are read from the whole processes (the start-up counted); the start-up's
 share is shown beside them, never taken off them.
 
-    python scripts/bench_export.py [--repeat 3] [--jpegs 3000] [--large 50000]
+    python scripts/bench_export.py [--repeat 3] [--jpegs 3000] [--large 50000] [--work /dev/shm]
     (also a table of scripts/bench.py)
 """
 
@@ -61,6 +61,23 @@ BIN = Path(sys.executable).parent
 #: another's deletion.
 KEEP_FREE = 16 << 30
 SETTLE_SECONDS = 370
+
+
+def file_system(path: Path) -> str:
+    """The type of the file system holding ``path`` (``ext4``, ``tmpfs``, …; "" if unknown)."""
+    where = os.path.realpath(path)
+    found, longest = "", -1
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as mounts:
+            for line in mounts:
+                fields = line.split()
+                point = fields[1].replace("\\040", " ")
+                inside = where == point or where.startswith(point.rstrip("/") + "/")
+                if len(fields) > 2 and inside and len(point) > longest:
+                    found, longest = fields[2], len(point)
+    except OSError:
+        return ""
+    return found
 
 
 def run_once(
@@ -191,6 +208,9 @@ def export_table(
     out = work / "out-export"
     aside = work / "set-aside"
     aside.mkdir()
+    # Only ext4 (without a journal, :data:`KEEP_FREE`) makes a run pay for another's
+    # deletions; elsewhere (tmpfs: memory) each tree is deleted after its run.
+    keep = file_system(work) == "ext4"
     untar = "mkdir {out} && tar -C {out} --no-same-owner --no-same-permissions -m -xf {tar} && sync -f {out}"
     contenders: dict[str, list[str]] = {START: [m2d, "export", "--help"]}
     for size, db in dbs.items():
@@ -213,10 +233,10 @@ def export_table(
     }  # fmt: skip
     runs: dict[str, list[tuple[float, float, int, int]]] = {name: [] for name in contenders}
     for round_ in range(repeat):
-        if round_ and shutil.disk_usage(work).free < KEEP_FREE:
+        if keep and round_ and shutil.disk_usage(work).free < KEEP_FREE:
             settle(aside)
         for name, argv in contenders.items():  # alternating: one run of each, then again
-            many = name.startswith(("export --to files", "floor:"))
+            many = keep and name.startswith(("export --to files", "floor:"))
             runs[name].append(run_once(argv, out, aside if many else None))
     settle(aside, wait=False)
     wall = {name: statistics.median(r[0] for r in found) for name, found in runs.items()}
@@ -224,7 +244,8 @@ def export_table(
     records = len(mnist2db.open_db(raw_db))
     load = os.getloadavg()
     lines = [
-        f"Export (issue 29): JPEG records of 256 × 256, {jpegs} "
+        f"Export (issue 29), in {work} ({file_system(work) or 'file system unknown'}): JPEG "
+        f"records of 256 × 256, {jpegs} "
         + (f"and {large} " if large else "")
         + f"({', '.join(f'{s / 1e6:.1f} MB' for s in sizes.values())}), {records} raw 28 × 28 "
         f"records; medians of {repeat} alternating runs; load average at the end "
@@ -289,8 +310,13 @@ def main() -> None:
     parser.add_argument(
         "--large", type=int, default=50000, help="records of the large size (0: none)"
     )
+    parser.add_argument(
+        "--work", type=Path, default=None,
+        help="the folder to work in (default: the temporary folder; /dev/shm: tmpfs, where "
+        "no file system's own state weighs on --to files)",
+    )  # fmt: skip
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="mnist2db-bench-export-"))
+    work = Path(tempfile.mkdtemp(prefix="mnist2db-bench-export-", dir=args.work))
     try:
         data, _ = gunzip_or_generate(work)
         print("\n".join(export_table(*data["train"], work, args.repeat, args.jpegs, args.large)))

@@ -26,24 +26,32 @@ as text). Class names, when known (``--classes``, or the ``DB.classes.txt`` that
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import stat
+from collections import deque
 from collections.abc import Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from mnist2db.errors import OutputError
+from mnist2db.exporting.file_writer import IN_FLIGHT, FileWriter, small_files
+from mnist2db.exporting.png_worker import worth_a_worker
 from mnist2db.exporting.samples import (
     Sample,
+    SampleBatch,
     caffe_path,
     class_names,
     file_stem,
-    iter_samples,
+    iter_batches,
+    prefetched,
 )
 from mnist2db.exporting.targets import TargetStream, csv_field, value_texts
 from mnist2db.exporting.tree import MARKER, MARKER_FORMAT, staged_tree
 from mnist2db.formats.datum import key_text
+from mnist2db.interrupt import deferred
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.readers import shared_reader
 
@@ -65,6 +73,7 @@ RESERVED = (LIST_NAME, CLASSES_NAME, MARKER, RENAMED_NAME, TARGETS_NAME, SKIPPED
 _PROGRESS_EVERY = 1000
 #: Directories known to exist, remembered (a bounded number) to spare a makedirs per file.
 _DIRS_REMEMBERED = 4096
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -95,8 +104,9 @@ class FilesResult:
 class _Tree:
     """Files created inside ``root`` only, each once (``O_EXCL``), counted."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, shown: str) -> None:
         self.root = root
+        self.shown = shown  # the name ``root`` is given when an error names it
         self.dirs: set[str] = {root}
         self.files = 0
         self.bytes = 0
@@ -116,19 +126,23 @@ class _Tree:
     def create(self, relative: str, data: bytes | memoryview) -> str | None:
         """Write ``data`` at ``relative``: "new"; "shared" when an equal file is there;
         None when the name is taken (another file, or a directory)."""
-        path = os.path.join(self.root, relative)
-        if not self._directory(os.path.dirname(path)):
+        # Joined by hand (a relative path is never absolute: caffe_path and file_stem
+        # see to it), and written at once: a few microseconds a file, 60,000 files.
+        path = f"{self.root}/{relative}"
+        if not self._directory(path.rpartition("/")[0]):
             return None
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            fd = os.open(path, _CREATE, 0o666)
         except FileExistsError:
             return "shared" if _holds(path, data) else None
         except (NotADirectoryError, IsADirectoryError):
             return None
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            written = os.write(fd, data)
+            if written < len(data):  # a short write: the rest
+                view = memoryview(data)[written:]
+                while view:
+                    view = view[os.write(fd, view) :]
         except OSError as exc:
             raise OSError(exc.errno, exc.strerror, path) from None
         finally:
@@ -181,7 +195,7 @@ def _place(tree: _Tree, sample: Sample, index: int) -> tuple[str, str]:
     # Taken by a file of another key (a plain key equal to a mapped name): the record's place.
     path = f"{sample.label}/{stem}~{index}.{sample.ext}"
     if tree.create(path, sample.data) != "new":
-        raise OutputError(f"{tree.root}: cannot find a free name for key {key_text(sample.key)}")
+        raise OutputError(f"{tree.shown}: cannot find a free name for key {key_text(sample.key)}")
     return path, "mapped"
 
 
@@ -243,7 +257,7 @@ def export_files(
             targets = TargetStream(db_path, labels_path, reader, label_reader)
             records = targets.records(records, label_reader)
         with staged_tree(out_path, inputs, overwrite) as staging:
-            tree = _Tree(staging)
+            tree = _Tree(staging, out_path)
             try:
                 count = _write_tree(records, db_path, tree, counts, examples, total, progress,
                                     targets)  # fmt: skip
@@ -284,6 +298,26 @@ def _write_file(path: str, data: bytes, tree: _Tree) -> None:
     tree.bytes += len(data)
 
 
+def place_batch(
+    tree: _Tree, batch: SampleBatch, start: int
+) -> tuple[list[tuple[str, str]], int, int]:
+    """Write the files of ``batch`` (its first record the export's ``start``), one after
+    another; returns where each went and how it was named (:func:`_place`), and the files
+    and bytes this added to ``tree``'s counts (run here, or in a
+    :class:`~mnist2db.exporting.file_writer.FileWriter`: in its process, on its copy of
+    ``tree``)."""
+    files, size = tree.files, tree.bytes
+    placed = [_place(tree, sample, start + i) for i, sample in enumerate(batch.samples())]
+    return placed, tree.files - files, tree.bytes - size
+
+
+def _file_writer(tree: _Tree) -> FileWriter | None:
+    """A process to create the files beside this one where there are two CPUs and fork."""
+    if not hasattr(os, "fork") or not worth_a_worker():
+        return None
+    return FileWriter(functools.partial(place_batch, tree), tree.shown)
+
+
 def _write_tree(
     records: Iterable[tuple[bytes, Any]],
     db_path: str,
@@ -294,7 +328,41 @@ def _write_tree(
     progress: Progress,
     targets: TargetStream | None = None,
 ) -> int:
-    """Every record's file and its list line (and its targets' row); returns the count."""
+    """Every record's file and its list line (and its targets' row); returns the count.
+
+    Batches of small files are placed by a :class:`~mnist2db.exporting.file_writer.FileWriter`
+    (forked first, before this export's threads and files), at most
+    :data:`~mnist2db.exporting.file_writer.IN_FLIGHT` ahead of their list lines; any other
+    batch here, once every batch before it is placed: in key order, one file after another,
+    as if here alone."""
+    writer = None
+    try:
+        # A signal during the fork is raised once the writer is made (os.fork runs handlers
+        # of its own, which would swallow the exception), and the writer closed below.
+        with deferred():
+            writer = _file_writer(tree)
+        count = _write_listed(records, db_path, tree, counts, examples, total, progress,
+                              targets, writer)  # fmt: skip
+    except BaseException:
+        if writer is not None:
+            writer.close(abort=True)  # before the tree is removed
+        raise
+    if writer is not None:
+        writer.close()
+    return count
+
+
+def _write_listed(
+    records: Iterable[tuple[bytes, Any]],
+    db_path: str,
+    tree: _Tree,
+    counts: dict[str, int],
+    examples: list[str],
+    total: int,
+    progress: Progress,
+    targets: TargetStream | None,
+    writer: FileWriter | None,
+) -> int:
     listing = open(os.path.join(tree.root, LIST_NAME), "wb", buffering=1 << 20)  # noqa: SIM115
     renamed = None
     table = None
@@ -309,24 +377,23 @@ def _write_tree(
     list_bytes = 0
     line_number = 0  # the list's next line: convert_imageset numbers its keys by line
     fillers = 0
-    try:
-        for sample in iter_samples(db_path, records):
-            number = _caffe_number(sample.key)
+    placing: deque[tuple[SampleBatch, Future[Any]]] = deque()
+
+    def listed(batch: SampleBatch, placed: list[tuple[str, str]]) -> None:
+        nonlocal count, list_bytes, line_number, fillers, renamed
+        lines = []
+        for key, label, (path, how) in zip(batch.keys, batch.labels, placed, strict=True):
+            number = _caffe_number(key)
             if number is not None and line_number < number <= line_number + SKIPPED_LIMIT - fillers:
                 gap = b"".join(
                     b"%s/%d 0\n" % (SKIPPED_NAME.encode(), n) for n in range(line_number, number)
                 )
-                listing.write(gap)
-                list_bytes += len(gap)
+                lines.append(gap)
                 fillers += number - line_number
                 line_number = number
             line_number += 1
-            path, how = _place(tree, sample, count)
             counts[how] += 1
-            counts["encoded" if sample.encoded else "raw"] += 1
-            line = f"{path} {sample.label}\n".encode()
-            listing.write(line)
-            list_bytes += len(line)
+            lines.append(f"{path} {label}\n".encode())
             if table is not None and targets is not None:
                 row = ",".join([csv_field(path), *value_texts(targets.take())]).encode() + b"\n"
                 table.write(row)
@@ -337,14 +404,40 @@ def _write_tree(
                     renamed.write(b"path\tkey_hex\tkey\n")
                     tree.files += 1
                     tree.bytes += len(b"path\tkey_hex\tkey\n")
-                row = f"{path}\t{sample.key.hex()}\t{key_text(sample.key)}\n".encode()
+                row = f"{path}\t{key.hex()}\t{key_text(key)}\n".encode()
                 renamed.write(row)
                 tree.bytes += len(row)
                 if len(examples) < 5:
-                    examples.append(f"{key_text(sample.key)} -> {path}")
-            count += 1
-            if count % _PROGRESS_EVERY == 0:
-                progress(count, total)
+                    examples.append(f"{key_text(key)} -> {path}")
+        text = b"".join(lines)
+        listing.write(text)
+        list_bytes += len(text)
+        counts["encoded" if batch.encoded else "raw"] += len(batch.keys)
+        before = count
+        count += len(batch.keys)
+        if count // _PROGRESS_EVERY != before // _PROGRESS_EVERY:
+            progress(count, total)
+
+    def list_placed(batch: SampleBatch, future: Future[Any]) -> None:
+        placed, files, size = future.result()
+        tree.files += files
+        tree.bytes += size
+        listed(batch, placed)
+
+    try:
+        start = 0
+        for batch in prefetched(iter_batches(db_path, records)):
+            if writer is not None and small_files(batch):
+                placing.append((batch, writer.submit(batch, start)))
+            else:
+                while placing:  # every file before this batch's first, placed
+                    list_placed(*placing.popleft())
+                listed(batch, place_batch(tree, batch, start)[0])
+            start += len(batch.keys)
+            while placing and (len(placing) > IN_FLIGHT or placing[0][1].done()):
+                list_placed(*placing.popleft())
+        while placing:
+            list_placed(*placing.popleft())
         listing.close()
         if table is not None:
             table.close()

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnist2db.errors import ArgumentError, OutputError
+from mnist2db.exporting.png_worker import PngWorker
 from mnist2db.exporting.samples import class_names, iter_batches, prefetched, start_png_worker
 from mnist2db.exporting.shard_files import (
     MANIFEST_FORMAT,
@@ -43,6 +44,7 @@ from mnist2db.exporting.shard_files import (
 from mnist2db.exporting.shard_writer import ShardFile, Workers
 from mnist2db.exporting.tar_members import batch_tars
 from mnist2db.exporting.targets import TargetStream
+from mnist2db.interrupt import deferred
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.files import make_parents, remove_made
 from mnist2db.storage.readers import DbReader, shared_reader
@@ -205,10 +207,14 @@ def _write_shards(
     # The values are views into the database's map (iter_views): every shard's bytes are
     # written and hashed before the reader is closed (workers.close(), below).
     first = reader.first_key()
-    # Forked here, before this export's threads: a process to encode raw records' PNGs.
-    worker = start_png_worker(reader.get(first) if first is not None else None)
-    workers = Workers()
+    worker: PngWorker | None = None
+    workers = Workers()  # its threads start with its first task
     try:
+        # Forked here, before this export's threads: a process to encode raw records' PNGs;
+        # a signal meanwhile is raised once it is made (os.fork runs handlers of its own,
+        # which would swallow the exception), and it is closed below.
+        with deferred():
+            worker = start_png_worker(reader.get(first) if first is not None else None)
         for batch in prefetched(iter_batches(db_path, records, worker)):
             framed = batch_tars(batch, previous, count, targets)
             previous, offsets = framed.last, framed.offsets
