@@ -37,12 +37,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from mnist2db.errors import Mnist2dbError, OutputError
+from mnist2db.exporting.pipe_io import read_exact, write_all
 from mnist2db.exporting.samples import SampleBatch
 
 #: A request's head: the sizes of its pickled fields and of its files' bytes (which follow,
 #: joined); an answer's: the size of its pickled result.
 _REQUEST = struct.Struct("<QQ")
 _ANSWER = struct.Struct("<Q")
+_PIPE = "the file-writing process"  # named when its pipe ends early
 #: Batches handed to the process and not answered, at most (memory's bound).
 IN_FLIGHT = 2
 #: A batch whose files average more than this is placed by the export itself: its bytes
@@ -106,10 +108,10 @@ class FileWriter:
 
     def _exchange(self, fields: bytes, body: bytes) -> Any:
         try:
-            _write_all(self.requests, _REQUEST.pack(len(fields), len(body)) + fields)
-            _write_all(self.requests, body)
-            (size,) = _ANSWER.unpack(_read_exact(self.answers, _ANSWER.size))
-            made, result = pickle.loads(_read_exact(self.answers, size))
+            write_all(self.requests, _REQUEST.pack(len(fields), len(body)) + fields)
+            write_all(self.requests, body)
+            (size,) = _ANSWER.unpack(read_exact(self.answers, _ANSWER.size, _PIPE))
+            made, result = pickle.loads(read_exact(self.answers, size, _PIPE))
         except (EOFError, BrokenPipeError):
             raise OutputError(
                 f"{self.out}: the process creating its files (pid {self.pid}) ended before "
@@ -162,12 +164,14 @@ def _serve(requests: int, answers: int, place: PlaceBatch) -> None:
     failed: BaseException | None = None
     while True:
         try:
-            head = _read_exact(requests, _REQUEST.size)
+            head = read_exact(requests, _REQUEST.size, _PIPE)
         except EOFError:
             return
         fields_size, body_size = _REQUEST.unpack(head)
-        start, keys, labels, exts, encoded, sizes = pickle.loads(_read_exact(requests, fields_size))
-        body = memoryview(_read_exact(requests, body_size))
+        start, keys, labels, exts, encoded, sizes = pickle.loads(
+            read_exact(requests, fields_size, _PIPE)
+        )
+        body = memoryview(read_exact(requests, body_size, _PIPE))
         answer: tuple[bool, Any]
         if failed is None:
             data: list[bytes | memoryview] = []
@@ -182,7 +186,7 @@ def _serve(requests: int, answers: int, place: PlaceBatch) -> None:
         if failed is not None:
             answer = (False, _picklable(failed))
         payload = pickle.dumps(answer, pickle.HIGHEST_PROTOCOL)
-        _write_all(answers, _ANSWER.pack(len(payload)) + payload)
+        write_all(answers, _ANSWER.pack(len(payload)) + payload)
 
 
 def _picklable(exc: BaseException) -> BaseException:
@@ -193,21 +197,3 @@ def _picklable(exc: BaseException) -> BaseException:
     except Exception:
         return Mnist2dbError(str(exc))
     return exc
-
-
-def _read_exact(fd: int, size: int) -> bytes:
-    """``size`` bytes from ``fd``; EOFError when it ends first."""
-    chunks = []
-    while size:
-        chunk = os.read(fd, min(size, 1 << 20))
-        if not chunk:
-            raise EOFError("the file-writing process's pipe ended")
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

@@ -29,11 +29,13 @@ from typing import Any
 import numpy as np
 
 from mnist2db.errors import Mnist2dbError
+from mnist2db.exporting.pipe_io import read_exact, write_all
 
 #: A request's head: images, rows, columns (the pixels follow); an answer's: "K" and the
 #: PNGs' total size (their sizes as uint32, then the PNGs, follow) or "E" and a message.
 _REQUEST = struct.Struct("<QII")
 _ANSWER = struct.Struct("<cQ")
+_PIPE = "the PNG encoding process"  # named when its pipe ends early
 #: Requests handed to the worker and not answered, at most (the rest are encoded here).
 IN_FLIGHT = 2
 
@@ -92,14 +94,14 @@ class PngWorker:
         """The PNGs of ``images`` (uint8, ``(n, rows, cols)``), encoded by the worker."""
         n, rows, cols = images.shape
         try:
-            _write_all(self.requests, _REQUEST.pack(n, rows, cols))
-            _write_all(self.requests, images.tobytes())
-            kind, size = _ANSWER.unpack(_read_exact(self.answers, _ANSWER.size))
+            write_all(self.requests, _REQUEST.pack(n, rows, cols))
+            write_all(self.requests, images.tobytes())
+            kind, size = _ANSWER.unpack(read_exact(self.answers, _ANSWER.size, _PIPE))
             if kind != b"K":
-                message = _read_exact(self.answers, size).decode("utf-8", "replace")
+                message = read_exact(self.answers, size, _PIPE).decode("utf-8", "replace")
                 raise Mnist2dbError(f"the PNG encoding process failed: {message}")
-            sizes = np.frombuffer(_read_exact(self.answers, 4 * n), np.uint32)
-            body = _read_exact(self.answers, size)
+            sizes = np.frombuffer(read_exact(self.answers, 4 * n, _PIPE), np.uint32)
+            body = read_exact(self.answers, size, _PIPE)
         except (EOFError, BrokenPipeError):
             raise Mnist2dbError(
                 f"the PNG encoding process (pid {self.pid}) ended before the export"
@@ -121,36 +123,18 @@ def _serve(requests: int, answers: int, encode: Any) -> None:
     """The worker's loop: a request, its answer, until the request pipe ends."""
     while True:
         try:
-            head = _read_exact(requests, _REQUEST.size)
+            head = read_exact(requests, _REQUEST.size, _PIPE)
         except EOFError:
             return
         n, rows, cols = _REQUEST.unpack(head)
-        pixels = _read_exact(requests, n * rows * cols)
+        pixels = read_exact(requests, n * rows * cols, _PIPE)
         try:
             pngs = encode(np.frombuffer(pixels, np.uint8).reshape(n, rows, cols))
         except Exception as exc:  # handed to the parent, raised there
             message = str(exc).encode("utf-8", "replace")
-            _write_all(answers, _ANSWER.pack(b"E", len(message)) + message)
+            write_all(answers, _ANSWER.pack(b"E", len(message)) + message)
             continue
         sizes = np.array([len(png) for png in pngs], np.uint32)
         body = b"".join(pngs)
-        _write_all(answers, _ANSWER.pack(b"K", len(body)) + sizes.tobytes())
-        _write_all(answers, body)
-
-
-def _read_exact(fd: int, size: int) -> bytes:
-    """``size`` bytes from ``fd``; EOFError when it ends first."""
-    chunks = []
-    while size:
-        chunk = os.read(fd, min(size, 1 << 20))
-        if not chunk:
-            raise EOFError("the PNG encoding process's pipe ended")
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+        write_all(answers, _ANSWER.pack(b"K", len(body)) + sizes.tobytes())
+        write_all(answers, body)
