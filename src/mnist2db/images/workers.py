@@ -31,9 +31,7 @@ import fcntl
 import gc
 import multiprocessing
 import os
-import pickle
 import signal
-import struct
 import sys
 import time
 import warnings
@@ -46,7 +44,7 @@ from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.formats.opencv import opencv
 from mnist2db.images.process_setup import PARENT_HEAP, keep_the_heap, one_blas_thread
-from mnist2db.images.result_ring import ResultRing, RingError
+from mnist2db.images.result_ring import ResultRing
 from mnist2db.images.worker_loop import attempt, serve, shown_entry
 from mnist2db.images.worker_messages import PipeWaiter, Run, receive_messages, unpack_results
 
@@ -390,7 +388,7 @@ def _run(
         for message in messages:
             try:
                 results, size = unpack_results(message, worker.ring)
-            except (RingError, ValueError, pickle.UnpicklingError, TypeError, struct.error):
+            except Exception:  # a garbled message: unpickling raises whatever it meets
                 return "its decoder sent a result that is not one (killed)"
             count = len(results)
             for result, _, _ in results:
