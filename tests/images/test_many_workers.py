@@ -1,8 +1,8 @@
 """Many workers in bounded memory: above a few, the decoders are loaded once before the
-fork and their pages shared, and the rings share one budget (mnist2db.images.workers
-ring_bytes, mnist2db.images.datum_records.shared_decoders). A real ``convert_imageset``
-with 24 workers, its processes' proportional sets summed as it runs; the records the
-same as with one worker."""
+fork and their pages shared (mnist2db.images.datum_records.shared_decoders), and the
+default stops at eight workers (mnist2db.images.workers.default_jobs). A real
+``convert_imageset`` with 24 workers, its processes' proportional sets summed as it runs;
+the records the same as with one worker."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mnist2db.images import workers
 from mnist2db.images.datum_records import SHARED_DECODERS_ABOVE, shared_decoders
-from mnist2db.images.workers import RING_BYTES, RING_FLOOR, RINGS_BYTES, ring_bytes
+from mnist2db.images.workers import default_jobs
 from mnist2db.storage.readers import iter_db
 
 #: The issue's bound on the memory of all the run's processes together.
@@ -66,11 +67,18 @@ def _run(args: list[str]) -> tuple[int, int, str]:
     return proc.returncode, peak[0], err.decode()
 
 
-def test_each_ring_is_a_share_of_one_budget() -> None:
-    assert ring_bytes(1) == ring_bytes(2) == RING_BYTES
-    assert ring_bytes(4) == RINGS_BYTES // 4
-    assert ring_bytes(8) == ring_bytes(64) == RING_FLOOR
-    assert not shared_decoders(SHARED_DECODERS_ABOVE) and shared_decoders(SHARED_DECODERS_ABOVE + 1)
+def test_more_than_a_few_workers_share_the_decoders() -> None:
+    assert not shared_decoders(SHARED_DECODERS_ABOVE)
+    assert shared_decoders(SHARED_DECODERS_ABOVE + 1)
+
+
+@pytest.mark.parametrize(("cores", "jobs"), [(1, 1), (2, 2), (8, 8), (64, 8), (0, 1)])
+def test_the_default_is_one_worker_a_core_up_to_eight(
+    monkeypatch: pytest.MonkeyPatch, cores: int, jobs: int
+) -> None:
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda _: set(range(cores)), raising=False)
+    monkeypatch.setattr(workers.os, "cpu_count", lambda: cores or None)
+    assert default_jobs() == jobs
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="Linux's PSS")

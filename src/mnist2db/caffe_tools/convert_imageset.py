@@ -79,7 +79,7 @@ FLAGS: dict[str, Flag] = {
         "jobs",
         "int32",
         0,
-        "Worker processes decoding images; 0: one per processor (mnist2db extension)",
+        "Worker processes decoding images; 0: one per processor, at most 8 (mnist2db extension)",
         bounds=(0, 1 << 16),
     ),
     "j": Flag("j", "int32", 0, "Short for --jobs (mnist2db extension)", bounds=(0, 1 << 16)),

@@ -69,11 +69,6 @@ WINDOW_BYTES = 16 << 20
 #: wait while the parent commits. Its pages count in the resident set of the worker and of
 #: the parent (shared: once in PSS).
 RING_BYTES = 8 << 20
-#: The rings' bytes in all, shared by the workers (each :data:`RING_BYTES` at most, and at
-#: least :data:`RING_FLOOR`): two workers get 8 MiB each, eight 2 MiB, so that the rings'
-#: pages do not grow with the cores (each worker's share of a 4 MiB batch shrinks with them).
-RINGS_BYTES = 16 << 20
-RING_FLOOR = 2 << 20
 #: Seconds a worker waits for space in its ring (the parent writing a batch) before a record
 #: goes by the pipe, where the caller releases what it has written (:meth:`release`).
 RING_PATIENCE = 0.05
@@ -83,16 +78,21 @@ DEFAULT_TIMEOUT = 60.0
 _PIPE_BYTES = 1 << 20
 
 
-def ring_bytes(jobs: int) -> int:
-    """Bytes of each worker's ring when ``jobs`` workers share :data:`RINGS_BYTES`."""
-    return max(RING_FLOOR, min(RING_BYTES, RINGS_BYTES // max(1, jobs))) if RING_BYTES else 0
+#: The most workers started when ``--jobs`` is not given: more cores than this get this
+#: many. Eight keep the run's processes within 256 MiB together (PSS 174 MiB for photos
+#: resized: they share the decoders, and each has its 8 MiB ring) and are 2-3 times what
+#: the one writer takes of photo-sized images (docs/performance.md); ``-j N`` asks for more.
+DEFAULT_JOBS_LIMIT = 8
 
 
 def default_jobs() -> int:
-    """The processors this process may run on (its affinity), at least 1."""
+    """The processors this process may run on (its affinity), at least 1 and at most
+    :data:`DEFAULT_JOBS_LIMIT`."""
     if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+        cores = len(os.sched_getaffinity(0))
+    else:
+        cores = os.cpu_count() or 1
+    return max(1, min(DEFAULT_JOBS_LIMIT, cores))
 
 
 class _Worker:
@@ -108,7 +108,6 @@ class _Worker:
         patience: float,
         keys: Callable[[ListEntry], bytes] | None = None,
         warm: Callable[[], None] | None = None,
-        ring: int = RING_BYTES,
     ) -> None:
         # Two pipes, tasks down and results up; the results' holds a megabyte (Linux's
         # limit for anyone), so a record that does not fit the ring crosses in one or two
@@ -119,7 +118,7 @@ class _Worker:
         with contextlib.suppress(OSError, AttributeError):
             fcntl.fcntl(result_in.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
         forked = context.get_start_method() == "fork"
-        self.ring = ResultRing(ring, patience) if forked and ring else None
+        self.ring = ResultRing(RING_BYTES, patience) if forked and RING_BYTES else None
         args = (task_out, result_in, work, root, self.ring, keys, warm)
         self.process = context.Process(target=serve, args=args, daemon=True)
         with warnings.catch_warnings():
@@ -231,8 +230,7 @@ class OrderedDecoding:
         self._frozen = True
         try:
             for _ in range(jobs):
-                worker = _Worker(self._context, work, root, self._patience, keys, warm,
-                                 ring_bytes(jobs))  # fmt: skip
+                worker = _Worker(self._context, work, root, self._patience, keys, warm)
                 self._workers.append(worker)
         except BaseException:
             self.close()
@@ -371,9 +369,7 @@ def _run(
         received are handed out again one a task, and the one that fails alone is blamed."""
         worker.kill()
         worker.reap()
-        workers[workers.index(worker)] = _Worker(
-            context, work, root, patience, keys, None, ring_bytes(len(workers))
-        )
+        workers[workers.index(worker)] = _Worker(context, work, root, patience, keys)
         if not worker.tasks:
             return
         start, chunk = worker.tasks.popleft()
