@@ -1,7 +1,8 @@
 """interrupt.as_script / leave: the installed scripts end their process without the
-interpreter's teardown, yet do all it does that anyone can see (threads waited for,
-atexit handlers, stdout and stderr flushed, the exit code as sys.exit gives it). Real
-processes, each run both ways: ``main`` exiting as usual and through ``as_script``."""
+interpreter's teardown, yet do all it does that anyone can see (atexit handlers, stdout
+and stderr flushed, the exit code as sys.exit gives it; a thread still running waited for,
+by the interpreter's own exit). Real processes, each run both ways: ``main`` exiting as
+usual and through ``as_script``."""
 
 from __future__ import annotations
 
@@ -29,18 +30,21 @@ def main():
     def late():
         time.sleep(0.2)
         open(MARKS + "/thread", "w").write("done")
-    threading.Thread(target=late).start()
+    if {thread!r}:
+        threading.Thread(target=late).start()
     sys.exit({code!r})
 
 {call}
 """
 
 
-def _run(tmp_path: Path, code: object, fast: bool) -> tuple[int, str, str, set[str]]:
+def _run(
+    tmp_path: Path, code: object, fast: bool, thread: bool = False
+) -> tuple[int, str, str, set[str]]:
     marks = tmp_path / ("fast" if fast else "usual")
     marks.mkdir()
     call = "as_script(main)" if fast else "main()"
-    program = PROGRAM.format(marks=str(marks), code=code, call=call)
+    program = PROGRAM.format(marks=str(marks), code=code, call=call, thread=thread)
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
     return done.returncode, done.stdout, done.stderr, {p.name for p in marks.iterdir()}
 
@@ -52,8 +56,15 @@ def test_a_script_ends_as_sys_exit_would_without_the_teardown(
     usual = _run(tmp_path, code, fast=False)
     fast = _run(tmp_path, code, fast=True)
     assert usual[:3] == fast[:3] == (status, "written, not flushed", "to stderr, not flushed")
-    assert usual[3] == {"atexit", "thread", "teardown"}
-    assert fast[3] == {"atexit", "thread"}  # the same, but no teardown
+    assert usual[3] == {"atexit", "teardown"}
+    assert fast[3] == {"atexit"}  # the same, but no teardown
+
+
+def test_a_thread_still_running_is_left_to_the_interpreters_exit(tmp_path: Path) -> None:
+    usual = _run(tmp_path, 4, fast=False, thread=True)
+    fast = _run(tmp_path, 4, fast=True, thread=True)
+    assert usual == fast
+    assert fast[0] == 4 and fast[3] == {"atexit", "thread", "teardown"}
 
 
 def test_a_text_exit_is_written_to_stderr_with_status_1(tmp_path: Path) -> None:

@@ -129,23 +129,23 @@ def as_script(main: Callable[[], None]) -> NoReturn:
 def leave(code: object) -> NoReturn:
     """End the process with ``code`` (as ``sys.exit(code)`` would: None is 0, text is
     written to stderr and gives 1) after doing what the interpreter's exit does that anyone
-    can see, in its order: the threads that are not daemons waited for, the ``atexit``
-    handlers run (multiprocessing's reaps its children), stdout and stderr flushed; but
-    not its teardown of every module and object, 20-30 ms after a conversion and ~0.1 s
-    with numpy and OpenCV loaded (docs/performance.md). Should a flush fail (stdout a
-    closed pipe), the interpreter's own exit reports it, as it would have."""
+    can see: the ``atexit`` handlers run (multiprocessing's reaps its children), stdout
+    and stderr flushed; but not its teardown of every module and object, ~10 ms after a
+    conversion and more with numpy and OpenCV loaded (docs/performance.md). Where a thread
+    that is not a daemon still runs (the interpreter would wait for it, and stop idle
+    thread pools first), or a flush fails (stdout a closed pipe), the interpreter's own
+    exit does it all, as it would have."""
     if code is None:
         code = 0
     elif not isinstance(code, int):
         sys.stderr.write(f"{code}\n")
         code = 1
-    try:
-        import threading
+    import threading
 
-        current = threading.current_thread()
-        for thread in threading.enumerate():
-            if thread is not current and not thread.daemon and thread.is_alive():
-                thread.join()
+    current = threading.current_thread()
+    if any(t is not current and not t.daemon for t in threading.enumerate()):
+        raise SystemExit(code)
+    try:
         import atexit
 
         atexit._run_exitfuncs()
