@@ -6,6 +6,7 @@ usual and through ``as_script``."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -89,3 +90,29 @@ def test_a_failed_flush_is_reported_as_the_interpreter_reports_it(tmp_path: Path
         _, err = proc.communicate()
         codes.append((proc.returncode, b"BrokenPipeError" in err))
     assert codes[0] == codes[1] and codes[0][0] != 0 and codes[0][1]
+
+
+BLAS = """
+import os
+from mnist2db.interrupt import as_script
+def main():
+    import numpy
+    print(len(os.listdir("/proc/self/task")), os.environ.get("OPENBLAS_NUM_THREADS"))
+as_script(main)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux's task list")
+@pytest.mark.parametrize(("asked", "expected"), [(None, "1"), ("2", "2")])
+def test_a_script_loads_numpy_without_a_blas_pool_unless_asked(
+    asked: str | None, expected: str
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("NUM_THREADS")}
+    if asked is not None:
+        env["OPENBLAS_NUM_THREADS"] = asked
+    done = subprocess.run([sys.executable, "-c", BLAS], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    threads, variable = done.stdout.split()
+    assert variable == expected
+    if asked is None:
+        assert threads == "1"  # the main thread alone: no pool

@@ -118,7 +118,10 @@ def run(work: Callable[[], int | None]) -> int:
 def as_script(main: Callable[[], None]) -> NoReturn:
     """Run a console script's ``main`` and end the process as its ``SystemExit`` says, by
     :func:`leave`: the installed scripts' entry points (``main`` itself, as tests and
-    ``python -c`` call it, exits the usual way)."""
+    ``python -c`` call it, exits the usual way). numpy's OpenBLAS, which nothing of
+    mnist2db uses, starts no thread pool (a thread a core, spinning as it starts: ~0.1 s
+    of CPU for every command that loads numpy), unless the environment asks for one."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         main()
     except SystemExit as exc:
