@@ -54,6 +54,8 @@ NAME_LIMIT = 200
 _CAFFE_KEY = re.compile(rb"[0-9]{8,}_(.+)", re.DOTALL)
 _PLAIN_FILE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.+=,@-]{0,127}")
 _PLAIN_SAMPLE = re.compile(r"[A-Za-z0-9_-]{1,90}")
+#: Plain sample keys, one a line (:func:`plain_sample_keys`).
+_PLAIN_SAMPLES = re.compile(rb"[A-Za-z0-9_-]{1,90}(?:\n[A-Za-z0-9_-]{1,90})*")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -409,6 +411,12 @@ def sample_key(key: bytes) -> tuple[str, bool]:
     if _PLAIN_SAMPLE.fullmatch(text):
         return text, False
     return _mapped(text, key), True
+
+
+def plain_sample_keys(keys: list[bytes]) -> bool:
+    """True when every key is a plain sample key (:func:`sample_key` keeps it as it is),
+    checked in one match of them all."""
+    return _PLAIN_SAMPLES.fullmatch(b"\n".join(keys)) is not None
 
 
 def key_fields(key: bytes) -> dict[str, str]:
