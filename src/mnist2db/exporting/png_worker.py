@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from mnist2db.errors import Mnist2dbError
-from mnist2db.exporting.pipe_io import read_exact, write_all
+from mnist2db.exporting.pipe_io import read_exact, widen_pipes, write_all
 
 #: A request's head: images, rows, columns (the pixels follow); an answer's: "K" and the
 #: PNGs' total size (their sizes as uint32, then the PNGs, follow) or "E" and a message.
@@ -72,6 +72,7 @@ class PngWorker:
                 os._exit(status)
         os.close(requests_r)
         os.close(answers_w)
+        widen_pipes(requests_w, answers_r)  # a batch's pixels (784 KB of 28 x 28) in one write
         self.pid, self.requests, self.answers = pid, requests_w, answers_r
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="mnist2db-png")
 
@@ -95,7 +96,8 @@ class PngWorker:
         n, rows, cols = images.shape
         try:
             write_all(self.requests, _REQUEST.pack(n, rows, cols))
-            write_all(self.requests, images.tobytes())
+            # From where they are (a contiguous batch: made so when the records were read).
+            write_all(self.requests, np.ascontiguousarray(images).data.cast("B"))
             kind, size = _ANSWER.unpack(read_exact(self.answers, _ANSWER.size, _PIPE))
             if kind != b"K":
                 message = read_exact(self.answers, size, _PIPE).decode("utf-8", "replace")

@@ -29,12 +29,18 @@ import numpy as np
 
 from mnist2db.errors import DatumError
 from mnist2db.exporting.png_worker import IN_FLIGHT, PngWorker, worth_a_worker
+from mnist2db.exporting.raw_records import (
+    FixedLayout,
+    FixedRaws,
+    RawRecord,
+    check_shape,
+    grey_pngs,
+    raw_fields,
+)
 from mnist2db.formats.datum import check_datum, decode_datum, key_text, raw_layout
 from mnist2db.formats.datum_fields import encoded_fields
 from mnist2db.formats.image_encode import encode_png as encode_colour_png
 from mnist2db.formats.image_input import image_format
-from mnist2db.formats.png import PNG_SIGNATURE, encode_png_batch
-from mnist2db.formats.protowire import encode_varint
 
 T = TypeVar("T")
 
@@ -79,47 +85,6 @@ def extension(data: bytes | memoryview) -> str:
     return EXTENSIONS.get(kind or "", UNKNOWN_EXTENSION)
 
 
-#: A raw record gathered for encoding: key, label, (channels, height, width), pixel bytes.
-_Raw = tuple[bytes, int, tuple[int, int, int], bytes]
-
-
-def _raw_fields(datum: Any, key: bytes, where: str) -> _Raw:
-    """A raw Datum's fields, checked to be an image an image file can hold."""
-    shape = (int(datum.channels), int(datum.height), int(datum.width))
-    if not len(datum.data):
-        raise DatumError(
-            f"{where}: float_data pixels, not an image an image file can hold "
-            "(export --to idx writes uint8 records only as well)"
-        )
-    _check_shape(shape, where)
-    return key, int(datum.label), shape, datum.data
-
-
-def _check_shape(shape: tuple[int, int, int], where: str) -> None:
-    channels, height, width = shape
-    if channels not in (1, 3) or height == 0 or width == 0:
-        raise DatumError(
-            f"{where}: Datum {channels} × {height} × {width}: an image file holds 1 channel "
-            "(grey) or 3 (colour) of at least 1 × 1 pixels"
-        )
-
-
-def _grey_pngs(images: np.ndarray) -> list[bytes]:
-    """PNGs of ``(n, rows, cols)`` grey images, by the batch encoder ``convert --encoded png``
-    uses: each Datum it makes is cut back to its PNG (field 4): from the PNG signature after
-    the Datum's head to the label 0 and ``encoded: true`` that end it."""
-    n, rows, cols = images.shape
-    head = 1 + 1 + 1 + len(encode_varint(rows)) + 1 + len(encode_varint(cols)) + 1
-    return [
-        record[record.index(PNG_SIGNATURE, head) : -len(_ZERO_TAIL)]
-        for record in encode_png_batch(images, np.zeros(n, dtype=np.int64))
-    ]
-
-
-#: What ends a record :func:`encode_png_batch` makes of label 0: the label, ``encoded: true``.
-_ZERO_TAIL = b"\x28\x00\x38\x01"
-
-
 def read_record(db_path: str, key: bytes, value: bytes) -> Any:
     """The Datum of one record, parsed and checked; a bad one refused naming the key.
 
@@ -137,12 +102,21 @@ def read_record(db_path: str, key: bytes, value: bytes) -> Any:
 
 
 def _raw_batch(
-    batch: list[_Raw], grey_pngs: Callable[[np.ndarray], list[bytes]] | None = None
+    batch: list[RawRecord] | FixedRaws,
+    encode_grey: Callable[[np.ndarray], list[bytes]] | None = None,
 ) -> SampleBatch:
     """The PNGs of raw records, in order: grey records of one shape encoded together (by
-    ``grey_pngs``: here, or in a :class:`~mnist2db.exporting.png_worker.PngWorker`)."""
-    grey_pngs = grey_pngs or _grey_pngs
-    made: list[bytes | memoryview] = [b""] * len(batch)
+    ``encode_grey``: here, or in a :class:`~mnist2db.exporting.png_worker.PngWorker`)."""
+    encode_grey = encode_grey or grey_pngs
+    if isinstance(batch, FixedRaws):
+        n, channels, height, width = batch.images.shape
+        made: list[bytes | memoryview]
+        if channels == 1:
+            made = list(encode_grey(batch.images.reshape(n, height, width)))
+        else:
+            made = [encode_colour_png(planes.transpose(1, 2, 0)) for planes in batch.images]
+        return SampleBatch(batch.keys, batch.labels, made, ["png"] * n, False)
+    made = [b""] * len(batch)
     grey: dict[tuple[int, int], list[int]] = {}
     for i, (_, _, (channels, height, width), data) in enumerate(batch):
         if channels == 1:
@@ -153,29 +127,11 @@ def _raw_batch(
     for (rows, cols), where in grey.items():
         joined = b"".join([batch[i][3] for i in where])
         images = np.frombuffer(joined, dtype=np.uint8).reshape(len(where), rows, cols)
-        for i, data in zip(where, grey_pngs(images), strict=True):
+        for i, data in zip(where, encode_grey(images), strict=True):
             made[i] = data
     keys = [raw[0] for raw in batch]
     labels = [raw[1] for raw in batch]
     return SampleBatch(keys, labels, made, ["png"] * len(batch), False)
-
-
-class _FixedLayout:
-    """Caffe's fixed record layout (:func:`mnist2db.formats.datum.raw_layout`), learnt from
-    the first raw record: a record of that length and prefix, ending in a one-byte label,
-    is read without protobuf."""
-
-    def __init__(self, value: bytes) -> None:
-        found = raw_layout(value)
-        self.length, self.prefix, self.shape, self.offset = found or (-1, b"", (0, 0, 0), 0)
-        self.size = self.shape[0] * self.shape[1] * self.shape[2]
-
-    def read(self, key: bytes, value: bytes) -> _Raw | None:
-        if len(value) != self.length or value[-2] != 0x28 or value[-1] >= 0x80:
-            return None
-        if not value.startswith(self.prefix):
-            return None
-        return key, value[-1], self.shape, value[self.offset : self.offset + self.size]
 
 
 class SampleBatch(NamedTuple):
@@ -211,7 +167,7 @@ def start_png_worker(first: bytes | None) -> PngWorker | None:
     layout = raw_layout(first) if first is not None else None
     if layout is None or layout[2][0] != 1 or not worth_a_worker():
         return None
-    return PngWorker(_grey_pngs)
+    return PngWorker(grey_pngs)
 
 
 def iter_batches(
@@ -248,63 +204,110 @@ def _made(item: SampleBatch | Future[SampleBatch]) -> SampleBatch:
 
 def _batches(
     db_path: str, records: Iterable[tuple[bytes, Any]]
-) -> Iterator[SampleBatch | list[_Raw]]:
+) -> Iterator[SampleBatch | list[RawRecord] | FixedRaws]:
     """:func:`iter_batches`' batches, a raw one as its records (to be encoded)."""
-    raws: list[_Raw] = []
-    encoded = SampleBatch([], [], [], [], True)
-    size = 0
-    layout: _FixedLayout | None = None
+    gathered = _Gathered(db_path)
+    keys, values = gathered.fixed_keys, gathered.fixed_values
     for key, value in records:
-        key = bytes(key)
-        raw = None
-        if layout is not None and len(value) == layout.length:
-            raw = layout.read(key, bytes(value))
-        if raw is None:
-            datum: Any = None
-            found = encoded_fields(value)
-            if found is not None:  # the stored bytes, without protobuf
-                label = found[2]
-                data: bytes | memoryview = memoryview(value)[found[0] : found[1]]
-                if isinstance(value, memoryview):
-                    # Copied once out of LMDB's map: writing and hashing from the map (4 KiB
-                    # pages, two passes, each a TLB miss a page on this virtual machine) was
-                    # measured slower than from the heap (2 GB: 5.1-5.3 s against 5.8-6.9 s).
-                    data = bytes(data)
-            else:
-                value = bytes(value)
-                datum = read_record(db_path, key, value)
-                label, data = int(datum.label), datum.data
-            if datum is None or datum.encoded:
-                if raws:
-                    yield raws
-                    raws, size = [], 0
-                encoded.keys.append(key)
-                encoded.labels.append(label)
-                encoded.data.append(data)
-                encoded.exts.append(extension(data))
-                del datum, value  # the record's one copy (if any) is the sample's
-                size += len(data)
-                if len(encoded.keys) >= BATCH_RECORDS or size >= BATCH_BYTES:
-                    yield encoded
-                    encoded, size = SampleBatch([], [], [], [], True), 0
-                continue
-            raw = _raw_fields(datum, key, f"{db_path}: key {key_text(key)}")
-            if layout is None:
-                layout = _FixedLayout(value)
-                if layout.size:
-                    _check_shape(layout.shape, f"{db_path}: key {key_text(key)}")
-        if encoded.keys:
-            yield encoded
-            encoded, size = SampleBatch([], [], [], [], True), 0
-        raws.append(raw)
-        size += len(raw[3])
-        if len(raws) >= BATCH_RECORDS or size >= BATCH_BYTES:
-            yield raws
-            raws, size = [], 0
-    if raws:
-        yield raws
-    if encoded.keys:
-        yield encoded
+        if len(value) == gathered.length:  # no generator a record: the common case inline
+            keys.append(bytes(key))
+            values.append(value)
+            if len(keys) >= gathered.fixed_limit:
+                yield from gathered.fixed()
+        else:
+            yield from gathered.fixed()
+            yield from gathered.one(bytes(key), value)
+    yield from gathered.end()
+
+
+class _Gathered:
+    """The batches :func:`_batches` gathers: records in the fixed layout of the first raw
+    one (:class:`~mnist2db.exporting.raw_records.FixedLayout`, learnt from it) a batch at a
+    time, by numpy; any other record (and a batch of that length not all in the layout) one
+    by one (:meth:`one`). Batches are yielded in the records' order."""
+
+    def __init__(self, db_path: str) -> None:
+        self.db_path = db_path
+        self.raws: list[RawRecord] = []
+        self.encoded = SampleBatch([], [], [], [], True)
+        self.size = 0
+        self.layout: FixedLayout | None = None
+        #: The records gathered in the layout (of ``length`` bytes, ``fixed_limit`` a batch).
+        self.fixed_keys: list[bytes] = []
+        self.fixed_values: list[Any] = []
+        self.length = -1
+        self.fixed_limit = BATCH_RECORDS
+
+    def end(self) -> Iterator[SampleBatch | list[RawRecord] | FixedRaws]:
+        yield from self.fixed()
+        yield from self._flush()
+
+    def fixed(self) -> Iterator[SampleBatch | list[RawRecord] | FixedRaws]:
+        """The records gathered in the layout, as one batch (after every batch before)."""
+        if not self.fixed_keys or self.layout is None:
+            return
+        keys, values = self.fixed_keys[:], self.fixed_values[:]
+        self.fixed_keys.clear()  # in place: _batches holds them
+        self.fixed_values.clear()
+        run = self.layout.read(keys, values)
+        if run is None:  # not all in the layout: read one by one, as any record
+            for key, value in zip(keys, values, strict=True):
+                yield from self.one(key, value)
+            return
+        yield from self._flush()
+        yield run
+
+    def _flush(self) -> Iterator[SampleBatch | list[RawRecord]]:
+        if self.raws:
+            yield self.raws
+            self.raws = []
+        if self.encoded.keys:
+            yield self.encoded
+            self.encoded = SampleBatch([], [], [], [], True)
+        self.size = 0
+
+    def one(self, key: bytes, value: Any) -> Iterator[SampleBatch | list[RawRecord]]:
+        """One record, through protobuf where its stored bytes are not found without."""
+        datum: Any = None
+        found = encoded_fields(value)
+        if found is not None:  # the stored bytes, without protobuf
+            label = found[2]
+            data: bytes | memoryview = memoryview(value)[found[0] : found[1]]
+            if isinstance(value, memoryview):
+                # Copied once out of LMDB's map: writing and hashing from the map (4 KiB
+                # pages, two passes, each a TLB miss a page on this virtual machine) was
+                # measured slower than from the heap (2 GB: 5.1-5.3 s against 5.8-6.9 s).
+                data = bytes(data)
+        else:
+            value = bytes(value)
+            datum = read_record(self.db_path, key, value)
+            label, data = int(datum.label), datum.data
+        if datum is None or datum.encoded:
+            if self.raws:
+                yield from self._flush()
+            encoded = self.encoded
+            encoded.keys.append(key)
+            encoded.labels.append(label)
+            encoded.data.append(data)
+            encoded.exts.append(extension(data))
+            del datum, value  # the record's one copy (if any) is the sample's
+            self.size += len(data)
+            if len(encoded.keys) >= BATCH_RECORDS or self.size >= BATCH_BYTES:
+                yield from self._flush()
+            return
+        raw = raw_fields(datum, key, f"{self.db_path}: key {key_text(key)}")
+        if self.layout is None:
+            self.layout = FixedLayout(value)
+            self.length = self.layout.length
+            if self.layout.size:
+                check_shape(self.layout.shape, f"{self.db_path}: key {key_text(key)}")
+                self.fixed_limit = max(1, min(BATCH_RECORDS, BATCH_BYTES // self.layout.length))
+        if self.encoded.keys:
+            yield from self._flush()
+        self.raws.append(raw)
+        self.size += len(raw[3])
+        if len(self.raws) >= BATCH_RECORDS or self.size >= BATCH_BYTES:
+            yield from self._flush()
 
 
 #: Batches made ahead of their writer by :func:`prefetched` (memory's bound: with the one

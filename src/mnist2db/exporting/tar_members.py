@@ -141,7 +141,7 @@ def batch_tars(
         return framed
     headers = ustar_headers(names, sizes)
     if int(sizes.max()) < VIEW_SIZE:
-        framed.blob = memoryview(_joined(headers, data, sizes, starts))
+        framed.blob = _joined(headers, data, sizes, starts).data
         return framed
     size_list = sizes.tolist()
     paddings = [PADDING[size % BLOCK] for size in size_list]
