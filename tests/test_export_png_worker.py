@@ -107,3 +107,17 @@ def test_a_killed_export_leaves_no_worker_behind(tmp_path: Path) -> None:
     while any(_running(pid) for pid in workers):  # the worker reads the end of its pipe
         assert time.monotonic() < deadline, "the PNG worker outlived its export"
         time.sleep(0.01)
+
+
+@pytest.mark.parametrize("shape", [(5, 28, 28), (3, 1, 1), (2, 300, 7), (0, 4, 4)])
+def test_grey_pngs_are_the_pngs_convert_stores(shape: tuple[int, int, int]) -> None:
+    """encode_grey_pngs (what the export writes) gives each record's data of encode_png_batch
+    (what convert --encoded png stores), byte for byte."""
+    from mnist2db.formats.datum import decode_datum
+    from mnist2db.formats.png import encode_grey_pngs, encode_png_batch
+
+    images = np.random.default_rng(7).integers(0, 256, shape, dtype=np.uint8)
+    if shape[0]:
+        images[0] = 0
+    records = encode_png_batch(images, np.arange(shape[0]) * 300)
+    assert encode_grey_pngs(images) == [decode_datum(record).data for record in records]

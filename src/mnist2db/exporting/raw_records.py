@@ -1,7 +1,8 @@
-"""Raw records (pixels, not encoded bytes) as an export reads them and their PNGs: one record
-through protobuf, or a run of records in Caffe's fixed layout a batch at a time, by numpy
-(:class:`FixedLayout`); grey images of one shape encoded together (:func:`grey_pngs`). Used
-by :mod:`mnist2db.exporting.samples`."""
+"""Raw records (pixels, not encoded bytes) as an export reads them: one record through
+protobuf (:func:`raw_fields`), or a run of records in Caffe's fixed layout a batch at a
+time, by numpy (:class:`FixedLayout`). Used by :mod:`mnist2db.exporting.samples`, which
+encodes them (grey images of one shape together:
+:func:`~mnist2db.formats.png.encode_grey_pngs`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ import numpy as np
 
 from mnist2db.errors import DatumError
 from mnist2db.formats.datum import raw_layout
-from mnist2db.formats.png import PNG_SIGNATURE, encode_png_batch
-from mnist2db.formats.protowire import encode_varint
 
 #: A raw record gathered for encoding: key, label, (channels, height, width), pixel bytes.
 RawRecord = tuple[bytes, int, tuple[int, int, int], bytes]
@@ -47,22 +46,6 @@ def check_shape(shape: tuple[int, int, int], where: str) -> None:
             f"{where}: Datum {channels} × {height} × {width}: an image file holds 1 channel "
             "(grey) or 3 (colour) of at least 1 × 1 pixels"
         )
-
-
-def grey_pngs(images: np.ndarray) -> list[bytes]:
-    """PNGs of ``(n, rows, cols)`` grey images, by the batch encoder ``convert --encoded png``
-    uses: each Datum it makes is cut back to its PNG (field 4): from the PNG signature after
-    the Datum's head to the label 0 and ``encoded: true`` that end it."""
-    n, rows, cols = images.shape
-    head = 1 + 1 + 1 + len(encode_varint(rows)) + 1 + len(encode_varint(cols)) + 1
-    return [
-        record[record.index(PNG_SIGNATURE, head) : -len(_ZERO_TAIL)]
-        for record in encode_png_batch(images, np.zeros(n, dtype=np.int64))
-    ]
-
-
-#: What ends a record :func:`encode_png_batch` makes of label 0: the label, ``encoded: true``.
-_ZERO_TAIL = b"\x28\x00\x38\x01"
 
 
 class FixedLayout:

@@ -34,13 +34,13 @@ from mnist2db.exporting.raw_records import (
     FixedRaws,
     RawRecord,
     check_shape,
-    grey_pngs,
     raw_fields,
 )
 from mnist2db.formats.datum import check_datum, decode_datum, key_text, raw_layout
 from mnist2db.formats.datum_fields import encoded_fields
 from mnist2db.formats.image_encode import encode_png as encode_colour_png
 from mnist2db.formats.image_input import image_format
+from mnist2db.formats.png import encode_grey_pngs
 
 T = TypeVar("T")
 
@@ -107,7 +107,7 @@ def _raw_batch(
 ) -> SampleBatch:
     """The PNGs of raw records, in order: grey records of one shape encoded together (by
     ``encode_grey``: here, or in a :class:`~mnist2db.exporting.png_worker.PngWorker`)."""
-    encode_grey = encode_grey or grey_pngs
+    encode_grey = encode_grey or encode_grey_pngs
     if isinstance(batch, FixedRaws):
         n, channels, height, width = batch.images.shape
         made: list[bytes | memoryview]
@@ -167,7 +167,7 @@ def start_png_worker(first: bytes | None) -> PngWorker | None:
     layout = raw_layout(first) if first is not None else None
     if layout is None or layout[2][0] != 1 or not worth_a_worker():
         return None
-    return PngWorker(grey_pngs)
+    return PngWorker(encode_grey_pngs)
 
 
 def iter_batches(
