@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mnist2db.errors import DatumError
-from mnist2db.formats.datum import raw_layout
+from mnist2db.formats.datum import datum_prefix
 
 #: A raw record gathered for encoding: key, label, (channels, height, width), pixel bytes.
 RawRecord = tuple[bytes, int, tuple[int, int, int], bytes]
@@ -34,11 +34,11 @@ def raw_fields(datum: Any, key: bytes, where: str) -> RawRecord:
             f"{where}: float_data pixels, not an image an image file can hold "
             "(export --to idx writes uint8 records only as well)"
         )
-    check_shape(shape, where)
+    _check_shape(shape, where)
     return key, int(datum.label), shape, datum.data
 
 
-def check_shape(shape: tuple[int, int, int], where: str) -> None:
+def _check_shape(shape: tuple[int, int, int], where: str) -> None:
     """Refuse, naming ``where``, a shape no image file of ours holds (1 or 3 channels)."""
     channels, height, width = shape
     if channels not in (1, 3) or height == 0 or width == 0:
@@ -49,14 +49,39 @@ def check_shape(shape: tuple[int, int, int], where: str) -> None:
 
 
 class FixedLayout:
-    """Caffe's fixed record layout (:func:`mnist2db.formats.datum.raw_layout`), learnt from
-    the first raw record: records of that length and prefix, ending in a one-byte label,
-    are read without protobuf, a batch at a time (:meth:`read`)."""
+    """Caffe's fixed record layout (what :func:`mnist2db.formats.datum.raw_layout` finds),
+    learnt from the first raw record without protobuf (:meth:`of`): records of that length
+    and prefix, ending in a one-byte label, are read a batch at a time (:meth:`read`)."""
 
-    def __init__(self, value: bytes) -> None:
-        found = raw_layout(value)
-        self.length, self.prefix, self.shape, self.offset = found or (-1, b"", (0, 0, 0), 0)
-        self.size = self.shape[0] * self.shape[1] * self.shape[2]
+    def __init__(self, length: int, prefix: bytes, shape: tuple[int, int, int]) -> None:
+        self.length, self.prefix, self.shape, self.offset = length, prefix, shape, len(prefix)
+        self.size = shape[0] * shape[1] * shape[2]
+
+    @classmethod
+    def of(cls, value: Any) -> FixedLayout | None:
+        """The layout of ``value`` when it is a record in it (``channels``, ``height``,
+        ``width``, ``data`` of as many pixels and a label below 128, each field as protobuf
+        writes it: what :func:`~mnist2db.formats.datum.raw_layout` accepts), else None."""
+        fields = []
+        i = 0
+        for tag in (0x08, 0x10, 0x18, 0x22):
+            if i >= len(value) or value[i] != tag:
+                return None
+            number, i = _varint(value, i + 1)
+            if i < 0:
+                return None
+            fields.append(number)
+        channels, height, width, size = fields
+        shape = (channels, height, width)
+        if min(shape) <= 0 or size != channels * height * width:
+            return None
+        prefix = datum_prefix(channels, height, width, size)
+        length = len(prefix) + size + 2
+        if len(value) != length or value[-2] != 0x28 or value[-1] >= 0x80:
+            return None
+        if bytes(value[: len(prefix)]) != prefix:  # not protobuf's own bytes for the fields
+            return None
+        return cls(length, prefix, shape)
 
     def read(self, keys: list[bytes], values: list[Any]) -> FixedRaws | None:
         """The records ``keys``, ``values`` (each :attr:`length` bytes), when every one is in
@@ -73,3 +98,16 @@ class FixedLayout:
         pixels = rows[:, self.offset : self.offset + self.size]
         images = np.ascontiguousarray(pixels).reshape(n, *self.shape)
         return FixedRaws(keys, rows[:, -1].tolist(), images)
+
+
+def _varint(value: Any, i: int) -> tuple[int, int]:
+    """The varint at ``value[i]`` (at most 10 bytes) and the index after it; ``(0, -1)`` when
+    it is cut short or longer."""
+    number = shift = 0
+    for j in range(i, min(len(value), i + 10)):
+        byte = value[j]
+        number |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return number, j + 1
+        shift += 7
+    return 0, -1

@@ -33,10 +33,9 @@ from mnist2db.exporting.raw_records import (
     FixedLayout,
     FixedRaws,
     RawRecord,
-    check_shape,
     raw_fields,
 )
-from mnist2db.formats.datum import check_datum, decode_datum, key_text, raw_layout
+from mnist2db.formats.datum import check_datum, decode_datum, key_text
 from mnist2db.formats.datum_fields import encoded_fields
 from mnist2db.formats.image_encode import encode_png as encode_colour_png
 from mnist2db.formats.image_input import image_format
@@ -164,8 +163,8 @@ def iter_samples(db_path: str, records: Iterable[tuple[bytes, bytes]]) -> Iterat
 def start_png_worker(first: bytes | None) -> PngWorker | None:
     """A process to encode raw grey records' PNGs beside this one (:mod:`~mnist2db.exporting.png_worker`)
     when ``first``, a database's first value, is such a record and there are two CPUs; else None."""
-    layout = raw_layout(first) if first is not None else None
-    if layout is None or layout[2][0] != 1 or not worth_a_worker():
+    layout = FixedLayout.of(first) if first is not None else None
+    if layout is None or layout.shape[0] != 1 or not worth_a_worker():
         return None
     return PngWorker(encode_grey_pngs)
 
@@ -257,6 +256,11 @@ class _Gathered:
         yield from self._flush()
         yield run
 
+    def _learnt(self, layout: FixedLayout) -> None:
+        self.layout, self.length = layout, layout.length
+        if layout.size:
+            self.fixed_limit = max(1, min(BATCH_RECORDS, BATCH_BYTES // layout.length))
+
     def _flush(self) -> Iterator[SampleBatch | list[RawRecord]]:
         if self.raws:
             yield self.raws
@@ -267,9 +271,17 @@ class _Gathered:
         self.size = 0
 
     def one(self, key: bytes, value: Any) -> Iterator[SampleBatch | list[RawRecord]]:
-        """One record, through protobuf where its stored bytes are not found without."""
+        """One record, through protobuf where its stored bytes are not found without (the
+        first raw one: in the fixed layout, learnt without protobuf, gathered as such)."""
         datum: Any = None
         found = encoded_fields(value)
+        if found is None and self.layout is None:
+            layout = FixedLayout.of(value)
+            if layout is not None and layout.shape[0] in (1, 3):
+                self._learnt(layout)
+                self.fixed_keys.append(key)
+                self.fixed_values.append(value)
+                return
         if found is not None:  # the stored bytes, without protobuf
             label = found[2]
             data: bytes | memoryview = memoryview(value)[found[0] : found[1]]
@@ -297,11 +309,8 @@ class _Gathered:
             return
         raw = raw_fields(datum, key, f"{self.db_path}: key {key_text(key)}")
         if self.layout is None:
-            self.layout = FixedLayout(value)
-            self.length = self.layout.length
-            if self.layout.size:
-                check_shape(self.layout.shape, f"{self.db_path}: key {key_text(key)}")
-                self.fixed_limit = max(1, min(BATCH_RECORDS, BATCH_BYTES // self.layout.length))
+            # Not in the fixed layout (FixedLayout.of: None): none is, from here on.
+            self._learnt(FixedLayout(-1, b"", (0, 0, 0)))
         if self.encoded.keys:
             yield from self._flush()
         self.raws.append(raw)
