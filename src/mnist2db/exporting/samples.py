@@ -207,15 +207,17 @@ def _batches(
     """:func:`iter_batches`' batches, a raw one as its records (to be encoded)."""
     gathered = _Gathered(db_path)
     keys, values = gathered.fixed_keys, gathered.fixed_values
+    length, limit = gathered.length, gathered.fixed_limit
     for key, value in records:
-        if len(value) == gathered.length:  # no generator a record: the common case inline
+        if len(value) == length:  # no generator a record: the common case inline
             keys.append(bytes(key))
             values.append(value)
-            if len(keys) >= gathered.fixed_limit:
+            if len(keys) >= limit:
                 yield from gathered.fixed()
         else:
             yield from gathered.fixed()
             yield from gathered.one(bytes(key), value)
+            length, limit = gathered.length, gathered.fixed_limit  # learnt from a first one
     yield from gathered.end()
 
 

@@ -50,6 +50,11 @@ def ustar_headers(names: list[bytes], sizes: list[int] | np.ndarray) -> bytes:
     """The USTAR headers of members named ``names`` (UTF-8, at most 100 bytes) holding
     ``sizes`` bytes, one block each, all at once: the template with the name, the size and
     the checksum in octal, as tarfile writes them."""
+    return _header_blocks(names, sizes).tobytes()
+
+
+def _header_blocks(names: list[bytes], sizes: list[int] | np.ndarray) -> np.ndarray:
+    """:func:`ustar_headers` as an array, a header a row."""
     n = len(names)
     blocks = np.empty((n, BLOCK), np.uint8)
     blocks[:] = np.frombuffer(_TEMPLATE, np.uint8)
@@ -67,7 +72,7 @@ def ustar_headers(names: list[bytes], sizes: list[int] | np.ndarray) -> bytes:
     checksum = _TEMPLATE_SUM + name_bytes.sum(axis=1, dtype=np.int64) + digits.sum(axis=1)
     blocks[:, 148:154] = ((checksum[:, None] >> _OCTAL_6) & 7) + 48
     blocks[:, 155] = ord(" ")  # the checksum's six digits, a NUL, a space
-    return blocks.tobytes()
+    return blocks
 
 
 def member_name(name: str) -> bytes:
@@ -139,13 +144,13 @@ def batch_tars(
     if not m:
         framed.blob = memoryview(b"")
         return framed
-    headers = ustar_headers(names, sizes)
+    headers = _header_blocks(names, sizes)
     if int(sizes.max()) < VIEW_SIZE:
         framed.blob = _joined(headers, data, sizes, starts).data
         return framed
     size_list = sizes.tolist()
     paddings = [PADDING[size % BLOCK] for size in size_list]
-    view = memoryview(headers)
+    view = memoryview(headers.tobytes())
     first = 0
     for stop in ends:
         rest: list[Any] = [paddings[first]]
@@ -156,7 +161,9 @@ def batch_tars(
     return framed
 
 
-def _joined(headers: bytes, data: list[Any], sizes: np.ndarray, starts: np.ndarray) -> np.ndarray:
+def _joined(
+    headers: np.ndarray, data: list[Any], sizes: np.ndarray, starts: np.ndarray
+) -> np.ndarray:
     """The members as one tar stream, laid out by whole blocks: each header at its member's
     start (``starts``: one block each, :func:`ustar_headers`), the blocks of its data,
     padded with zeros, in the blocks after it."""
@@ -165,7 +172,7 @@ def _joined(headers: bytes, data: list[Any], sizes: np.ndarray, starts: np.ndarr
     pieces[1::2] = [PADDING[size % BLOCK] for size in sizes.tolist()]
     stream = np.empty((int(starts[-1]) // BLOCK, BLOCK), np.uint8)
     header_rows = starts[:-1] // BLOCK
-    stream[header_rows] = np.frombuffer(headers, np.uint8).reshape(-1, BLOCK)
+    stream[header_rows] = headers
     data_rows = np.ones(len(stream), bool)
     data_rows[header_rows] = False
     stream[data_rows] = np.frombuffer(b"".join(pieces), np.uint8).reshape(-1, BLOCK)
