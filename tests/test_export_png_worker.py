@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from mnist2db import Mnist2dbError, convert
 from mnist2db.exporting.png_worker import PngWorker, worth_a_worker
-from mnist2db.exporting.samples import iter_batches, start_png_worker
+from mnist2db.exporting.sample_batches import iter_batches, start_png_worker
 from mnist2db.storage.readers import shared_reader
 
 needs_two_cpus = pytest.mark.skipif(not worth_a_worker(), reason="one CPU: no worker is started")

@@ -7,7 +7,7 @@ overlap the export's framing, and a shard export of raw records ran on one core.
 :class:`PngWorker` is a process forked at the start of the export, before its threads,
 that reads batches of images from a pipe and writes back their PNGs: the same encoder,
 the same bytes. The export hands it batches while it is free and encodes the others
-itself (:func:`mnist2db.exporting.samples.iter_batches`), so both cores encode.
+itself (:func:`mnist2db.exporting.sample_batches.iter_batches`), so both cores encode.
 
 One request at a time, through one thread of the parent (a pipe each way: the worker
 reads a whole request before it writes its answer, so neither side waits on a full pipe

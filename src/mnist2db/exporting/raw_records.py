@@ -1,6 +1,6 @@
 """Raw records (pixels, not encoded bytes) as an export reads them: one record through
 protobuf (:func:`raw_fields`), or a run of records in Caffe's fixed layout a batch at a
-time, by numpy (:class:`FixedLayout`). Used by :mod:`mnist2db.exporting.samples`, which
+time, by numpy (:class:`FixedLayout`). Used by :mod:`mnist2db.exporting.sample_batches`, which
 encodes them (grey images of one shape together:
 :func:`~mnist2db.formats.png.encode_grey_pngs`)."""
 
