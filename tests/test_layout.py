@@ -281,6 +281,7 @@ PRIVATE_REACHES = {
     "Image._getdecoder": "Pillow's decoder, to read a header's size before any decode",
     "signal._HANDLER": "the standard library's type of a signal handler",
     "os._exit": "a forked worker ends without the parent's clean-up (atexit, its buffers)",
+    "atexit._run_exitfuncs": "a script runs its exit handlers, then skips the teardown",
 }
 
 

@@ -98,5 +98,13 @@ def main() -> None:
     click_main()
 
 
+def script() -> None:
+    """The installed ``mnist2db`` script and ``python -m mnist2db``: :func:`main`, the
+    process ended without the interpreter's teardown (:func:`mnist2db.interrupt.as_script`)."""
+    from mnist2db.interrupt import as_script
+
+    as_script(main)
+
+
 if __name__ == "__main__":
-    main()
+    script()

@@ -9,6 +9,7 @@ heavy: the click-free fast path of ``mnist2db convert`` uses it too.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 
@@ -16,6 +17,7 @@ from mnist2db.fastpath import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
+    from typing import NoReturn
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 EXIT_SIGINT = 128 + signal.SIGINT  # 130
@@ -111,3 +113,44 @@ def run(work: Callable[[], int | None]) -> int:
         sys.stderr.flush()
         return exit_code(exc)
     return code or 0
+
+
+def as_script(main: Callable[[], None]) -> NoReturn:
+    """Run a console script's ``main`` and end the process as its ``SystemExit`` says, by
+    :func:`leave`: the installed scripts' entry points (``main`` itself, as tests and
+    ``python -c`` call it, exits the usual way)."""
+    try:
+        main()
+    except SystemExit as exc:
+        leave(exc.code)
+    leave(0)
+
+
+def leave(code: object) -> NoReturn:
+    """End the process with ``code`` (as ``sys.exit(code)`` would: None is 0, text is
+    written to stderr and gives 1) after doing what the interpreter's exit does that anyone
+    can see: the ``atexit`` handlers run (multiprocessing's reaps its children), stdout
+    and stderr flushed; but not its teardown of every module and object, ~10 ms after a
+    conversion and more with numpy and OpenCV loaded (docs/performance.md). Where a thread
+    that is not a daemon still runs (the interpreter would wait for it, and stop idle
+    thread pools first), or a flush fails (stdout a closed pipe), the interpreter's own
+    exit does it all, as it would have."""
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        sys.stderr.write(f"{code}\n")
+        code = 1
+    import threading
+
+    current = threading.current_thread()
+    if any(t is not current and not t.daemon for t in threading.enumerate()):
+        raise SystemExit(code)
+    try:
+        import atexit
+
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        raise SystemExit(code) from None
+    os._exit(code & 0xFF)

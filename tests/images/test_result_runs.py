@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import struct
 import sys
 
@@ -46,7 +47,9 @@ class Work:
             serve = sys._getframe()
             while serve.f_code is not worker_loop.serve.__code__:
                 serve = serve.f_back  # type: ignore[assignment]
-            send_message(serve.f_locals["out"], _forged(name[6:], entry).parts())
+            kind = name[6:]
+            parts = _garbled[kind] if kind in _garbled else _forged(kind, entry).parts()
+            send_message(serve.f_locals["out"], parts)
         return (_record(entry.line), (1, 1, len(_record(entry.line))))
 
 
@@ -68,6 +71,22 @@ def _forged(kind: str, entry: ListEntry) -> ResultMessage:
     message.rest.append(((1, 1, len(value)),))
     message.blobs.append(frames)
     return message
+
+
+def _message(pickled: bytes) -> list[bytes]:
+    """A message whose header is ``pickled`` as it is (Connection's framing, the size)."""
+    body = struct.pack("<I", len(pickled)) + pickled
+    return [struct.pack("!i", len(body)) + body]
+
+
+#: Messages whose header is not one a worker makes: each unpickles to an error of its own.
+_garbled = {
+    "truncated": _message(pickle.dumps(([1], [2]))[:-3]),  # UnpicklingError
+    "global": _message(b"cnosuchmodule\nthing\n."),  # ModuleNotFoundError
+    "empty": _message(b""),  # EOFError
+    "number": _message(pickle.dumps(7)),  # TypeError: not a pair
+    "uneven": _message(pickle.dumps(([5, 6], [()]))),  # ValueError: zip(strict=True)
+}
 
 
 def _expand(items: list[object]) -> list[tuple[ListEntry, object]]:
@@ -133,6 +152,22 @@ def test_a_worker_that_forges_a_run_costs_its_image_only(kind: str, jobs: int) -
         assert got[line][1] == f"forge-{kind}: cannot read it: its decoder {why} (killed)"
     assert [r for i, (_, r) in enumerate(got) if i not in (4, 61)] == [
         _record(i) for i in range(90) if i not in (4, 61)
+    ]
+
+
+@pytest.mark.parametrize("kind", sorted(_garbled))
+def test_a_worker_whose_message_does_not_unpickle_costs_its_image_only(kind: str) -> None:
+    names = [f"image{i}" for i in range(30)]
+    names[7] = f"forge-{kind}"
+    listed = [ListEntry(i, name.encode(), 0) for i, name in enumerate(names)]
+    with OrderedDecoding(listed, Work(), b"", 2, preload=None, keys=image_key) as decoding:
+        got = _expand(list(decoding.runs()))
+    assert [entry for entry, _ in got] == listed
+    assert got[7][1] == (
+        f"forge-{kind}: cannot read it: its decoder sent a result that is not one (killed)"
+    )
+    assert [r for i, (_, r) in enumerate(got) if i != 7] == [
+        _record(i) for i in range(30) if i != 7
     ]
 
 

@@ -19,6 +19,7 @@ from mnist2db.errors import ArgumentError
 from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.image_input import ignore_decoder_warnings
 from mnist2db.formats.image_list import ImageList, ListIndex
+from mnist2db.interrupt import as_script
 from mnist2db.records import fresh_seed, seed_note
 from mnist2db.storage.backends import DEFAULT_BACKEND
 from mnist2db.storage.targets import check_destination
@@ -79,7 +80,7 @@ FLAGS: dict[str, Flag] = {
         "jobs",
         "int32",
         0,
-        "Worker processes decoding images; 0: one per processor (mnist2db extension)",
+        "Worker processes decoding images; 0: one per processor, at most 8 (mnist2db extension)",
         bounds=(0, 1 << 16),
     ),
     "j": Flag("j", "int32", 0, "Short for --jobs (mnist2db extension)", bounds=(0, 1 << 16)),
@@ -254,5 +255,11 @@ def main() -> None:
     tool_main(convert_imageset, PROG)
 
 
+def script() -> None:
+    """The installed script: :func:`main`, the process ended without the interpreter's
+    teardown (:func:`mnist2db.interrupt.as_script`)."""
+    as_script(main)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    script()

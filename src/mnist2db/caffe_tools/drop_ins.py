@@ -15,6 +15,7 @@ from __future__ import annotations
 from mnist2db.caffe_tools.frame import OPENED_AT, log_here, run_tool, tool_main
 from mnist2db.caffe_tools.gflags import Flag, ParsedArgs, parse_command_line
 from mnist2db.fastpath import TYPE_CHECKING
+from mnist2db.interrupt import as_script
 from mnist2db.storage.backends import (
     BATCH_BYTES_LIMIT,
     DEFAULT_BACKEND,
@@ -288,3 +289,16 @@ def mean_main() -> None:
 def siamese_main() -> None:
     """Entry point of the ``convert_mnist_siamese_data`` console script."""
     tool_main(convert_mnist_siamese_data, "convert_mnist_siamese_data")
+
+
+# The installed scripts: each main, the process ended without the interpreter's teardown.
+def script() -> None:
+    as_script(main)
+
+
+def mean_script() -> None:
+    as_script(mean_main)
+
+
+def siamese_script() -> None:
+    as_script(siamese_main)

@@ -52,7 +52,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> tupl
 @shuffle_options
 @overwrite_option("OUT if it is what this writes")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
-              help="Worker processes decoding images.  [default: the processors this may use]")  # fmt: skip
+              help="Worker processes decoding images.  [default: the processors this may use, at most 8]")  # fmt: skip
 @click.option("--resume", is_flag=True,
               help="Continue the conversion to OUT that a kill interrupted, from the batches it "
                    "committed (the same arguments; a shuffle takes the staged run's seed).")  # fmt: skip

@@ -274,9 +274,11 @@ def write_imageset(
                 yield entry
 
     # The workers fork first (before the database is opened, and before any decoder is
-    # loaded: this process needs none), and load their decoders while the list is checked.
+    # loaded: this process needs none), and load their decoders while the list is checked;
+    # more than a few load them once, here, before the fork (shared_decoders).
     warm = work.warm_up(_first(entries))
-    with OrderedDecoding(todo(), work, root_bytes, jobs, preload=None, releases=True,
+    preload, warm = (warm, None) if shared_decoders(jobs) else (None, warm)
+    with OrderedDecoding(todo(), work, root_bytes, jobs, preload=preload, releases=True,
                          keys=image_key, warm=warm) as decoded:  # fmt: skip
         digest = EntryDigest()
         total = check_entries(
@@ -429,6 +431,18 @@ def release_mapped_pages(path: str) -> None:
 
 
 _MADV_DONTNEED = 4
+
+
+#: Above this many workers the decoders (numpy, OpenCV or Pillow: ~30 MiB of pages a
+#: process) are loaded once, in this process before the fork, their pages shared by every
+#: worker (copy-on-write); up to it each worker loads its own as it starts, in parallel with
+#: the list's check (the start is shorter, and two private copies cost little).
+SHARED_DECODERS_ABOVE = 2
+
+
+def shared_decoders(jobs: int) -> bool:
+    """Whether ``jobs`` workers share decoders loaded before their fork."""
+    return jobs > SHARED_DECODERS_ABOVE
 
 
 def check_jobs(jobs: int | None) -> int:

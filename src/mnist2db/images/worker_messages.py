@@ -207,7 +207,9 @@ def unpack_results(
     Raises:
         RingError: a span outside the space the ring gave the worker, or a ring where none
             was given: nothing of the message is then taken.
-        ValueError: the message is not one :class:`ResultMessage` made.
+        ValueError: the message is not one :class:`ResultMessage` made; a garbled one may
+            raise anything unpickling meets (the caller takes any exception as a result
+            that is not one).
     """
     view = memoryview(message)
     at = _HEAD.size + _HEAD.unpack_from(view)[0]
