@@ -12,10 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import fashion_file
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mnist2db import Mnist2dbError, convert
 from mnist2db.exporting.png_worker import PngWorker, worth_a_worker
-from mnist2db.exporting.samples import iter_batches, start_png_worker
+from mnist2db.exporting.sample_batches import iter_batches, start_png_worker
 from mnist2db.storage.readers import shared_reader
 
 needs_two_cpus = pytest.mark.skipif(not worth_a_worker(), reason="one CPU: no worker is started")
@@ -107,3 +109,39 @@ def test_a_killed_export_leaves_no_worker_behind(tmp_path: Path) -> None:
     while any(_running(pid) for pid in workers):  # the worker reads the end of its pipe
         assert time.monotonic() < deadline, "the PNG worker outlived its export"
         time.sleep(0.01)
+
+
+@pytest.mark.parametrize("shape", [(5, 28, 28), (3, 1, 1), (2, 300, 7), (0, 4, 4)])
+def test_grey_pngs_are_the_pngs_convert_stores(shape: tuple[int, int, int]) -> None:
+    """encode_grey_pngs (what the export writes) gives each record's data of encode_png_batch
+    (what convert --encoded png stores), byte for byte."""
+    from mnist2db.formats.datum import decode_datum
+    from mnist2db.formats.png import encode_grey_pngs, encode_png_batch
+
+    images = np.random.default_rng(7).integers(0, 256, shape, dtype=np.uint8)
+    if shape[0]:
+        images[0] = 0
+    records = encode_png_batch(images, np.arange(shape[0]) * 300)
+    assert encode_grey_pngs(images) == [decode_datum(record).data for record in records]
+
+
+@given(
+    st.integers(1, 4), st.integers(1, 200), st.integers(1, 40), st.integers(0, 300),
+    st.integers(-1, 40), st.integers(0, 255),
+)  # fmt: skip
+def test_the_fixed_layout_is_raw_layouts(
+    channels: int, height: int, width: int, label: int, flip: int, byte: int
+) -> None:
+    """FixedLayout.of (without protobuf) finds the layout raw_layout finds (through
+    protobuf), for records in it and records one byte off it."""
+    from mnist2db.exporting.raw_records import FixedLayout
+    from mnist2db.formats.datum import encode_datum, raw_layout
+
+    value = bytearray(encode_datum(bytes(channels * height * width), channels, height, width,
+                                   label))  # fmt: skip
+    if 0 <= flip < len(value):
+        value[flip] = byte
+    found = FixedLayout.of(bytes(value))
+    expected = raw_layout(bytes(value))
+    got = None if found is None else (found.length, found.prefix, found.shape, found.offset)
+    assert got == expected

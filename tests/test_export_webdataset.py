@@ -312,3 +312,40 @@ def _sample_size(size: int, index: int) -> int:
     padding each)."""
     label = len(b"%d" % (index % 7))
     return 512 + 512 * -(-size // 512) + 512 + 512 * -(-label // 512)
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        [b"%08d" % i for i in range(40)],  # plain, one length: the batch framed at once
+        [b"a", b"bb-1", b"c_" * 40, b"9"],  # plain, of several lengths
+        [b"00000000_x/a.jpg", b"k", b"k.2", b"\xff"],  # mapped: one sample at a time
+    ],
+)
+@pytest.mark.parametrize("sizes", [(0, 1, 300, 511, 512, 513), (700, 20000, 5)])
+def test_a_batch_is_framed_as_tarfile_frames_each_sample(keys: list[bytes], sizes: tuple) -> None:
+    """batch_tars (its whole-batch path for plain keys, and its sample-by-sample one) gives
+    the bytes tarfile writes for the same members, one after another."""
+    from mnist2db.exporting.samples import SampleBatch, key_fields, sample_key
+    from mnist2db.exporting.tar_members import batch_tars
+    from mnist2db.exporting.targets import sample_json
+
+    data = [os.urandom(sizes[i % len(sizes)]) for i in range(len(keys))]
+    labels = [i * 37 % 1000 for i in range(len(keys))]
+    exts = ["png" if i % 3 else "jpg" for i in range(len(keys))]
+    framed = batch_tars(SampleBatch(keys, labels, data, exts, False), "", 0)
+    expected = io.BytesIO()
+    with tarfile.open(fileobj=expected, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, label, piece, ext in zip(keys, labels, data, exts, strict=True):
+            name, mapped = sample_key(key)
+            members = [(f"{name}.{ext}", piece), (f"{name}.cls", b"%d" % label)]
+            if mapped:
+                members.append((f"{name}.json", sample_json(key_fields(key), label, None)))
+            for member, content in members:
+                info = tarfile.TarInfo(member)
+                info.size, info.mode, info.mtime = len(content), 0o644, 0
+                tar.addfile(info, io.BytesIO(content))
+    got = b"".join(bytes(piece) for piece in framed.pieces(0, len(keys)))
+    assert framed.offsets[-1] == len(got)
+    assert framed.mapped == [sample_key(key)[1] for key in keys]
+    assert got + b"\0" * (len(expected.getvalue()) - len(got)) == expected.getvalue()

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import os
 import pickle
 import signal
@@ -37,7 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from mnist2db.errors import Mnist2dbError, OutputError
-from mnist2db.exporting.pipe_io import read_exact, write_all
+from mnist2db.exporting.pipe_io import read_exact, widen_pipes, write_all
 from mnist2db.exporting.samples import SampleBatch
 
 #: A request's head: the sizes of its pickled fields and of its files' bytes (which follow,
@@ -52,8 +51,6 @@ IN_FLIGHT = 2
 SMALL_FILES = 16 << 10
 
 _PR_SET_PDEATHSIG = 1
-#: The pipes' capacity asked for (Linux's default limit for a process's pipes).
-_PIPE_SIZE = 1 << 20
 
 #: What the process runs on each batch: ``(batch, index of its first record)`` to a result
 #: the parent receives (pickled).
@@ -89,9 +86,7 @@ class FileWriter:
                 os._exit(status)
         os.close(requests_r)
         os.close(answers_w)
-        for end in (requests_w, answers_r):  # a batch in a few writes, not one a page
-            with contextlib.suppress(OSError, AttributeError):
-                fcntl.fcntl(end, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+        widen_pipes(requests_w, answers_r)  # a batch in a few writes, not one a page
         self.pid, self.requests, self.answers = pid, requests_w, answers_r
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="mnist2db-files")
 

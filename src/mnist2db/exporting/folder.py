@@ -39,15 +39,8 @@ from typing import Any
 from mnist2db.errors import OutputError
 from mnist2db.exporting.file_writer import IN_FLIGHT, FileWriter, small_files
 from mnist2db.exporting.png_worker import worth_a_worker
-from mnist2db.exporting.samples import (
-    Sample,
-    SampleBatch,
-    caffe_path,
-    class_names,
-    file_stem,
-    iter_batches,
-    prefetched,
-)
+from mnist2db.exporting.sample_batches import iter_batches, prefetched
+from mnist2db.exporting.samples import Sample, SampleBatch, caffe_path, class_names, file_stem
 from mnist2db.exporting.targets import TargetStream, csv_field, value_texts
 from mnist2db.exporting.tree import MARKER, MARKER_FORMAT, staged_tree
 from mnist2db.formats.datum import key_text

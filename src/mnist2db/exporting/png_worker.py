@@ -7,7 +7,7 @@ overlap the export's framing, and a shard export of raw records ran on one core.
 :class:`PngWorker` is a process forked at the start of the export, before its threads,
 that reads batches of images from a pipe and writes back their PNGs: the same encoder,
 the same bytes. The export hands it batches while it is free and encodes the others
-itself (:func:`mnist2db.exporting.samples.iter_batches`), so both cores encode.
+itself (:func:`mnist2db.exporting.sample_batches.iter_batches`), so both cores encode.
 
 One request at a time, through one thread of the parent (a pipe each way: the worker
 reads a whole request before it writes its answer, so neither side waits on a full pipe
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from mnist2db.errors import Mnist2dbError
-from mnist2db.exporting.pipe_io import read_exact, write_all
+from mnist2db.exporting.pipe_io import read_exact, widen_pipes, write_all
 
 #: A request's head: images, rows, columns (the pixels follow); an answer's: "K" and the
 #: PNGs' total size (their sizes as uint32, then the PNGs, follow) or "E" and a message.
@@ -72,6 +72,7 @@ class PngWorker:
                 os._exit(status)
         os.close(requests_r)
         os.close(answers_w)
+        widen_pipes(requests_w, answers_r)  # a batch's pixels (784 KB of 28 x 28) in one write
         self.pid, self.requests, self.answers = pid, requests_w, answers_r
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="mnist2db-png")
 
@@ -95,7 +96,8 @@ class PngWorker:
         n, rows, cols = images.shape
         try:
             write_all(self.requests, _REQUEST.pack(n, rows, cols))
-            write_all(self.requests, images.tobytes())
+            # From where they are (a contiguous batch: made so when the records were read).
+            write_all(self.requests, np.ascontiguousarray(images).data.cast("B"))
             kind, size = _ANSWER.unpack(read_exact(self.answers, _ANSWER.size, _PIPE))
             if kind != b"K":
                 message = read_exact(self.answers, size, _PIPE).decode("utf-8", "replace")

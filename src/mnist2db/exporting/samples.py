@@ -11,6 +11,8 @@ Names: a key ``convert_imageset`` wrote (``%08d_PATH``) gives back ``PATH`` when
 safe relative path (:func:`caffe_path`); any other key is used as a file name when it is a
 plain one, else mapped to a safe name that keeps a readable part and a digest of the key
 (:func:`file_stem`, :func:`sample_key`: a WebDataset sample key has no dot).
+
+A database's samples are made a batch at a time by :mod:`mnist2db.exporting.sample_batches`.
 """
 
 from __future__ import annotations
@@ -18,25 +20,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import threading
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future
-from queue import Full, Queue
-from typing import Any, NamedTuple, TypeVar
-
-import numpy as np
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
 from mnist2db.errors import DatumError
-from mnist2db.exporting.png_worker import IN_FLIGHT, PngWorker, worth_a_worker
-from mnist2db.formats.datum import check_datum, decode_datum, key_text, raw_layout
-from mnist2db.formats.datum_fields import encoded_fields
-from mnist2db.formats.image_encode import encode_png as encode_colour_png
+from mnist2db.formats.datum import check_datum, decode_datum, key_text
 from mnist2db.formats.image_input import image_format
-from mnist2db.formats.png import PNG_SIGNATURE, encode_png_batch
-from mnist2db.formats.protowire import encode_varint
-
-T = TypeVar("T")
 
 #: The extension written for each format :func:`mnist2db.formats.image.image_format` names.
 EXTENSIONS = {"PNG": "png", "JPEG": "jpg", "BMP": "bmp", "TIFF": "tif", "WEBP": "webp"}
@@ -44,9 +33,6 @@ EXTENSIONS = {"PNG": "png", "JPEG": "jpg", "BMP": "bmp", "TIFF": "tif", "WEBP": 
 _PNM = {"1": "pbm", "4": "pbm", "2": "pgm", "5": "pgm", "3": "ppm", "6": "ppm"}
 #: The extension of encoded bytes of no format OpenCV reads (kept as they are).
 UNKNOWN_EXTENSION = "bin"
-#: Records decoded and encoded together, and the bytes a batch may hold (memory's bound).
-BATCH_RECORDS = 1000
-BATCH_BYTES = 8 << 20
 #: The longest restored path (bytes) and path component; longer ones are mapped.
 PATH_LIMIT = 1024
 NAME_LIMIT = 200
@@ -54,6 +40,8 @@ NAME_LIMIT = 200
 _CAFFE_KEY = re.compile(rb"[0-9]{8,}_(.+)", re.DOTALL)
 _PLAIN_FILE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.+=,@-]{0,127}")
 _PLAIN_SAMPLE = re.compile(r"[A-Za-z0-9_-]{1,90}")
+#: Plain sample keys, one a line (:func:`plain_sample_keys`).
+_PLAIN_SAMPLES = re.compile(rb"[A-Za-z0-9_-]{1,90}(?:\n[A-Za-z0-9_-]{1,90})*")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -77,47 +65,6 @@ def extension(data: bytes | memoryview) -> str:
     return EXTENSIONS.get(kind or "", UNKNOWN_EXTENSION)
 
 
-#: A raw record gathered for encoding: key, label, (channels, height, width), pixel bytes.
-_Raw = tuple[bytes, int, tuple[int, int, int], bytes]
-
-
-def _raw_fields(datum: Any, key: bytes, where: str) -> _Raw:
-    """A raw Datum's fields, checked to be an image an image file can hold."""
-    shape = (int(datum.channels), int(datum.height), int(datum.width))
-    if not len(datum.data):
-        raise DatumError(
-            f"{where}: float_data pixels, not an image an image file can hold "
-            "(export --to idx writes uint8 records only as well)"
-        )
-    _check_shape(shape, where)
-    return key, int(datum.label), shape, datum.data
-
-
-def _check_shape(shape: tuple[int, int, int], where: str) -> None:
-    channels, height, width = shape
-    if channels not in (1, 3) or height == 0 or width == 0:
-        raise DatumError(
-            f"{where}: Datum {channels} × {height} × {width}: an image file holds 1 channel "
-            "(grey) or 3 (colour) of at least 1 × 1 pixels"
-        )
-
-
-def _grey_pngs(images: np.ndarray) -> list[bytes]:
-    """PNGs of ``(n, rows, cols)`` grey images, by the batch encoder ``convert --encoded png``
-    uses: each Datum it makes is cut back to its PNG (field 4): from the PNG signature after
-    the Datum's head to the label 0 and ``encoded: true`` that end it."""
-    n, rows, cols = images.shape
-    head = 1 + 1 + 1 + len(encode_varint(rows)) + 1 + len(encode_varint(cols)) + 1
-    return [
-        record[record.index(PNG_SIGNATURE, head) : -len(_ZERO_TAIL)]
-        for record in encode_png_batch(images, np.zeros(n, dtype=np.int64))
-    ]
-
-
-#: What ends a record :func:`encode_png_batch` makes of label 0: the label, ``encoded: true``.
-_ZERO_TAIL = b"\x28\x00\x38\x01"
-
-
 def read_record(db_path: str, key: bytes, value: bytes) -> Any:
     """The Datum of one record, parsed and checked; a bad one refused naming the key.
 
@@ -134,48 +81,6 @@ def read_record(db_path: str, key: bytes, value: bytes) -> Any:
     return datum
 
 
-def _raw_batch(
-    batch: list[_Raw], grey_pngs: Callable[[np.ndarray], list[bytes]] | None = None
-) -> SampleBatch:
-    """The PNGs of raw records, in order: grey records of one shape encoded together (by
-    ``grey_pngs``: here, or in a :class:`~mnist2db.exporting.png_worker.PngWorker`)."""
-    grey_pngs = grey_pngs or _grey_pngs
-    made: list[bytes | memoryview] = [b""] * len(batch)
-    grey: dict[tuple[int, int], list[int]] = {}
-    for i, (_, _, (channels, height, width), data) in enumerate(batch):
-        if channels == 1:
-            grey.setdefault((height, width), []).append(i)
-        else:
-            planes = np.frombuffer(data, dtype=np.uint8).reshape(channels, height, width)
-            made[i] = encode_colour_png(planes.transpose(1, 2, 0))
-    for (rows, cols), where in grey.items():
-        joined = b"".join([batch[i][3] for i in where])
-        images = np.frombuffer(joined, dtype=np.uint8).reshape(len(where), rows, cols)
-        for i, data in zip(where, grey_pngs(images), strict=True):
-            made[i] = data
-    keys = [raw[0] for raw in batch]
-    labels = [raw[1] for raw in batch]
-    return SampleBatch(keys, labels, made, ["png"] * len(batch), False)
-
-
-class _FixedLayout:
-    """Caffe's fixed record layout (:func:`mnist2db.formats.datum.raw_layout`), learnt from
-    the first raw record: a record of that length and prefix, ending in a one-byte label,
-    is read without protobuf."""
-
-    def __init__(self, value: bytes) -> None:
-        found = raw_layout(value)
-        self.length, self.prefix, self.shape, self.offset = found or (-1, b"", (0, 0, 0), 0)
-        self.size = self.shape[0] * self.shape[1] * self.shape[2]
-
-    def read(self, key: bytes, value: bytes) -> _Raw | None:
-        if len(value) != self.length or value[-2] != 0x28 or value[-1] >= 0x80:
-            return None
-        if not value.startswith(self.prefix):
-            return None
-        return key, value[-1], self.shape, value[self.offset : self.offset + self.size]
-
-
 class SampleBatch(NamedTuple):
     """Consecutive samples, as columns: ``keys``, ``labels``, ``data`` (the files' bytes),
     ``exts``; ``encoded``: all stored bytes as they are, or all PNGs of raw pixels."""
@@ -190,172 +95,6 @@ class SampleBatch(NamedTuple):
         for key, label, data, ext in zip(self.keys, self.labels, self.data, self.exts,
                                          strict=True):  # fmt: skip
             yield Sample(key, label, data, ext, self.encoded)
-
-
-def iter_samples(db_path: str, records: Iterable[tuple[bytes, bytes]]) -> Iterator[Sample]:
-    """The samples of ``records`` (``(key, value)`` in key order), in the same order
-    (:func:`iter_batches`, made ahead on a thread: :func:`prefetched`, one by one).
-
-    Raises:
-        DatumError: a value is not a Datum, or a raw one is not an image a file can hold.
-    """
-    for batch in prefetched(iter_batches(db_path, records)):
-        yield from batch.samples()
-
-
-def start_png_worker(first: bytes | None) -> PngWorker | None:
-    """A process to encode raw grey records' PNGs beside this one (:mod:`~mnist2db.exporting.png_worker`)
-    when ``first``, a database's first value, is such a record and there are two CPUs; else None."""
-    layout = raw_layout(first) if first is not None else None
-    if layout is None or layout[2][0] != 1 or not worth_a_worker():
-        return None
-    return PngWorker(_grey_pngs)
-
-
-def iter_batches(
-    db_path: str, records: Iterable[tuple[bytes, Any]], worker: PngWorker | None = None
-) -> Iterator[SampleBatch]:
-    """The samples of ``records`` (``(key, value)`` in key order, a value bytes or a buffer:
-    :meth:`~mnist2db.storage.readers.DbReader.iter_views`), in the same order, in batches of
-    at most :data:`BATCH_RECORDS` records and about :data:`BATCH_BYTES` bytes (memory's
-    bound): encoded records pass on their stored bytes, found without protobuf
-    (:func:`~mnist2db.formats.datum_fields.encoded_fields`) and copied once; raw ones,
-    gathered, are encoded together, by ``worker`` while it is free (at most
-    :data:`~mnist2db.exporting.png_worker.IN_FLIGHT` batches), else here.
-
-    Raises:
-        DatumError: a value is not a Datum, or a raw one is not an image a file can hold.
-    """
-    ahead: deque[SampleBatch | Future[SampleBatch]] = deque()
-    for item in _batches(db_path, records):
-        if isinstance(item, SampleBatch):
-            ahead.append(item)
-        elif worker is not None and worker.free():
-            ahead.append(worker.submit(_raw_batch, item))
-        else:
-            ahead.append(_raw_batch(item))
-        while ahead and (len(ahead) > IN_FLIGHT or not isinstance(ahead[0], Future)):
-            yield _made(ahead.popleft())
-    while ahead:
-        yield _made(ahead.popleft())
-
-
-def _made(item: SampleBatch | Future[SampleBatch]) -> SampleBatch:
-    return item.result() if isinstance(item, Future) else item
-
-
-def _batches(
-    db_path: str, records: Iterable[tuple[bytes, Any]]
-) -> Iterator[SampleBatch | list[_Raw]]:
-    """:func:`iter_batches`' batches, a raw one as its records (to be encoded)."""
-    raws: list[_Raw] = []
-    encoded = SampleBatch([], [], [], [], True)
-    size = 0
-    layout: _FixedLayout | None = None
-    for key, value in records:
-        key = bytes(key)
-        raw = None
-        if layout is not None and len(value) == layout.length:
-            raw = layout.read(key, bytes(value))
-        if raw is None:
-            datum: Any = None
-            found = encoded_fields(value)
-            if found is not None:  # the stored bytes, without protobuf
-                label = found[2]
-                data: bytes | memoryview = memoryview(value)[found[0] : found[1]]
-                if isinstance(value, memoryview):
-                    # Copied once out of LMDB's map: writing and hashing from the map (4 KiB
-                    # pages, two passes, each a TLB miss a page on this virtual machine) was
-                    # measured slower than from the heap (2 GB: 5.1-5.3 s against 5.8-6.9 s).
-                    data = bytes(data)
-            else:
-                value = bytes(value)
-                datum = read_record(db_path, key, value)
-                label, data = int(datum.label), datum.data
-            if datum is None or datum.encoded:
-                if raws:
-                    yield raws
-                    raws, size = [], 0
-                encoded.keys.append(key)
-                encoded.labels.append(label)
-                encoded.data.append(data)
-                encoded.exts.append(extension(data))
-                del datum, value  # the record's one copy (if any) is the sample's
-                size += len(data)
-                if len(encoded.keys) >= BATCH_RECORDS or size >= BATCH_BYTES:
-                    yield encoded
-                    encoded, size = SampleBatch([], [], [], [], True), 0
-                continue
-            raw = _raw_fields(datum, key, f"{db_path}: key {key_text(key)}")
-            if layout is None:
-                layout = _FixedLayout(value)
-                if layout.size:
-                    _check_shape(layout.shape, f"{db_path}: key {key_text(key)}")
-        if encoded.keys:
-            yield encoded
-            encoded, size = SampleBatch([], [], [], [], True), 0
-        raws.append(raw)
-        size += len(raw[3])
-        if len(raws) >= BATCH_RECORDS or size >= BATCH_BYTES:
-            yield raws
-            raws, size = [], 0
-    if raws:
-        yield raws
-    if encoded.keys:
-        yield encoded
-
-
-#: Batches made ahead of their writer by :func:`prefetched` (memory's bound: with the one
-#: being made and the one being written, three batches).
-BATCHES_AHEAD = 1
-_POLL = 0.1
-
-
-def prefetched(items: Iterator[T], ahead: int = BATCHES_AHEAD) -> Iterator[T]:
-    """``items``, made on a thread of their own at most ``ahead`` items before they are
-    taken: the decoding and encoding of the next batches go on while the caller writes
-    (its file creations, writes and flushes release the GIL). An exception of ``items``
-    is raised here, in order; closing this iterator (a failure, an interruption) stops the
-    thread and closes ``items`` in it."""
-    queue: Queue[tuple[bool, Any]] = Queue(ahead)
-    stop = threading.Event()
-    end = object()
-
-    def put(entry: tuple[bool, Any]) -> bool:
-        while not stop.is_set():
-            try:
-                queue.put(entry, timeout=_POLL)
-                return True
-            except Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not put((True, item)):
-                    return
-            put((True, end))
-        except BaseException as exc:  # handed to the caller's thread, raised there
-            put((False, exc))
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
-
-    thread = threading.Thread(target=produce, name="mnist2db-export", daemon=True)
-    thread.start()
-    try:
-        while True:
-            made, item = queue.get()
-            if not made:
-                raise item
-            if item is end:
-                return
-            yield item
-    finally:
-        stop.set()
-        thread.join()
 
 
 # -- names ---------------------------------------------------------------------------------
@@ -409,6 +148,12 @@ def sample_key(key: bytes) -> tuple[str, bool]:
     if _PLAIN_SAMPLE.fullmatch(text):
         return text, False
     return _mapped(text, key), True
+
+
+def plain_sample_keys(keys: list[bytes]) -> bool:
+    """True when every key is a plain sample key (:func:`sample_key` keeps it as it is),
+    checked in one match of them all."""
+    return _PLAIN_SAMPLES.fullmatch(b"\n".join(keys)) is not None
 
 
 def key_fields(key: bytes) -> dict[str, str]:

@@ -30,7 +30,8 @@ from typing import Any
 
 from mnist2db.errors import ArgumentError, OutputError
 from mnist2db.exporting.png_worker import PngWorker
-from mnist2db.exporting.samples import class_names, iter_batches, prefetched, start_png_worker
+from mnist2db.exporting.sample_batches import iter_batches, prefetched, start_png_worker
+from mnist2db.exporting.samples import class_names
 from mnist2db.exporting.shard_files import (
     MANIFEST_FORMAT,
     check_resumable,

@@ -197,8 +197,37 @@ _IDAT_FRAME = 12
 _TAIL_MOST = 13
 
 
+def encode_grey_pngs(images: np.ndarray) -> list[bytes]:
+    """The PNG of each of ``images`` (uint8, ``(n, rows, cols)``) with the "fast"
+    compression: the bytes :func:`encode_png_batch` stores in each record's ``data`` (its
+    encoder, each PNG cut once from the one buffer it lays out).
+
+    Raises:
+        DatumError: a side of the images is 0 (:func:`check_png_shape`).
+    """
+    import numpy as np
+
+    n, rows, cols = images.shape
+    check_png_shape(rows, cols, "images")
+    if n == 0:
+        return []
+    head = b"\x08\x01\x10" + encode_varint(rows) + b"\x18" + encode_varint(cols) + b"\x22"
+    data, spans = _fast_layout(images, np.zeros(n, np.int64), head, _header(rows, cols))
+    return [data[a:b] for a, b in zip(spans[2].tolist(), spans[3].tolist(), strict=True)]
+
+
 def _encode_fast(images: np.ndarray, labels: np.ndarray, head: bytes, header: bytes) -> list[bytes]:
-    """The records of ``images`` with the "fast" compression, laid out in one buffer.
+    """The records of ``images`` with the "fast" compression, laid out in one buffer
+    (:func:`_fast_layout`)."""
+    data, spans = _fast_layout(images, labels, head, header)
+    return [data[a:b] for a, b in zip(spans[0].tolist(), spans[1].tolist(), strict=True)]
+
+
+def _fast_layout(
+    images: np.ndarray, labels: np.ndarray, head: bytes, header: bytes
+) -> tuple[bytes, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """The records of ``images`` with the "fast" compression, laid out in one buffer, and
+    where each is in it: the records' starts and ends, their PNGs' starts and ends.
 
     :func:`mnist2db.formats.deflate.zlib_streams` leaves room around each image's zlib
     stream; every other byte of its record is written there by numpy for all at once
@@ -238,8 +267,8 @@ def _encode_fast(images: np.ndarray, labels: np.ndarray, head: bytes, header: by
     record_ends = label_starts + label_bytes + 2
     buffer[record_ends - 2] = 0x38  # encoded (field 7): true
     buffer[record_ends - 1] = 0x01
-    data = buffer.tobytes()
-    return [data[a:b] for a, b in zip(record_starts.tolist(), record_ends.tolist(), strict=True)]
+    png_ends = ends + (4 + len(IEND_CHUNK))
+    return buffer.tobytes(), (record_starts, record_ends, png_starts, png_ends)
 
 
 def _put(buffer: np.ndarray, starts: np.ndarray, data: bytes) -> None:
