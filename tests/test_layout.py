@@ -405,7 +405,7 @@ LAZY_IMPORTS = {
     ),
     "mnist2db.caffe_tools.convert_imageset": (6, "--help and flag errors before numpy, Pillow"),
     "mnist2db.cli.imageset_commands": (2, "imageset --help without the pipeline loaded"),
-    "mnist2db.cli.data_commands": (2, "the export command's modules (export's file)"),
+    "mnist2db.cli.export_commands": (3, "each --to's modules only for its own export"),
     "mnist2db.images.resume": (2, "each backend's library only for the staged run it reads"),
     "mnist2db.images.workers": (2, "numpy and Pillow loaded before the workers fork, shared"),
     "mnist2db.images.datum_records": (2, "the label database's modules for a run with targets"),

@@ -1,7 +1,7 @@
 """The ``mnist2db`` click group: the table of its commands, loaded when they are used.
 
 Each command lives in a module of this package (``convert_commands``, ``data_commands``,
-``training_commands``, ``fetch_commands``) that imports what it needs at its top. The group
+``export_commands``, ``training_commands``, ``fetch_commands``, ``imageset_commands``) that imports what it needs at its top. The group
 imports a command's module only when that command runs or shows its help, so
 ``mnist2db --help`` and shell completion of the command names load click alone (the
 operations pull in numpy, lmdb, plyvel and protobuf: about ten times click's start-up).
@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("data_commands", "Show records of an IDX file or a database as images."),
     "info": ("data_commands", "Describe an IDX file or a database: header, shape, labels."),
     "verify": ("data_commands", "Check that a database holds exactly its sources' records."),
-    "export": ("data_commands", "Write a database back out: IDX files, image files, or shards."),
+    "export": ("export_commands", "Write a database back out: IDX files, image files, or shards."),
     "mean": ("training_commands", "Compute a database's mean image, as compute_image_mean."),
     "siamese": ("training_commands", "Write random image pairs for Caffe's siamese example."),
     "imageset": ("imageset_commands", "Convert your own images (a list or class folders)."),
