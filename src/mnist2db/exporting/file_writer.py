@@ -36,8 +36,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from mnist2db.errors import Mnist2dbError, OutputError
-from mnist2db.exporting.pipe_io import read_exact, widen_pipes, write_all
+from mnist2db.exporting.pipe_io import read_exact, write_all
 from mnist2db.exporting.samples import SampleBatch
+from mnist2db.images.process_setup import widen_pipes
 
 #: A request's head: the sizes of its pickled fields and of its files' bytes (which follow,
 #: joined); an answer's: the size of its pickled result.

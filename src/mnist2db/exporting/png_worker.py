@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from mnist2db.errors import Mnist2dbError
-from mnist2db.exporting.pipe_io import read_exact, widen_pipes, write_all
+from mnist2db.exporting.pipe_io import read_exact, write_all
+from mnist2db.images.process_setup import widen_pipes
 
 #: A request's head: images, rows, columns (the pixels follow); an answer's: "K" and the
 #: PNGs' total size (their sizes as uint32, then the PNGs, follow) or "E" and a message.

@@ -1,10 +1,13 @@
-"""What the imageset's processes set for themselves while the workers run: the allocator's
-thresholds (:func:`keep_the_heap`) and OpenBLAS's thread pool (:func:`one_blas_thread`)."""
+"""What mnist2db's processes set for themselves while their workers run: the allocator's
+thresholds (:func:`keep_the_heap`), OpenBLAS's thread pool (:func:`one_blas_thread`) and
+the size of the pipes to and from a forked process (:func:`widen_pipes`: the imageset's
+workers, the export's PNG and file-writing processes)."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 from collections.abc import Iterator
 
@@ -14,6 +17,18 @@ _GLIBC_THRESHOLD = 128 << 10  # both thresholds as glibc starts
 #: message) and the parent's (the messages received, LMDB's pages of a batch's records).
 WORKER_HEAP = (16 << 20, 16 << 20)
 PARENT_HEAP = (16 << 20, 32 << 20)
+#: The size asked for each pipe (Linux's default is 64 KiB: a batch would take a write and a
+#: wake-up of the other side every 16 pages; 1 MiB is the default limit for a process).
+PIPE_SIZE = 1 << 20
+
+
+def widen_pipes(*fds: int) -> None:
+    """Ask for :data:`PIPE_SIZE` bytes of pipe behind each of ``fds`` (where the system
+    allows: an unprivileged process is held to ``/proc/sys/fs/pipe-max-size``, and a refusal
+    leaves the pipe as it was)."""
+    for fd in fds:
+        with contextlib.suppress(OSError, AttributeError):
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
 
 
 def keep_the_heap(thresholds: tuple[int, int] | None) -> None:

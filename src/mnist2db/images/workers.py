@@ -27,7 +27,6 @@ main thread, even while it waits) kills every worker at once: nothing waits for 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import gc
 import multiprocessing
 import os
@@ -43,7 +42,7 @@ from multiprocessing.connection import Connection
 from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.formats.opencv import opencv
-from mnist2db.images.process_setup import PARENT_HEAP, keep_the_heap, one_blas_thread
+from mnist2db.images.process_setup import PARENT_HEAP, keep_the_heap, one_blas_thread, widen_pipes
 from mnist2db.images.result_ring import ResultRing
 from mnist2db.images.worker_loop import attempt, serve, shown_entry
 from mnist2db.images.worker_messages import PipeWaiter, Run, receive_messages, unpack_results
@@ -74,8 +73,6 @@ RING_BYTES = 8 << 20
 RING_PATIENCE = 0.05
 #: Seconds one image may take before its worker is taken for hung and killed.
 DEFAULT_TIMEOUT = 60.0
-
-_PIPE_BYTES = 1 << 20
 
 
 #: The most workers started when ``--jobs`` is not given: more cores than this get this
@@ -115,8 +112,7 @@ class _Worker:
         # a map is not passed to a process started afresh).
         task_out, task_in = multiprocessing.Pipe(duplex=False)
         self.conn, result_in = multiprocessing.Pipe(duplex=False)
-        with contextlib.suppress(OSError, AttributeError):
-            fcntl.fcntl(result_in.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+        widen_pipes(result_in.fileno())
         forked = context.get_start_method() == "fork"
         self.ring = ResultRing(RING_BYTES, patience) if forked and RING_BYTES else None
         args = (task_out, result_in, work, root, self.ring, keys, warm)
