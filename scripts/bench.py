@@ -17,13 +17,12 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench_data import generate, gunzip_or_generate, reap
+from bench_data import byte_compile, generate, gunzip_or_generate, reap
 from bench_export import export_table
 from bench_imageset import imageset_table
 from bench_read import png_read_table, read_table
@@ -177,11 +176,7 @@ def main() -> None:
     py = sys.executable
     m2d = str(BIN / "mnist2db")
     cmd = str(BIN / "convert_mnist_data")
-    # Byte-compile the package as pip does on install: without it (an editable install
-    # with PYTHONDONTWRITEBYTECODE set) every run would compile mnist2db's sources anew.
-    import mnist2db
-
-    subprocess.run([py, "-m", "compileall", "-q", str(Path(mnist2db.__file__).parent)], check=True)
+    byte_compile()
     work = Path(tempfile.mkdtemp(prefix="mnist2db-bench-"))
     lines: list[str] = []
     try:

@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_data import gunzip_or_generate, reap
+from bench_data import byte_compile, gunzip_or_generate, reap
 
 BIN = Path(sys.executable).parent
 
@@ -316,6 +316,7 @@ def main() -> None:
         "no file system's own state weighs on --to files)",
     )  # fmt: skip
     args = parser.parse_args()
+    byte_compile()
     work = Path(tempfile.mkdtemp(prefix="mnist2db-bench-export-", dir=args.work))
     try:
         data, _ = gunzip_or_generate(work)

@@ -27,8 +27,9 @@ import threading
 import time
 from pathlib import Path
 
+from bench_data import FASHION, byte_compile
+
 BIN = Path(sys.executable).parent
-FASHION = Path("/usr/share/datasets/fashion-mnist")
 
 #: The floor: Pillow's decode of every listed file, in one loop, in one process.
 DECODE_FLOOR = """
@@ -207,12 +208,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
-    # Byte-compiled as pip does on install (as scripts/bench.py does): without it (an
-    # editable install with PYTHONDONTWRITEBYTECODE set) every run compiles mnist2db anew.
-    import mnist2db
-
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(mnist2db.__file__).parent)],
-                   check=True)  # fmt: skip
+    byte_compile()
     text = "\n".join(imageset_table(args.repeat, args.count)) + "\n"
     print(text)
     if args.markdown:
