@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench_data import FASHION, byte_compile
+from bench_data import FASHION, byte_compile, warm_memory
 
 BIN = Path(sys.executable).parent
 
@@ -151,8 +151,9 @@ def _pss(pid: int) -> int:
 
 def run_once(argv: list[str], out: Path) -> tuple[float, float, int, int]:
     """(wall s, CPU s of it and its children, peak KiB summed over them: resident sets and
-    proportional sets)."""
+    proportional sets); started on touched memory (:func:`bench_data.warm_memory`)."""
     shutil.rmtree(out, ignore_errors=True)
+    warm_memory()
     os.sync()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
