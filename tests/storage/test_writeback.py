@@ -58,7 +58,9 @@ def test_pages_behind_the_writer_leave_the_cache(
     cached = cached_pages(data, first)
     writer.close()
     if kept is None:
-        assert cached == first // PAGE
+        # All kept, but for what the kernel's own reclaim took when the machine's memory
+        # was full of page cache (a CI run once saw 2044 of 2048 pages).
+        assert cached > first // PAGE * 3 // 4
     else:
         assert cached < first // PAGE // 4  # let go (a page LMDB read again may be back)
     env = lmdb.open(str(tmp_path), readonly=True, lock=False)
