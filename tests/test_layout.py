@@ -184,14 +184,14 @@ def _homes(found: dict[str, int]) -> list[str]:
 
 
 def test_a_fresh_seed_has_one_home() -> None:
-    """Every drawn seed comes from :func:`mnist2db.records.fresh_seed`."""
+    """Every drawn seed comes from :func:`mnist2db.selection.fresh_seed`."""
     sources = {p: p.read_text() for p in PACKAGE.rglob("*.py")}
     drawn = {module_name(p): text.count("os.urandom(8)") for p, text in sources.items()}
-    assert _homes(drawn) == ["mnist2db.records"]
+    assert _homes(drawn) == ["mnist2db.selection"]
 
 
 def test_caffe_keys_are_formatted_in_one_home() -> None:
-    """Caffe's key format ``b"%08d"`` is written once, :data:`mnist2db.formats.datum.KEY_FORMAT`
+    """Caffe's key format ``b"%08d"`` is written once, :data:`mnist2db.formats.datum.message.KEY_FORMAT`
     (``record_key``, ``record_keys`` and the dataset's inlined hot path use it); the one
     literal ``%08d`` formatting left is ``image_list``'s ``%08d_PATH``, convert_imageset's
     key, a key of its own."""
@@ -216,7 +216,7 @@ def test_caffe_keys_are_formatted_in_one_home() -> None:
         for name, tree in trees.items()
     }
     assert _homes(literal) == ["mnist2db.formats.datum"]
-    assert _homes(formatted) == ["mnist2db.formats.image_list"]
+    assert _homes(formatted) == ["mnist2db.formats.lists.image_list"]
 
 
 def _backend_compares(tree: ast.Module) -> int:
@@ -234,13 +234,13 @@ def _backend_compares(tree: ast.Module) -> int:
 
 #: Modules that still choose by a backend's name, each with its reason.
 BACKEND_COMPARES_LEFT = {
-    "mnist2db.images.datum_records": "LMDB's mapped data.mdb: its written pages released",
+    "mnist2db.imageset.to_database": "LMDB's mapped data.mdb: its written pages released",
 }
 
 
 def test_a_backend_is_chosen_by_name_in_one_home() -> None:
-    """What differs between LMDB and LevelDB is written in ``storage/backends.py``
-    (:class:`~mnist2db.storage.backends.Backend`) and the read handles, not decided by
+    """What differs between LMDB and LevelDB is written in ``storage/databases/backends.py``
+    (:class:`~mnist2db.storage.databases.backends.Backend`) and the read handles, not decided by
     ``backend == "lmdb"`` wherever it matters."""
     found = {
         name
@@ -253,8 +253,8 @@ def test_a_backend_is_chosen_by_name_in_one_home() -> None:
 def test_each_backend_chooses_its_read_handle() -> None:
     """The backend's entry in ``BACKEND`` names its read handle (no second table): each
     name is a handle class of that backend in ``storage/backend_handles``."""
-    from mnist2db.storage import backend_handles
-    from mnist2db.storage.backends import BACKEND
+    from mnist2db.storage.databases import handles as backend_handles
+    from mnist2db.storage.databases.backends import BACKEND
 
     for name, backend in BACKEND.items():
         handles = backend_handles.handle_class(name)
@@ -268,7 +268,7 @@ def test_each_backend_chooses_its_read_handle() -> None:
         for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
         if isinstance(target, ast.Name)
         and "HANDLE" in target.id
-        and name != "mnist2db.storage.readers"
+        and name != "mnist2db.storage.databases.readers"
     ]
     assert tables == []
 
@@ -295,7 +295,7 @@ def test_no_object_reaches_into_another() -> None:
             if not isinstance(node, ast.Attribute):
                 continue
             value = node.value
-            if node.attr == "txn" and name != "mnist2db.storage.backend_handles":
+            if node.attr == "txn" and name != "mnist2db.storage.databases.handles":
                 found.append(f"{name}: {ast.unparse(node)}")
             if not node.attr.startswith("_") or node.attr.startswith("__"):
                 continue
@@ -339,7 +339,7 @@ def at_work(name: str) -> bool:
 
 def test_no_module_reaches_500_lines() -> None:
     """A module that grows past ~450 lines has a second owner: it is split by owner
-    (dataset.py's record decoding, db_staging.py's journal, metadata.py's digest), not
+    (reading/datum_dataset.py's record decoding, db_staging.py's journal, metadata.py's digest), not
     trimmed to stay under a count."""
     long = {
         module_name(p)
@@ -354,13 +354,13 @@ def test_no_module_reaches_500_lines() -> None:
 ONE_HOME_CONSTANTS = {
     b"\x89PNG\r\n\x1a\n": "mnist2db.formats.png",
     b"\x00\x00\x00\x00IEND\xaeB`\x82": "mnist2db.formats.png",
-    1032: "mnist2db.formats.deflate",
-    511: "mnist2db.storage.backends",
+    1032: "mnist2db.formats.png.deflate",
+    511: "mnist2db.storage.databases.backends",
     10**8: "mnist2db.formats.datum",
     (1 << 31) - 1: "mnist2db.formats.datum",
 }
 CONSTANTS_LEFT = {
-    ("mnist2db.formats.image_input", (1 << 31) - 1): "a record's largest size: protobuf's",
+    ("mnist2db.formats.imdecode.image_file", (1 << 31) - 1): "a record's largest size: protobuf's",
 }
 
 
@@ -386,19 +386,22 @@ def test_format_constants_have_one_home() -> None:
 #: Imports inside functions outside the fast path (fastpath.FAST_PATH, which imports what
 #: costs start-up where it is needed): at most this many a module, each with its reason.
 LAZY_IMPORTS = {
-    "mnist2db.dataset": (1, "labels.dataset imports dataset: at the top, a circle"),
-    "mnist2db.formats.png_codec": (3, "Pillow, for encoded records that are not PNG only"),
-    "mnist2db.formats.image_input": (
+    "mnist2db.reading.datum_dataset": (1, "labels.dataset imports dataset: at the top, a circle"),
+    "mnist2db.formats.imdecode.png_decoder": (
+        3,
+        "Pillow, for encoded records that are not PNG only",
+    ),
+    "mnist2db.formats.imdecode.image_file": (
         2,
         "Pillow, for a header the reader cannot size itself; "
         "fetch.untrusted's words for a path not a file",
     ),
-    "mnist2db.formats.opencv": (
+    "mnist2db.formats.imread.cv2_wheel": (
         2,
         "cv2: an optional extra; numpy for its probe (the PNG path loads none)",
     ),
-    "mnist2db.formats.image_encode": (1, "Pillow, for --encoded jpg only"),
-    "mnist2db.formats.image": (2, "Pillow, only for an image OpenCV does not decode"),
+    "mnist2db.formats.imread.imencode": (1, "Pillow, for --encoded jpg only"),
+    "mnist2db.formats.imread.reader": (2, "Pillow, only for an image OpenCV does not decode"),
     "mnist2db.formats.plain_png": (
         2,
         "Pillow's core and, for RGB, its Image module: by the worker that decodes",
@@ -406,11 +409,14 @@ LAZY_IMPORTS = {
     "mnist2db.caffe_tools.convert_imageset": (6, "--help and flag errors before numpy, Pillow"),
     "mnist2db.cli.imageset_commands": (2, "imageset --help without the pipeline loaded"),
     "mnist2db.cli.export_commands": (3, "each --to's modules only for its own export"),
-    "mnist2db.images.resume": (2, "each backend's library only for the staged run it reads"),
-    "mnist2db.images.workers": (2, "numpy and Pillow loaded before the workers fork, shared"),
-    "mnist2db.images.datum_records": (2, "the label database's modules for a run with targets"),
-    "mnist2db.images.own_images": (3, "numpy's label tables and the IDX pair only when asked"),
-    "mnist2db.images.record_work": (3, "numpy, Pillow, OpenCV for what plain_png does not read"),
+    "mnist2db.imageset.resume": (2, "each backend's library only for the staged run it reads"),
+    "mnist2db.imageset.workers.pool": (
+        2,
+        "numpy and Pillow loaded before the workers fork, shared",
+    ),
+    "mnist2db.imageset.to_database": (2, "the label database's modules for a run with targets"),
+    "mnist2db.imageset.own_images": (3, "numpy's label tables and the IDX pair only when asked"),
+    "mnist2db.imageset.work": (3, "numpy, Pillow, OpenCV for what plain_png does not read"),
 }
 
 
@@ -448,8 +454,8 @@ def test_the_batch_byte_bound_has_one_home() -> None:
         and ast.unparse(node.value) in ("64 << 20", "64 * 2 ** 20", "67108864")
     )
     assert set(found) <= {
-        "mnist2db.storage.backends.BATCH_BYTES_LIMIT",
-        "mnist2db.images.datum_records.BATCH_BYTES",
+        "mnist2db.storage.databases.backends.BATCH_BYTES_LIMIT",
+        "mnist2db.imageset.to_database.BATCH_BYTES",
     }
 
 
@@ -492,7 +498,7 @@ def test_imageset_choices_are_their_owners() -> None:
     """imageset's --help is answered without loading the pipeline, so its choice lists are
     written in cli/imageset_commands.py: they must equal their owner's (images/own_images)."""
     from mnist2db.cli.imageset_commands import imageset
-    from mnist2db.images.own_images import ENCODED, TARGETS
+    from mnist2db.imageset.own_images import ENCODED, TARGETS
 
     choices = {p.name: tuple(p.type.choices) for p in imageset.params if hasattr(p.type, "choices")}
     assert choices["encoded"] == ENCODED and choices["to"] == TARGETS
