@@ -17,7 +17,8 @@ import mnist2db
 from mnist2db.cli.app import cli
 from mnist2db.errors import ArgumentError, VerifyError
 from mnist2db.formats.png.encoder import encode_png_batch
-from mnist2db.recipe import METADATA_NAME, read_metadata
+from mnist2db.recipe import read_metadata
+from mnist2db.storage.databases.backends import METADATA_NAME
 from mnist2db.storage.databases.readers import open_reader
 from mnist2db.verify import verify_db
 

@@ -20,8 +20,9 @@ from os_helpers import mounted_tmpfs
 import mnist2db
 from mnist2db.errors import IdxFormatError, Mnist2dbError, OutputExistsError
 from mnist2db.formats.datum.message import decode_datum
-from mnist2db.recipe import METADATA_NAME, read_metadata
+from mnist2db.recipe import read_metadata
 from mnist2db.selection import permutation
+from mnist2db.storage.databases.backends import METADATA_NAME
 from mnist2db.storage.databases.readers import open_reader
 
 Pair = Callable[..., tuple[Path, Path, np.ndarray, np.ndarray]]

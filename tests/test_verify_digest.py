@@ -25,8 +25,8 @@ from mnist2db.caffe_tools.convert_imageset import convert_imageset
 from mnist2db.caffe_tools.drop_ins import run as convert_mnist_data
 from mnist2db.cli.app import cli
 from mnist2db.errors import VerifyError
-from mnist2db.recipe import METADATA_NAME
 from mnist2db.siamese import convert_siamese
+from mnist2db.storage.databases.backends import METADATA_NAME
 from mnist2db.storage.record_digest import DIGEST_METHOD
 from mnist2db.verify import verify_db
 

@@ -22,7 +22,6 @@ from mnist2db.formats.imdecode.png_decoder import decode_datum_image
 from mnist2db.formats.png.encoder import datum_encoding as _datum_encoding
 from mnist2db.progress import Progress, reporting
 from mnist2db.recipe import (
-    METADATA_NAME,
     SHUFFLE_METHOD,
     imageset_lines,
     item_range,
@@ -32,7 +31,7 @@ from mnist2db.recipe import (
     recipe_of,
 )
 from mnist2db.storage.databases.backends import DEFAULT_BATCH_SIZE as _BATCH
-from mnist2db.storage.databases.backends import detect_backend
+from mnist2db.storage.databases.backends import METADATA_NAME, detect_backend
 from mnist2db.storage.databases.readers import DbReader, shared_reader
 
 

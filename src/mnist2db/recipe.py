@@ -25,6 +25,7 @@ import os
 from mnist2db.errors import Mnist2dbError, OutputError, printable
 from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
 from mnist2db.formats.png.encoder import OLD_PNG_COMPRESSION, PNG_COMPRESSIONS
+from mnist2db.storage.databases.backends import METADATA_NAME
 from mnist2db.storage.record_digest import DIGEST_METHOD, RecordDigest
 
 if TYPE_CHECKING:
@@ -35,8 +36,6 @@ if TYPE_CHECKING:
     from mnist2db.storage.databases.readers import DbReader
 
 
-#: The one file mnist2db adds to a database directory (see the module docstring).
-METADATA_NAME = "mnist2db.json"
 #: How the shuffled order is drawn from the seed (recorded, so that it can be checked).
 SHUFFLE_METHOD = "argsort(PCG64(seed).random_raw(count))"
 _FORMAT = "mnist2db database metadata"

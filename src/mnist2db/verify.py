@@ -29,15 +29,10 @@ from mnist2db.formats.idx.reader import open_idx
 from mnist2db.formats.imdecode.png_decoder import decode_datum_image, decoded_datum
 from mnist2db.formats.png.encoder import OLD_PNG_COMPRESSION, encode_png_batch
 from mnist2db.progress import Progress, reporting
-from mnist2db.recipe import (
-    METADATA_NAME,
-    Recipe,
-    digest_of,
-    load_metadata,
-    read_metadata,
-)
+from mnist2db.recipe import Recipe, digest_of, load_metadata, read_metadata
 from mnist2db.selection import iter_records, permutation
 from mnist2db.storage.databases.backends import DEFAULT_BATCH_SIZE as _BATCH
+from mnist2db.storage.databases.backends import METADATA_NAME
 from mnist2db.storage.databases.readers import DbReader, shared_reader
 from mnist2db.storage.record_digest import digest_items
 

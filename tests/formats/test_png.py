@@ -18,7 +18,8 @@ from PIL import Image
 import mnist2db
 from mnist2db.formats.datum.message import datum_to_array, decode_datum
 from mnist2db.formats.png.encoder import encode_png, encode_png_batch, is_png
-from mnist2db.recipe import METADATA_NAME, read_metadata
+from mnist2db.recipe import read_metadata
+from mnist2db.storage.databases.backends import METADATA_NAME
 from mnist2db.storage.databases.readers import open_reader
 
 Pair = Callable[..., tuple[Path, Path, np.ndarray, np.ndarray]]

@@ -34,7 +34,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
 import numpy as np
 
@@ -55,9 +55,6 @@ from mnist2db.reading.threaded import decode_stream
 from mnist2db.storage.databases.backends import detect_backend
 from mnist2db.storage.databases.handles import ReadHandle, handle_class
 from mnist2db.storage.databases.readers import DbReader, iterate
-
-if TYPE_CHECKING:
-    from mnist2db.reading.labeled_dataset import LabeledDataset
 
 #: Bound once: db[i]'s hot path looks them up per record.
 _ndarray = np.ndarray
@@ -379,47 +376,3 @@ class DatumDataset:
 
     def __repr__(self) -> str:
         return f"<DatumDataset {self.path!r} ({self.backend}, {self._length} records)>"
-
-
-@overload
-def open_db(
-    path: str | os.PathLike[str], backend: str | None = None, *, labels: None = None
-) -> DatumDataset: ...
-
-
-@overload
-def open_db(
-    path: str | os.PathLike[str], backend: str | None = None, *, labels: str | os.PathLike[str]
-) -> LabeledDataset: ...
-
-
-def open_db(
-    path: str | os.PathLike[str],
-    backend: str | None = None,
-    *,
-    labels: str | os.PathLike[str] | None = None,
-) -> DatumDataset | LabeledDataset:
-    """Open a finished Caffe Datum database (LMDB or LevelDB, detected) as a read-only dataset.
-
-    Args:
-        path: the database directory (any path bytes: non-UTF-8 names work).
-        backend: ``"lmdb"`` or ``"leveldb"``; detected from the directory's files when None.
-        labels: its label database (``OUT_labels``, as ``imageset --values`` writes it):
-            the dataset then yields ``(image, targets)``, ``targets`` a float32 vector
-            (a :class:`mnist2db.reading.labeled_dataset.LabeledDataset`).
-
-    Returns:
-        A :class:`DatumDataset`: ``len(db)``, ``db[i] -> (image, label)`` with ``image`` a
-        ``(channels, height, width)`` numpy array, ``db[a:b]`` a list of those, iteration,
-        ``db.__getitems__(indices)``, ``db.read_range(start, stop)``.
-
-    Raises:
-        BackendError: the path is missing or not a database of either backend.
-        DatumError: ``labels`` is not the label database of ``path`` (another count of
-            records, other first or last keys).
-    """
-    if labels is None:
-        return DatumDataset(path, backend)
-    from mnist2db.reading.labeled_dataset import LabeledDataset
-
-    return LabeledDataset(DatumDataset(path, backend), DatumDataset(labels, backend))

@@ -27,8 +27,7 @@ from mnist2db.errors import (
     OutputError,
     OutputExistsError,
 )
-from mnist2db.recipe import METADATA_NAME
-from mnist2db.storage.databases.backends import BACKEND, BACKENDS, is_database_file
+from mnist2db.storage.databases.backends import BACKEND, BACKENDS, METADATA_NAME, is_database_file
 
 
 def is_owned_file(backend: str, name: str) -> bool:

@@ -17,6 +17,9 @@ from mnist2db.storage.databases.writers import LeveldbWriter, LmdbWriter, Writer
 if TYPE_CHECKING:
     from typing import Any
 
+#: The one file mnist2db adds to a database directory, beside the backend's own files: how
+#: the database was made (:mod:`mnist2db.recipe`).
+METADATA_NAME = "mnist2db.json"
 #: The databases mnist2db writes and reads, the default first (:data:`BACKEND` holds what
 #: it knows of each).
 BACKENDS = ("lmdb", "leveldb")
