@@ -50,7 +50,7 @@ def imports(tree: ast.Module, known: set[str]) -> list[tuple[str, list[str]]]:
             if node.module.split(".")[0] != "mnist2db":
                 continue
             names = [a.name for a in node.names]
-            # "from mnist2db.formats import idx" imports the module mnist2db.formats.idx
+            # "from mnist2db.formats.idx import header" imports the module mnist2db.formats.idx.header
             submodules = [f"{node.module}.{n}" for n in names if f"{node.module}.{n}" in known]
             found.extend((m, []) for m in submodules)
             rest = [n for n in names if f"{node.module}.{n}" not in known]
@@ -95,6 +95,172 @@ def test_there_are_no_import_circles() -> None:
         if node not in state:
             visit(node)
     assert circles == []
+
+
+#: The rooms: every package, and what it holds. A newcomer reads these names and knows
+#: where a thing lives; a new package is added here with its one line.
+ROOMS = {
+    "mnist2db": "the public face; the operations, one module each; the ground floor",
+    "mnist2db.cli": "the click front end, a module per group of commands",
+    "mnist2db.caffe_tools": "the drop-ins for Caffe's tools",
+    "mnist2db.fetch": "getting a dataset: catalog, transport, sink, manifest, archives",
+    "mnist2db.exporting": "a database's records out again: --to idx, and what both others share",
+    "mnist2db.exporting.image_files": "export --to files",
+    "mnist2db.exporting.webdataset": "export --to webdataset",
+    "mnist2db.imageset": "your own images to records or an IDX pair (imageset, convert_imageset)",
+    "mnist2db.imageset.workers": "the decoding worker processes",
+    "mnist2db.reading": "the reading API: open_db, the datasets, their record decoders",
+    "mnist2db.storage": "where outputs go and how they are placed: staging, files, the digest",
+    "mnist2db.storage.databases": "LMDB and LevelDB: backends, writers, read handles, checks",
+    "mnist2db.formats": "bytes on disk and in records, a room per family",
+    "mnist2db.formats.idx": "IDX files",
+    "mnist2db.formats.datum": "Caffe's Datum",
+    "mnist2db.formats.png": "PNG written",
+    "mnist2db.formats.imdecode": "image bytes within OpenCV's limits; PNG records decoded",
+    "mnist2db.formats.imread": "image files read, resized, written as OpenCV does",
+    "mnist2db.formats.lists": "Caffe's image lists, label tables, their line reader",
+}
+#: The most modules a room (a package but the top one) may hold, its __init__.py counted.
+ROOM_SIZE = 12
+
+
+def test_the_rooms_are_the_map() -> None:
+    """Every package is a room named in :data:`ROOMS`, none a drawer of more than
+    :data:`ROOM_SIZE` modules."""
+    packages = {module_name(p) for p in PACKAGE.rglob("__init__.py")}
+    assert packages == set(ROOMS)
+    sizes = {
+        module_name(p.parent / "__init__.py"): len(list(p.glob("*.py")))
+        for p in {q.parent for q in PACKAGE.rglob("__init__.py")}
+        if p != PACKAGE
+    }
+    assert {name: n for name, n in sizes.items() if n > ROOM_SIZE} == {}
+
+
+def all_imports(tree: ast.Module, known: set[str]) -> set[str]:
+    """Every mnist2db module ``tree`` imports, those for type checkers too."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module in known | {"mnist2db"}:
+            for a in node.names:
+                found.add(
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                )
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in known)
+    return found
+
+
+def find_circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every circle a depth-first walk of ``edges`` meets."""
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                circles.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+    return circles
+
+
+def test_rooms_import_each_other_one_way() -> None:
+    """Inside every package, its rooms (each subpackage taken whole, each module alone)
+    import each other one way, the imports for type checkers counted: no circle of files
+    and no arrow back up between rooms (formats/datum/ above formats/imdecode/ above
+    formats/png/, never the other way)."""
+    trees = modules()
+    known = set(trees)
+    circles = []
+    for package in sorted(ROOMS):
+        prefix = package + "."
+
+        def room(name: str, prefix: str = prefix) -> str | None:
+            if not name.startswith(prefix):
+                return None
+            return prefix + name[len(prefix) :].split(".")[0]
+
+        edges: dict[str, set[str]] = {}
+        for name, tree in trees.items():
+            source = room(name)
+            if source is None:
+                continue
+            for target in all_imports(tree, known):
+                to = room(target)
+                if to is not None and to != source:
+                    edges.setdefault(source, set()).add(to)
+        circles.extend(find_circles(edges))
+    assert circles == []
+
+
+#: The floors, top down: a module imports only from its own floor or the floors below.
+FLOORS = [
+    ("mnist2db.__main__", "mnist2db.cli", "mnist2db.caffe_tools"),
+    (
+        "mnist2db.conversion",
+        "mnist2db.create",
+        "mnist2db.siamese",
+        "mnist2db.mean",
+        "mnist2db.show",
+        "mnist2db.render",
+        "mnist2db.info",
+        "mnist2db.verify",
+        "mnist2db.selection",
+        "mnist2db.recipe",
+        "mnist2db.label_databases",
+        "mnist2db.exporting",
+        "mnist2db.imageset",
+        "mnist2db.fetch",
+        "mnist2db.datum_pb2",
+    ),
+    ("mnist2db.reading",),
+    ("mnist2db.storage",),
+    ("mnist2db.formats",),
+    (
+        "mnist2db.errors",
+        "mnist2db.fastpath",
+        "mnist2db.progress",
+        "mnist2db.interrupt",
+        "mnist2db.version",
+        "mnist2db.thread_pool",
+        "mnist2db.untrusted",
+        "mnist2db.process_setup",
+    ),
+]
+
+
+def floor_of(name: str) -> int | None:
+    for floor, rooms in enumerate(FLOORS):
+        if any(name == r or name.startswith(r + ".") for r in rooms):
+            return floor
+    return None
+
+
+def test_no_import_runs_back_up() -> None:
+    """The front ends, the operations, the reading API, storage, the formats, the ground
+    floor: every module is on one floor and imports nothing above it (the public face
+    ``mnist2db`` stands on none: nothing imports it)."""
+    trees = modules()
+    known = set(trees)
+    unplaced = sorted(name for name in trees if name != "mnist2db" and floor_of(name) is None)
+    up = sorted(
+        f"{name} -> {target}"
+        for name, tree in trees.items()
+        if name != "mnist2db"
+        for target in all_imports(tree, known)
+        if target != "mnist2db" and (floor_of(target) or 0) < (floor_of(name) or 0)
+    )
+    assert (unplaced, up) == ([], [])
 
 
 def test_no_module_uses_another_modules_private_name() -> None:
@@ -166,6 +332,9 @@ def test_the_library_flows_one_way() -> None:
         "mnist2db.progress",
         "mnist2db.interrupt",
         "mnist2db.version",
+        "mnist2db.thread_pool",
+        "mnist2db.untrusted",
+        "mnist2db.process_setup",
     }
     wrong = []
     for name, targets in graph().items():
@@ -215,7 +384,7 @@ def test_caffe_keys_are_formatted_in_one_home() -> None:
         )
         for name, tree in trees.items()
     }
-    assert _homes(literal) == ["mnist2db.formats.datum"]
+    assert _homes(literal) == ["mnist2db.formats.datum.message"]
     assert _homes(formatted) == ["mnist2db.formats.lists.image_list"]
 
 
@@ -352,12 +521,12 @@ def test_no_module_reaches_500_lines() -> None:
 #: Format facts, each declared in one module (a module-level constant of that value
 #: elsewhere is a second home), with the ones still left and why.
 ONE_HOME_CONSTANTS = {
-    b"\x89PNG\r\n\x1a\n": "mnist2db.formats.png",
-    b"\x00\x00\x00\x00IEND\xaeB`\x82": "mnist2db.formats.png",
+    b"\x89PNG\r\n\x1a\n": "mnist2db.formats.png.encoder",
+    b"\x00\x00\x00\x00IEND\xaeB`\x82": "mnist2db.formats.png.encoder",
     1032: "mnist2db.formats.png.deflate",
     511: "mnist2db.storage.databases.backends",
-    10**8: "mnist2db.formats.datum",
-    (1 << 31) - 1: "mnist2db.formats.datum",
+    10**8: "mnist2db.formats.datum.message",
+    (1 << 31) - 1: "mnist2db.formats.datum.message",
 }
 CONSTANTS_LEFT = {
     ("mnist2db.formats.imdecode.image_file", (1 << 31) - 1): "a record's largest size: protobuf's",
@@ -386,7 +555,6 @@ def test_format_constants_have_one_home() -> None:
 #: Imports inside functions outside the fast path (fastpath.FAST_PATH, which imports what
 #: costs start-up where it is needed): at most this many a module, each with its reason.
 LAZY_IMPORTS = {
-    "mnist2db.reading.datum_dataset": (1, "labels.dataset imports dataset: at the top, a circle"),
     "mnist2db.formats.imdecode.png_decoder": (
         3,
         "Pillow, for encoded records that are not PNG only",
@@ -394,7 +562,7 @@ LAZY_IMPORTS = {
     "mnist2db.formats.imdecode.image_file": (
         2,
         "Pillow, for a header the reader cannot size itself; "
-        "fetch.untrusted's words for a path not a file",
+        "untrusted's words for a path not a file",
     ),
     "mnist2db.formats.imread.cv2_wheel": (
         2,
@@ -498,7 +666,7 @@ def test_imageset_choices_are_their_owners() -> None:
     """imageset's --help is answered without loading the pipeline, so its choice lists are
     written in cli/imageset_commands.py: they must equal their owner's (images/own_images)."""
     from mnist2db.cli.imageset_commands import imageset
-    from mnist2db.imageset.own_images import ENCODED, TARGETS
+    from mnist2db.imageset.own_images import ENCODED, OUTPUTS
 
     choices = {p.name: tuple(p.type.choices) for p in imageset.params if hasattr(p.type, "choices")}
-    assert choices["encoded"] == ENCODED and choices["to"] == TARGETS
+    assert choices["encoded"] == ENCODED and choices["to"] == OUTPUTS

@@ -144,7 +144,7 @@ def convert(
         seed: 0 … 2**64-1; the same seed gives the same database byte for byte.
         offset, count: only source items ``offset … offset+count-1`` (count None: to the end).
         encoded: ``"png"``: each record's ``data`` a grayscale PNG of the image,
-            ``encoded: true``, the shape fields filled in (:mod:`mnist2db.formats.png`).
+            ``encoded: true``, the shape fields filled in (:mod:`mnist2db.formats.png.encoder`).
         png_compression: with ``encoded="png"``: ``"fast"`` (mnist2db's own deflate, the
             bytes a function of the image alone) or ``"small"`` (zlib: ~12% smaller on
             MNIST, slower to write and to read); recorded, so ``verify`` encodes alike.

@@ -9,7 +9,7 @@ The options (all off by default, when ``convert`` writes exactly Caffe's records
   column that becomes the Datum label (0, the class, by default);
 * ``offset``/``count``: source items ``offset … offset+count-1`` only;
 * ``encoded`` (``"png"``): each record's ``data`` a PNG of the image, ``encoded: true``
-  (:mod:`mnist2db.formats.png`); the order and the items are unchanged;
+  (:mod:`mnist2db.formats.png.encoder`); the order and the items are unchanged;
 * ``seed`` (shuffle): the selected items in a seeded random order, still under the keys
   ``00000000…``: the permutation is ``argsort`` of ``count`` raw 64-bit words of numpy's
   PCG64 seeded with ``seed`` (a stream numpy keeps stable across versions).

@@ -1,5 +1,5 @@
 """The process's few threads for work that releases the GIL (zlib, Pillow), and work
-split into chunks on them, results in order: the PNG encoder's (:mod:`mnist2db.formats.png`)
+split into chunks on them, results in order: the PNG encoder's (:mod:`mnist2db.formats.png.encoder`)
 and the record decoders' (:mod:`mnist2db.reading.threaded`). A forked child makes its own.
 """
 

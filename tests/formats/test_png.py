@@ -313,7 +313,7 @@ def test_records_are_the_same_bytes_on_one_thread_and_on_several(
     script = (
         "import hashlib, os, sys, numpy as np\n"
         "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
-        "from mnist2db.formats.png import encode_png_batch\n"
+        "from mnist2db.formats.png.encoder import encode_png_batch\n"
         "images = np.load(sys.argv[1])\n"
         "labels = np.arange(3000) % 300 - 20\n"
         f"values = encode_png_batch(images, labels, {compression!r})\n"

@@ -31,7 +31,8 @@ from mnist2db.storage.files import AtomicFile
 if TYPE_CHECKING:
     from mnist2db.label_databases import TargetSource
 
-TARGETS = ("db", "idx")
+#: What ``to`` may be: a database, or an MNIST IDX pair.
+OUTPUTS = ("db", "idx")
 #: What ``encoded`` may be: each file's own bytes, or a type every image is encoded as.
 ENCODED = ("file", "png", "jpg", "bmp")
 
@@ -94,8 +95,8 @@ def convert_images(
             :func:`mnist2db.imageset.to_idx.write_imageset_idx`; nothing is then written.
     """
 
-    if to not in TARGETS:
-        raise ArgumentError(f"unknown target {to!r}: expected one of {', '.join(TARGETS)}")
+    if to not in OUTPUTS:
+        raise ArgumentError(f"unknown target {to!r}: expected one of {', '.join(OUTPUTS)}")
     if to == "idx" and encoded is not None:
         raise ArgumentError("an IDX file holds raw grey pixels: --encoded writes a database")
     if shuffle and seed is None and resume and to == "db":

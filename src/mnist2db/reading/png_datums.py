@@ -2,7 +2,7 @@
 records of a database in the layout of its first one, alone or a batch at a time
 (:class:`PngRecords`: the reading API's fast paths).
 
-A Datum as :mod:`mnist2db.formats.png` writes it is, byte for byte::
+A Datum as :mod:`mnist2db.formats.png.encoder` writes it is, byte for byte::
 
     08 01 10 <rows> 18 <cols> 22       channels, height, width; the tag of data
     <PNG length, a varint>
@@ -246,7 +246,7 @@ class PngRecords:
 
 
 def decode_png_record(value: bytes) -> tuple[np.ndarray, int] | None:
-    """``(image, label)`` of a serialized Datum in the layout :mod:`mnist2db.formats.png`
+    """``(image, label)`` of a serialized Datum in the layout :mod:`mnist2db.formats.png.encoder`
     writes (``channels``, ``height``, ``width``, ``data`` a PNG, ``label`` below 128,
     ``encoded``), of any image size or kind, read without protobuf; None for any other
     record, or one whose PNG does not decode (the caller's general path then decodes it,

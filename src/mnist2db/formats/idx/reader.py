@@ -6,7 +6,7 @@ file must hold exactly what the header declares: neither less (truncated) nor mo
 ``/dev/stdin`` and process substitution are read as streams, without seeking. Every way of
 opening and reading IDX bytes is here (:func:`open_raw`, :func:`open_data`,
 :func:`parse_header`; :mod:`mnist2db.formats.idx.scan` measures a file with them); the format
-itself is :mod:`mnist2db.formats.idx`'s.
+itself is :mod:`mnist2db.formats.idx.header`'s.
 """
 
 from __future__ import annotations
