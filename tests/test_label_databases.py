@@ -1,4 +1,4 @@
-"""Label databases beside image databases (mnist2db.label_databases) and databases placed
+"""Label databases beside image databases (mnist2db.labels.databases) and databases placed
 together (mnist2db.storage.db_staging.staged_databases): same keys, same order, both or none,
 a kill rolled back by the next writer."""
 
@@ -19,7 +19,7 @@ from mnist2db.errors import OutputExistsError
 from mnist2db.formats.datum.float_datum import decode_targets, encode_targets
 from mnist2db.formats.datum.message import encode_datum
 from mnist2db.formats.lists.label_table import open_label_table
-from mnist2db.label_databases import TargetSource, write_label_database
+from mnist2db.labels.databases import TargetSource, write_label_database
 from mnist2db.selection import permutation
 from mnist2db.storage.databases.readers import open_reader
 from mnist2db.storage.db_journal import recover_databases

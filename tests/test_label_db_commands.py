@@ -14,7 +14,7 @@ from mnist2db import convert
 from mnist2db.cli.app import cli
 from mnist2db.errors import VerifyError
 from mnist2db.formats.datum.message import record_keys
-from mnist2db.label_databases import verify_label_db
+from mnist2db.labels.databases import verify_label_db
 
 TARGETS = np.array([[0, 1, 0.5], [1, 0, -2.25], [1, 1, 3], [0, 0, 1e-3]], np.float32)
 

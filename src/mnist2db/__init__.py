@@ -56,7 +56,7 @@ _LAZY: dict[str, str | tuple[str, str]] = {
     "describe": "info",  # info
     "VerifyResult": "verify",
     "verify_db": "verify",  # verify
-    "verify_label_db": "label_databases",  # verify --label-db
+    "verify_label_db": "labels.databases",  # verify --label-db
     "ExportResult": "exporting.to_idx",
     "export_db": "exporting.to_idx",  # export (--to idx)
     "FilesResult": "exporting.image_files.folder",
@@ -111,7 +111,7 @@ if TYPE_CHECKING:
     from mnist2db.formats.idx.reader import open_idx, read_header, read_idx
     from mnist2db.imageset.own_images import OwnImagesResult, convert_images
     from mnist2db.info import DbInfo, IdxInfo, describe
-    from mnist2db.label_databases import verify_label_db
+    from mnist2db.labels.databases import verify_label_db
     from mnist2db.mean import MeanResult, compute_mean, mean_image, write_mean
     from mnist2db.reading.datum_dataset import DatumDataset
     from mnist2db.reading.open import open_db

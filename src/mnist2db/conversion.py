@@ -150,7 +150,7 @@ def convert(
             MNIST, slower to write and to read); recorded, so ``verify`` encodes alike.
         label_db: also write ``OUT_labels``, each record's every label column (QMNIST's
             eight) as a float_data label record under the same key
-            (:mod:`mnist2db.label_databases`); the two are placed together.
+            (:mod:`mnist2db.labels.databases`); the two are placed together.
         on_start: called as ``on_start(images_header, labels_header)`` once the inputs and
             the options and the destination are checked, before anything is written
             (the drop-in logs Caffe's opening lines there; whatever it raises stops the

@@ -79,11 +79,11 @@ def convert(photos: Path, out: Path, backend: str, *, resume: bool = False, jobs
     batches it wrote."""
     script = f"""
         import os, signal
-        import mnist2db.label_databases as labels
+        import mnist2db.labels.databases as labels
         import mnist2db.storage.files as staging
         from mnist2db.formats.lists.label_table import open_label_table
         from mnist2db.imageset.to_database import write_imageset
-        from mnist2db.label_databases import TargetSource
+        from mnist2db.labels.databases import TargetSource
         from mnist2db.selection import permutation
         kind, after = {kill!r}
         table = open_label_table({str(photos / listing)!r}, header={header},

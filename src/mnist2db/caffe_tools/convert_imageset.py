@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from mnist2db.formats.lists.image_list import ListEntry
-    from mnist2db.label_databases import TargetSource
+    from mnist2db.labels.databases import TargetSource
 
 PROG = "convert_imageset"
 
@@ -217,7 +217,7 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
         f"Wrote {result.count} records in {result.seconds:.2f} s ({rate:.0f} images/s).",
     )
     if result.labels is not None:
-        from mnist2db.label_databases import describe
+        from mnist2db.labels.databases import describe
 
         logger.log("I", log_here(), describe(result.labels))
 
@@ -237,7 +237,7 @@ def _targets(parsed: ParsedArgs, listing: str) -> TargetSource | None:
         raise ArgumentError("--targets_width is N ≥ 0 of a --targets=list (a table's header "
                             "gives its width)")  # fmt: skip
     from mnist2db.formats.lists.label_table import open_label_table
-    from mnist2db.label_databases import TargetSource
+    from mnist2db.labels.databases import TargetSource
 
     return TargetSource(open_label_table(listing, header=kind == "table", width=width or None))
 

@@ -24,7 +24,7 @@ from mnist2db.cli.options import (
 from mnist2db.errors import RenderError
 from mnist2db.formats.datum.message import key_text
 from mnist2db.info import describe
-from mnist2db.label_databases import verify_label_db
+from mnist2db.labels.databases import verify_label_db
 from mnist2db.render import (
     check_canvas,
     check_text_size,

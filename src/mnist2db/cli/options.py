@@ -103,7 +103,7 @@ def seed_option(help_text: str) -> Decorator:
 
 def label_db_option(help_text: str) -> Decorator:
     """``--label-db LABEL_DB``: the label database beside DB (``DB_labels``, float targets under
-    DB's keys: :mod:`mnist2db.label_databases`)."""
+    DB's keys: :mod:`mnist2db.labels.databases`)."""
     return click.option(
         "--label-db", type=Path(file_okay=False, path_type=str), default=None, help=help_text
     )

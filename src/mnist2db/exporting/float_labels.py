@@ -1,7 +1,7 @@
-"""Float targets beside an export: a database's label database (:mod:`mnist2db.label_databases`)
+"""Float targets beside an export: a database's label database (:mod:`mnist2db.labels.databases`)
 read in step with its records, in the same pass.
 
-The pair is checked as ``verify --label-db`` checks it (:func:`~mnist2db.label_databases.iter_pairs`:
+The pair is checked as ``verify --label-db`` checks it (:func:`~mnist2db.labels.databases.iter_pairs`:
 as many records, the same key at every position, one width), the counts before any work.
 Columns are named as the label table's header named them (``imageset --labels`` records the
 names in the label database's ``mnist2db.json``), else ``v0`` … ``vN-1`` (a table without a
@@ -26,7 +26,7 @@ import numpy as np
 
 from mnist2db.formats.datum.float_datum import decode_targets
 from mnist2db.formats.datum.message import key_text
-from mnist2db.label_databases import iter_pairs
+from mnist2db.labels.databases import iter_pairs
 from mnist2db.recipe import load_metadata, target_names
 from mnist2db.storage.databases.readers import DbReader
 

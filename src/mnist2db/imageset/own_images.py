@@ -29,7 +29,7 @@ from mnist2db.storage.file_placement import check_file_target
 from mnist2db.storage.files import AtomicFile
 
 if TYPE_CHECKING:
-    from mnist2db.label_databases import TargetSource
+    from mnist2db.labels.databases import TargetSource
 
 #: What ``to`` may be: a database, or an MNIST IDX pair.
 OUTPUTS = ("db", "idx")
@@ -86,7 +86,7 @@ def convert_images(
             shuffle given no seed takes the staged run's).
         labels: a label table with a header (CSV, whitespace, CelebA's layout) naming
             the images and their targets, instead of ``listing``; a label database
-            ``OUT_labels`` is written beside (:mod:`mnist2db.label_databases`).
+            ``OUT_labels`` is written beside (:mod:`mnist2db.labels.databases`).
         values: ``listing``'s lines are ``PATH V1 … VN`` with N ``values`` (0: N taken
             from the first line); a label database is written beside, as for ``labels``.
 
@@ -201,7 +201,7 @@ def _targets(
     if values is not None and values < 0:
         raise ArgumentError(f"--values must be 0 (from the first line) or more, got {values}")
     from mnist2db.formats.lists.label_table import open_label_table
-    from mnist2db.label_databases import TargetSource
+    from mnist2db.labels.databases import TargetSource
 
     if labels is not None:
         table = open_label_table(labels, header=True)

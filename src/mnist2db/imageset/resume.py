@@ -9,7 +9,7 @@ the list), the entries after the last committed one are converted again, and the
 are those of an uninterrupted run. A plan that differs is refused in one line naming what
 differs. SIGINT and SIGTERM are not kills: they remove the staging directory, as always.
 
-A label database beside (:mod:`mnist2db.label_databases`) is staged by the same process
+A label database beside (:mod:`mnist2db.labels.databases`) is staged by the same process
 (:func:`find_staged_labels` finds it by that process's id) and written after the images:
 the plan holds a digest of its label file too, and the resumed run adopts both staging
 directories, keeping the label records committed (which must end at the image key of the

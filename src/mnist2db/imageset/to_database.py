@@ -65,7 +65,7 @@ from mnist2db.storage.files import temp_prefix
 if TYPE_CHECKING:
     from typing import Any
 
-    from mnist2db.label_databases import LabelsResult, TargetSource
+    from mnist2db.labels.databases import LabelsResult, TargetSource
 
 #: Batches written between two releases of LMDB's mapped pages (:func:`_unmapping`).
 RELEASE_EVERY = 8
@@ -111,7 +111,7 @@ class ImagesetResult(NamedTuple):
         rate = self.count / max(self.seconds, 1e-9)
         labels = ""
         if self.labels is not None:
-            from mnist2db.label_databases import describe
+            from mnist2db.labels.databases import describe
 
             labels = "\n" + describe(self.labels)
         return (
@@ -233,7 +233,7 @@ def write_imageset(
         on_stale: called with each staged run of a killed conversion that this run
             (without ``resume``) removes.
         targets: the entries' targets: a label database (``OUT_labels``,
-            :mod:`mnist2db.label_databases`) is written beside, under the same keys, and
+            :mod:`mnist2db.labels.databases`) is written beside, under the same keys, and
             the two are placed together (and resumed together); ``entries()`` must be
             ``targets.entries()``.
 
@@ -369,7 +369,7 @@ def write_imageset(
                     + "; nothing written"
                 )
             if targets is not None:  # under the keys just written, whatever was skipped
-                from mnist2db.label_databases import write_label_database
+                from mnist2db.labels.databases import write_label_database
 
                 labels = write_label_database(backend, staging, stagings[1], targets, outs[1],
                                               batch_size=batch_size,

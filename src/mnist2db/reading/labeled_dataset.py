@@ -2,7 +2,7 @@
 ``open_db(images, labels=LABELS)[i] -> (image, targets)``.
 
 ``targets`` is a fresh float32 vector: the ``float_data`` of the label record stored under
-the image record's key (:mod:`mnist2db.label_databases` writes such pairs; any pair of
+the image record's key (:mod:`mnist2db.labels.databases` writes such pairs; any pair of
 databases with the same keys works, a pycaffe-made one too). Each side is a
 :class:`~mnist2db.reading.datum_dataset.DatumDataset`, so the images keep every fast path of today's
 reader, and the pair keeps its processes and threads rules (pickled without handles,

@@ -295,7 +295,7 @@ def check_directory_target(
 
 
 #: The suffix of a label database's name: ``OUT`` and ``OUT_labels``
-#: (:mod:`mnist2db.label_databases`).
+#: (:mod:`mnist2db.labels.databases`).
 LABELS_SUFFIX = "_labels"
 
 

@@ -51,7 +51,7 @@ from mnist2db.storage.databases.readers import shared_reader
 LIST_NAME = "list.txt"
 CLASSES_NAME = "classes.txt"
 RENAMED_NAME = "renamed.tsv"
-#: Float targets beside the list (``label_db``: a label database, :mod:`mnist2db.label_databases`):
+#: Float targets beside the list (``label_db``: a label database, :mod:`mnist2db.labels.databases`):
 #: a header ``path,v0,...`` and a row a record, in the list's order
 #: (:mod:`mnist2db.exporting.float_labels`).
 TARGETS_NAME = "targets.csv"
