@@ -70,7 +70,7 @@ format: $(STAMP)
 	$(BIN)/ruff format src tests scripts
 	$(BIN)/ruff check --fix src tests scripts
 
-# No generated code: the message classes are built at run time (mnist2db.formats.datum). This checks
+# No generated code: the message classes are built at run time (mnist2db.formats.datum.message). This checks
 # that they equal what protoc makes of proto/datum.proto (needs protoc: protobuf-compiler).
 proto: $(STAMP)
 	$(BIN)/python -m pytest -q tests/test_proto.py

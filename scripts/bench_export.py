@@ -162,7 +162,7 @@ def write_large(work: Path, values: list[bytes], count: int) -> Path:
 def joined_bytes(db: Path, target: Path) -> int:
     """Write the image bytes of ``db``'s records, concatenated in key order, to ``target``
     (what ``cat`` copies); returns their size."""
-    from mnist2db.storage.readers import iter_db
+    from mnist2db.storage.databases.readers import iter_db
 
     size = 0
     with open(target, "wb") as joined:

@@ -48,7 +48,7 @@ def read_table(images: Path, labels: Path, work: Path, repeat: int = 3) -> list[
     import lmdb
 
     import mnist2db
-    from mnist2db.storage.db_checks import check_lmdb_file
+    from mnist2db.storage.databases.checks import check_lmdb_file
 
     db_path = work / "read_train_lmdb"
     mnist2db.convert(images, labels, db_path, backend="lmdb")
@@ -195,7 +195,7 @@ def _dali_rate(python: Path, db: Path, kind: str) -> float:
 def _png_compressions() -> list[str | None]:
     """The PNG compressions ``convert`` offers (``png_compression=``), default first; [None]
     where it offers one only."""
-    from mnist2db.formats import png
+    from mnist2db.formats.png import encoder as png
 
     offered = getattr(png, "PNG_COMPRESSIONS", None)
     if not offered:
@@ -219,7 +219,7 @@ def png_read_table(
     from PIL import Image
 
     import mnist2db
-    from mnist2db.formats.datum import decode_datum
+    from mnist2db.formats.datum.message import decode_datum
 
     python = dali_python()
     compressions = _png_compressions()

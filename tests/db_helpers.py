@@ -12,7 +12,7 @@ import lmdb
 
 def record_digest(path: Path) -> tuple[int, str]:
     """Count and sha256 over, in key order, 4-byte big-endian len(key), key, len(value), value."""
-    from mnist2db.storage.readers import open_reader
+    from mnist2db.storage.databases.readers import open_reader
 
     digest = hashlib.sha256()
     count = 0
@@ -87,8 +87,8 @@ def write_labels(path: Path, targets, backend: str = "lmdb", keys=None) -> None:
     """A label database of ``targets`` (one float_data record a row) under ``keys``
     (default Caffe's ``%08d`` keys), as ``imageset --values`` writes them."""
     from mnist2db.conversion import write_database
-    from mnist2db.formats.datum import record_keys
-    from mnist2db.formats.target_datum import encode_target_batch
+    from mnist2db.formats.datum.float_datum import encode_target_batch
+    from mnist2db.formats.datum.message import record_keys
     from mnist2db.storage.db_staging import staged_database
 
     keys = list(keys if keys is not None else record_keys(0, len(targets)))

@@ -8,7 +8,7 @@ import zlib
 
 import numpy as np
 
-from mnist2db.formats.datum import decode_datum
+from mnist2db.formats.datum.message import decode_datum
 from mnist2db.formats.protowire import encode_varint
 
 #: zlib settings (level, strategy) of the encoders: today's Z_RLE, the fixed-Huffman one,

@@ -14,7 +14,7 @@ from helpers import make_images, make_labels, write_idx
 
 from mnist2db import BackendError, IdxFormatError, OutputExistsError, convert, iter_db
 from mnist2db.datum_pb2 import Datum
-from mnist2db.storage.readers import open_reader
+from mnist2db.storage.databases.readers import open_reader
 
 
 def read_records(path: Path, backend: str) -> list[tuple[bytes, bytes]]:

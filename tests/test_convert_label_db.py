@@ -17,10 +17,10 @@ from helpers import make_images, make_labels, write_idx
 
 import mnist2db
 from mnist2db.cli.app import cli
-from mnist2db.formats.datum import decode_datum, record_keys
-from mnist2db.formats.target_datum import encode_target_batch
-from mnist2db.records import permutation
-from mnist2db.storage.readers import open_reader
+from mnist2db.formats.datum.float_datum import encode_target_batch
+from mnist2db.formats.datum.message import decode_datum, record_keys
+from mnist2db.selection import permutation
+from mnist2db.storage.databases.readers import open_reader
 
 
 def qmnist_rows(count: int) -> np.ndarray:
@@ -90,7 +90,7 @@ def convert_killed(tmp_path: Path, out: Path, backend: str, kill: tuple[str, int
     database's) or at a staging checkpoint (``("checkpoint", name)``); its exit status."""
     script = textwrap.dedent(f"""
         import os, signal
-        import mnist2db.storage.backends as backends
+        import mnist2db.storage.databases.backends as backends
         import mnist2db.storage.files as staging
         from mnist2db.cli.app import main
         kind, at = {kill!r}

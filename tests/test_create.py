@@ -18,9 +18,9 @@ from helpers import FASHION_DIGESTS, FASHION_DIR, write_idx
 from mnist2db.cli.app import cli
 from mnist2db.create import create_databases
 from mnist2db.errors import IdxFormatError, OutputExistsError
-from mnist2db.formats.datum import datum_to_array, decode_datum
-from mnist2db.storage.backends import detect_backend
-from mnist2db.storage.readers import open_reader
+from mnist2db.formats.datum.message import datum_to_array, decode_datum
+from mnist2db.storage.databases.backends import detect_backend
+from mnist2db.storage.databases.readers import open_reader
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"

@@ -192,7 +192,7 @@ def test_dali_reads_exported_webdataset_shards(tmp_path: Path, encoded: str | No
     labels_gz = fashion_file("t10k-labels-idx1-ubyte.gz")
     db = tmp_path / "db"
     mnist2db.convert(images_gz, labels_gz, db, count=2345, encoded=encoded)
-    from mnist2db.exporting.shards import export_webdataset
+    from mnist2db.exporting.webdataset.shards import export_webdataset
 
     result = export_webdataset(db, tmp_path / "shards" / "fashion", shard_size=1000)
     assert len(result.shards) == 3
@@ -210,7 +210,7 @@ def test_dali_reads_the_stored_bytes_of_a_caffe_database(tmp_path: Path) -> None
     """A convert_imageset --encoded database of JPEGs: DALI's webdataset reader hands out
     each record's stored bytes, unchanged."""
     from mnist2db.caffe_tools.convert_imageset import convert_imageset
-    from mnist2db.exporting.shards import export_webdataset
+    from mnist2db.exporting.webdataset.shards import export_webdataset
 
     corpus = Path(__file__).parent / "data" / "imageset"
     db = tmp_path / "db"

@@ -13,7 +13,7 @@ from png_helpers import image_of, png_of, record
 
 from mnist2db import DatumDataset, convert, open_db
 from mnist2db.errors import RecordIndexError
-from mnist2db.formats.datum import record_key
+from mnist2db.formats.datum.message import record_key
 
 COUNT = 40
 ORDER = [5, 0, 39, -1, 17, 5, -40, 22]

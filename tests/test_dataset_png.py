@@ -16,8 +16,8 @@ from png_helpers import hostile_records, image_of, png_of, record, same
 import mnist2db
 from mnist2db import convert, open_db
 from mnist2db.errors import DatumError
-from mnist2db.formats.datum import record_key
-from mnist2db.formats.png import PNG_COMPRESSIONS, encode_png_batch
+from mnist2db.formats.datum.message import record_key
+from mnist2db.formats.png.encoder import PNG_COMPRESSIONS, encode_png_batch
 
 GOOD = 300
 #: Where the hostile records go (after the first record, which sets the layout).
@@ -133,8 +133,8 @@ def test_the_records_mnist2db_writes_never_reach_the_general_path(
         raise AssertionError("the general path")
 
     with open_db(out) as db:  # (opening reads the first record through protobuf)
-        monkeypatch.setattr("mnist2db.formats.record_decoder.decode_datum", refuse)
-        monkeypatch.setattr("mnist2db.formats.record_decoder.decode_png_record", refuse)
+        monkeypatch.setattr("mnist2db.reading.decoder.decode_datum", refuse)
+        monkeypatch.setattr("mnist2db.reading.decoder.decode_png_record", refuse)
         for i in (0, 5, 699, -1):
             image, label = db[i]
             np.testing.assert_array_equal(image[0], images[i])

@@ -1,4 +1,4 @@
-"""mnist2db export: IDX files back from a database, byte for byte, placed together (export.py)."""
+"""mnist2db export: IDX files back from a database, byte for byte, placed together (exporting/to_idx.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from helpers import write_idx
 
 from mnist2db import array_to_datum, convert
 from mnist2db.cli.app import cli
-from mnist2db.export import default_prefix
+from mnist2db.exporting.to_idx import default_prefix
 
 
 def run(*args: object) -> click.testing.Result:

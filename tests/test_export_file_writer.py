@@ -1,4 +1,4 @@
-"""export --to files' second process (mnist2db.exporting.file_writer): the files it creates
+"""export --to files' second process (mnist2db.exporting.image_files.file_writer): the files it creates
 are the ones the export alone creates, name for name and byte for byte, whatever the order
 of batches it places and batches the export places itself; a full disk in it, or its
 death, ends the export in one line and leaves nothing."""

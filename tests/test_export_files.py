@@ -1,5 +1,5 @@
 """mnist2db export --to files: image files and a Caffe list back from a database
-(mnist2db.exporting.folder), and the round trips through Caffe's convert_imageset.
+(mnist2db.exporting.image_files.folder), and the round trips through Caffe's convert_imageset.
 
 tests/data/export holds an image tree, its list and digests.json: what Caffe's own
 convert_imageset wrote from it ("made") and from our export of that database ("again"), for
@@ -27,7 +27,7 @@ from PIL import Image
 from mnist2db import array_to_datum, convert, export_files, iter_db
 from mnist2db.caffe_tools.convert_imageset import convert_imageset
 from mnist2db.cli.app import cli
-from mnist2db.storage.readers import open_reader
+from mnist2db.storage.databases.readers import open_reader
 
 CORPUS = Path(__file__).parent / "data" / "export"
 DIGESTS = json.loads((CORPUS / "digests.json").read_text(encoding="utf-8"))
@@ -351,8 +351,8 @@ def test_peak_memory_is_bounded(tmp_path: Path, to: str) -> None:
     env.close()
     code = (
         "import re, sys, threading, time\n"
-        "from mnist2db.exporting.folder import export_files\n"
-        "from mnist2db.exporting.shards import export_webdataset\n"
+        "from mnist2db.exporting.image_files.folder import export_files\n"
+        "from mnist2db.exporting.webdataset.shards import export_webdataset\n"
         "peak, done = [0], []\n"
         "def sample():\n"
         "    while not done:\n"
@@ -417,7 +417,7 @@ def test_a_name_shared_by_equal_bytes_only(tmp_path: Path) -> None:
     """Records naming one path: those holding its bytes share the file, one holding other
     bytes of the same size (or another size) gets a name of its own; and the check of a
     file already there opens no link, no FIFO (it would wait), no directory."""
-    from mnist2db.exporting.folder import _holds
+    from mnist2db.exporting.image_files.folder import _holds
 
     def encoded(data: bytes, label: int) -> bytes:
         datum = array_to_datum(np.zeros((1, 1, 1), np.uint8), label)

@@ -19,8 +19,8 @@ from helpers import fashion_file
 from PIL import Image
 
 from mnist2db import convert, open_db
-from mnist2db.exporting.folder import export_files
-from mnist2db.exporting.shards import export_webdataset
+from mnist2db.exporting.image_files.folder import export_files
+from mnist2db.exporting.webdataset.shards import export_webdataset
 
 
 @pytest.fixture

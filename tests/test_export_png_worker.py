@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from mnist2db import Mnist2dbError, convert
 from mnist2db.exporting.png_worker import PngWorker, worth_a_worker
 from mnist2db.exporting.sample_batches import iter_batches, start_png_worker
-from mnist2db.storage.readers import shared_reader
+from mnist2db.storage.databases.readers import shared_reader
 
 needs_two_cpus = pytest.mark.skipif(not worth_a_worker(), reason="one CPU: no worker is started")
 
@@ -115,8 +115,8 @@ def test_a_killed_export_leaves_no_worker_behind(tmp_path: Path) -> None:
 def test_grey_pngs_are_the_pngs_convert_stores(shape: tuple[int, int, int]) -> None:
     """encode_grey_pngs (what the export writes) gives each record's data of encode_png_batch
     (what convert --encoded png stores), byte for byte."""
-    from mnist2db.formats.datum import decode_datum
-    from mnist2db.formats.png import encode_grey_pngs, encode_png_batch
+    from mnist2db.formats.datum.message import decode_datum
+    from mnist2db.formats.png.encoder import encode_grey_pngs, encode_png_batch
 
     images = np.random.default_rng(7).integers(0, 256, shape, dtype=np.uint8)
     if shape[0]:
@@ -134,8 +134,8 @@ def test_the_fixed_layout_is_raw_layouts(
 ) -> None:
     """FixedLayout.of (without protobuf) finds the layout raw_layout finds (through
     protobuf), for records in it and records one byte off it."""
-    from mnist2db.exporting.raw_records import FixedLayout
-    from mnist2db.formats.datum import encode_datum, raw_layout
+    from mnist2db.exporting.fixed_layout import FixedLayout
+    from mnist2db.formats.datum.message import encode_datum, raw_layout
 
     value = bytearray(encode_datum(bytes(channels * height * width), channels, height, width,
                                    label))  # fmt: skip

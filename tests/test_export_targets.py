@@ -1,6 +1,6 @@
 """mnist2db export --label-db: a database's float targets (its label database, issue 28)
 beside the files (OUT/targets.csv) and in the shards (KEY.json), read back value for value;
-the pair checked as verify --label-db checks it (mnist2db.exporting.targets)."""
+the pair checked as verify --label-db checks it (mnist2db.exporting.float_labels)."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 from mnist2db import array_to_datum, convert
 from mnist2db.cli.app import cli
-from mnist2db.exporting.folder import export_files
-from mnist2db.exporting.shards import export_webdataset
-from mnist2db.exporting.targets import sample_json, targets_json, value_texts
-from mnist2db.formats.datum import record_keys
+from mnist2db.exporting.float_labels import sample_json, targets_json, value_texts
+from mnist2db.exporting.image_files.folder import export_files
+from mnist2db.exporting.webdataset.shards import export_webdataset
+from mnist2db.formats.datum.message import record_keys
 
 pytest.importorskip("webdataset", reason="webdataset is a test dependency (the test extra)")
 from test_export_webdataset import read_back  # noqa: E402
@@ -255,7 +255,7 @@ def test_the_label_tables_column_names_name_the_exported_targets(tmp_path: Path)
 
 def test_names_that_are_not_recorded_or_do_not_fit_give_v0(tmp_path: Path) -> None:
     """Too long to record (beyond NAMES_LIMIT), or recorded for another width: v0 …"""
-    from mnist2db.storage.metadata import NAMES_LIMIT
+    from mnist2db.recipe import NAMES_LIMIT
 
     long = "n" * (NAMES_LIMIT // 2)
     db, labels, _ = _named_pair(tmp_path, f"path {long}a {long}b {long}c")

@@ -1,4 +1,4 @@
-"""mnist2db export --to webdataset: tar shards and their manifest (mnist2db.exporting.shards),
+"""mnist2db export --to webdataset: tar shards and their manifest (mnist2db.exporting.webdataset.shards),
 read back by the webdataset library, every sample compared with its record; shards complete
 or absent; a SIGKILLed export resumed shard by shard to the same bytes."""
 
@@ -261,7 +261,7 @@ def test_colour_and_grey_raw_records(tmp_path: Path) -> None:
 @pytest.mark.parametrize("size", [0, 1, 511, 512, 513, 70000])
 @pytest.mark.parametrize("name", ["00000000.png", "k.cls", "x" * 95 + ".json", "é.jpg"])
 def test_members_are_the_bytes_tarfile_writes(name: str, size: int) -> None:
-    from mnist2db.exporting.tar_members import tar_member
+    from mnist2db.exporting.webdataset.tar_members import tar_member
 
     data = os.urandom(size)
     info = tarfile.TarInfo(name)
@@ -326,9 +326,9 @@ def _sample_size(size: int, index: int) -> int:
 def test_a_batch_is_framed_as_tarfile_frames_each_sample(keys: list[bytes], sizes: tuple) -> None:
     """batch_tars (its whole-batch path for plain keys, and its sample-by-sample one) gives
     the bytes tarfile writes for the same members, one after another."""
+    from mnist2db.exporting.float_labels import sample_json
     from mnist2db.exporting.samples import SampleBatch, key_fields, sample_key
-    from mnist2db.exporting.tar_members import batch_tars
-    from mnist2db.exporting.targets import sample_json
+    from mnist2db.exporting.webdataset.tar_members import batch_tars
 
     data = [os.urandom(sizes[i % len(sizes)]) for i in range(len(keys))]
     labels = [i * 37 % 1000 for i in range(len(keys))]

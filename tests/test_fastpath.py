@@ -119,7 +119,7 @@ def test_a_list_of_photos_loads_no_decoder_in_the_parent(tmp_path: Path, flags: 
     fork sooner and load them in parallel); the parent, which never decodes, loads none."""
     from PIL import Image
 
-    from mnist2db.storage.readers import iter_db
+    from mnist2db.storage.databases.readers import iter_db
 
     root = tmp_path / "images"
     root.mkdir()

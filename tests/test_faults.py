@@ -34,9 +34,9 @@ from os_helpers import mounted_tmpfs
 from mnist2db.cli.app import cli
 from mnist2db.conversion import STAGING_MARK, convert
 from mnist2db.errors import BackendError, IdxFormatError
-from mnist2db.storage.backends import detect_backend
+from mnist2db.storage.databases.backends import detect_backend
+from mnist2db.storage.databases.readers import iter_db, open_reader
 from mnist2db.storage.db_staging import remove_stale_staging
-from mnist2db.storage.readers import iter_db, open_reader
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "mnist2db"
 

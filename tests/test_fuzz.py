@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from mnist2db.cli.app import cli
 from mnist2db.conversion import STAGING_MARK, convert
 from mnist2db.errors import Mnist2dbError
-from mnist2db.storage.readers import iter_db
+from mnist2db.storage.databases.readers import iter_db
 
 INT32_MAX = (1 << 31) - 1
 WATCHDOG_SECONDS = 30  # a hang guard, far above any example's run time; not a speed test

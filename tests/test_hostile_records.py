@@ -29,8 +29,8 @@ import mnist2db
 from mnist2db.caffe_tools.drop_ins import compute_image_mean
 from mnist2db.cli.app import cli
 from mnist2db.errors import DatumError, Mnist2dbError
-from mnist2db.export import export_db
-from mnist2db.formats.datum import encode_datum, message_type
+from mnist2db.exporting.to_idx import export_db
+from mnist2db.formats.datum.message import encode_datum, message_type
 from mnist2db.info import db_info
 from mnist2db.mean import compute_mean
 from mnist2db.show import select_records

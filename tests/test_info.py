@@ -178,7 +178,7 @@ def test_info_verify_export_while_a_dataset_holds_the_database(
     """Neither backend lets one process open a database twice: the commands share the
     dataset's handle instead of failing with 'already open' / 'lock already held'."""
     from mnist2db import open_db
-    from mnist2db.export import export_db
+    from mnist2db.exporting.to_idx import export_db
     from mnist2db.info import db_info
     from mnist2db.verify import verify_db
 
@@ -194,7 +194,7 @@ def test_info_verify_export_while_a_dataset_holds_the_database(
 
 
 def test_info_database_with_data_shorter_than_its_shape(tmp_path: Path) -> None:
-    from mnist2db.formats.datum import encode_datum
+    from mnist2db.formats.datum.message import encode_datum
 
     db = write_lmdb(
         tmp_path / "short_lmdb",

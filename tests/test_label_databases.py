@@ -16,15 +16,15 @@ import pytest
 
 from mnist2db.conversion import write_database
 from mnist2db.errors import OutputExistsError
-from mnist2db.formats.datum import encode_datum
-from mnist2db.formats.label_table import open_label_table
-from mnist2db.formats.target_datum import decode_targets, encode_targets
+from mnist2db.formats.datum.float_datum import decode_targets, encode_targets
+from mnist2db.formats.datum.message import encode_datum
+from mnist2db.formats.lists.label_table import open_label_table
 from mnist2db.labels.databases import TargetSource, write_label_database
-from mnist2db.records import permutation
+from mnist2db.selection import permutation
+from mnist2db.storage.databases.readers import open_reader
 from mnist2db.storage.db_journal import recover_databases
 from mnist2db.storage.db_staging import remove_stale_staging, staged_databases
-from mnist2db.storage.readers import open_reader
-from mnist2db.storage.targets import labels_path
+from mnist2db.storage.destinations import labels_path
 
 ROWS = b"".join(b"img %d.png %d %.3f -2.5\n" % (i, i % 2, i / 8) for i in range(10))
 

@@ -13,7 +13,7 @@ from helpers import make_images, make_labels, write_idx
 from mnist2db import convert
 from mnist2db.cli.app import cli
 from mnist2db.errors import VerifyError
-from mnist2db.formats.datum import record_keys
+from mnist2db.formats.datum.message import record_keys
 from mnist2db.labels.databases import verify_label_db
 
 TARGETS = np.array([[0, 1, 0.5], [1, 0, -2.25], [1, 1, 3], [0, 0, 1e-3]], np.float32)
@@ -103,7 +103,7 @@ def test_verify_other_widths_and_image_records(tmp_path: Path, pair: tuple[Path,
     images = pair[0]
     labels = tmp_path / "mixed"
     from mnist2db.conversion import write_database
-    from mnist2db.formats.target_datum import encode_targets
+    from mnist2db.formats.datum.float_datum import encode_targets
     from mnist2db.storage.db_staging import staged_database
 
     values = [encode_targets([1.0, 2.0, 3.0])] * 3 + [encode_targets([1.0])]

@@ -15,8 +15,8 @@ from db_helpers import write_labels
 
 from mnist2db import convert, open_db
 from mnist2db.errors import DatumError, MissingKeyError
-from mnist2db.formats.datum import record_keys
-from mnist2db.labels.dataset import LabeledDataset
+from mnist2db.formats.datum.message import record_keys
+from mnist2db.reading.labeled_dataset import LabeledDataset
 
 RECORDS = 3000
 WIDTH = 5

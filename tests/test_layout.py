@@ -50,7 +50,7 @@ def imports(tree: ast.Module, known: set[str]) -> list[tuple[str, list[str]]]:
             if node.module.split(".")[0] != "mnist2db":
                 continue
             names = [a.name for a in node.names]
-            # "from mnist2db.formats import idx" imports the module mnist2db.formats.idx
+            # "from mnist2db.formats.idx import header" imports the module mnist2db.formats.idx.header
             submodules = [f"{node.module}.{n}" for n in names if f"{node.module}.{n}" in known]
             found.extend((m, []) for m in submodules)
             rest = [n for n in names if f"{node.module}.{n}" not in known]
@@ -95,6 +95,173 @@ def test_there_are_no_import_circles() -> None:
         if node not in state:
             visit(node)
     assert circles == []
+
+
+#: The rooms: every package, and what it holds. A newcomer reads these names and knows
+#: where a thing lives; a new package is added here with its one line.
+ROOMS = {
+    "mnist2db": "the public face; the operations, one module each; the ground floor",
+    "mnist2db.cli": "the click front end, a module per group of commands",
+    "mnist2db.caffe_tools": "the drop-ins for Caffe's tools",
+    "mnist2db.fetch": "getting a dataset: catalog, transport, sink, manifest, archives",
+    "mnist2db.exporting": "a database's records out again: --to idx, and what both others share",
+    "mnist2db.exporting.image_files": "export --to files",
+    "mnist2db.exporting.webdataset": "export --to webdataset",
+    "mnist2db.imageset": "your own images to records or an IDX pair (imageset, convert_imageset)",
+    "mnist2db.imageset.workers": "the decoding worker processes",
+    "mnist2db.labels": "label databases: float values beside an image database",
+    "mnist2db.reading": "the reading API: open_db, the datasets, their record decoders",
+    "mnist2db.storage": "where outputs go and how they are placed: staging, files, the digest",
+    "mnist2db.storage.databases": "LMDB and LevelDB: backends, writers, read handles, checks",
+    "mnist2db.formats": "bytes on disk and in records, a room per family",
+    "mnist2db.formats.idx": "IDX files",
+    "mnist2db.formats.datum": "Caffe's Datum",
+    "mnist2db.formats.png": "PNG written",
+    "mnist2db.formats.imdecode": "image bytes within OpenCV's limits; PNG records decoded",
+    "mnist2db.formats.imread": "image files read, resized, written as OpenCV does",
+    "mnist2db.formats.lists": "Caffe's image lists, label tables, their line reader",
+}
+#: The most modules a room (a package but the top one) may hold, its __init__.py counted.
+ROOM_SIZE = 12
+
+
+def test_the_rooms_are_the_map() -> None:
+    """Every package is a room named in :data:`ROOMS`, none a drawer of more than
+    :data:`ROOM_SIZE` modules."""
+    packages = {module_name(p) for p in PACKAGE.rglob("__init__.py")}
+    assert packages == set(ROOMS)
+    sizes = {
+        module_name(p.parent / "__init__.py"): len(list(p.glob("*.py")))
+        for p in {q.parent for q in PACKAGE.rglob("__init__.py")}
+        if p != PACKAGE
+    }
+    assert {name: n for name, n in sizes.items() if n > ROOM_SIZE} == {}
+
+
+def all_imports(tree: ast.Module, known: set[str]) -> set[str]:
+    """Every mnist2db module ``tree`` imports, those for type checkers too."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module in known | {"mnist2db"}:
+            for a in node.names:
+                found.add(
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                )
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in known)
+    return found
+
+
+def find_circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every circle a depth-first walk of ``edges`` meets."""
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                circles.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+    return circles
+
+
+def test_rooms_import_each_other_one_way() -> None:
+    """Inside every package, its rooms (each subpackage taken whole, each module alone)
+    import each other one way, the imports for type checkers counted: no circle of files
+    and no arrow back up between rooms (formats/datum/ above formats/imdecode/ above
+    formats/png/, never the other way)."""
+    trees = modules()
+    known = set(trees)
+    circles = []
+    for package in sorted(ROOMS):
+        prefix = package + "."
+
+        def room(name: str, prefix: str = prefix) -> str | None:
+            if not name.startswith(prefix):
+                return None
+            return prefix + name[len(prefix) :].split(".")[0]
+
+        edges: dict[str, set[str]] = {}
+        for name, tree in trees.items():
+            source = room(name)
+            if source is None:
+                continue
+            for target in all_imports(tree, known):
+                to = room(target)
+                if to is not None and to != source:
+                    edges.setdefault(source, set()).add(to)
+        circles.extend(find_circles(edges))
+    assert circles == []
+
+
+#: The floors, top down: a module imports only from its own floor or the floors below.
+FLOORS = [
+    ("mnist2db.__main__", "mnist2db.cli", "mnist2db.caffe_tools"),
+    (
+        "mnist2db.conversion",
+        "mnist2db.create",
+        "mnist2db.siamese",
+        "mnist2db.mean",
+        "mnist2db.show",
+        "mnist2db.render",
+        "mnist2db.info",
+        "mnist2db.verify",
+        "mnist2db.selection",
+        "mnist2db.recipe",
+        "mnist2db.labels",
+        "mnist2db.exporting",
+        "mnist2db.imageset",
+        "mnist2db.fetch",
+        "mnist2db.datum_pb2",
+    ),
+    ("mnist2db.reading",),
+    ("mnist2db.storage",),
+    ("mnist2db.formats",),
+    (
+        "mnist2db.errors",
+        "mnist2db.fastpath",
+        "mnist2db.progress",
+        "mnist2db.interrupt",
+        "mnist2db.version",
+        "mnist2db.thread_pool",
+        "mnist2db.untrusted",
+        "mnist2db.process_setup",
+    ),
+]
+
+
+def floor_of(name: str) -> int | None:
+    for floor, rooms in enumerate(FLOORS):
+        if any(name == r or name.startswith(r + ".") for r in rooms):
+            return floor
+    return None
+
+
+def test_no_import_runs_back_up() -> None:
+    """The front ends, the operations, the reading API, storage, the formats, the ground
+    floor: every module is on one floor and imports nothing above it (the public face
+    ``mnist2db`` stands on none: nothing imports it)."""
+    trees = modules()
+    known = set(trees)
+    unplaced = sorted(name for name in trees if name != "mnist2db" and floor_of(name) is None)
+    up = sorted(
+        f"{name} -> {target}"
+        for name, tree in trees.items()
+        if name != "mnist2db"
+        for target in all_imports(tree, known)
+        if target != "mnist2db" and (floor_of(target) or 0) < (floor_of(name) or 0)
+    )
+    assert (unplaced, up) == ([], [])
 
 
 def test_no_module_uses_another_modules_private_name() -> None:
@@ -166,6 +333,9 @@ def test_the_library_flows_one_way() -> None:
         "mnist2db.progress",
         "mnist2db.interrupt",
         "mnist2db.version",
+        "mnist2db.thread_pool",
+        "mnist2db.untrusted",
+        "mnist2db.process_setup",
     }
     wrong = []
     for name, targets in graph().items():
@@ -184,14 +354,14 @@ def _homes(found: dict[str, int]) -> list[str]:
 
 
 def test_a_fresh_seed_has_one_home() -> None:
-    """Every drawn seed comes from :func:`mnist2db.records.fresh_seed`."""
+    """Every drawn seed comes from :func:`mnist2db.selection.fresh_seed`."""
     sources = {p: p.read_text() for p in PACKAGE.rglob("*.py")}
     drawn = {module_name(p): text.count("os.urandom(8)") for p, text in sources.items()}
-    assert _homes(drawn) == ["mnist2db.records"]
+    assert _homes(drawn) == ["mnist2db.selection"]
 
 
 def test_caffe_keys_are_formatted_in_one_home() -> None:
-    """Caffe's key format ``b"%08d"`` is written once, :data:`mnist2db.formats.datum.KEY_FORMAT`
+    """Caffe's key format ``b"%08d"`` is written once, :data:`mnist2db.formats.datum.message.KEY_FORMAT`
     (``record_key``, ``record_keys`` and the dataset's inlined hot path use it); the one
     literal ``%08d`` formatting left is ``image_list``'s ``%08d_PATH``, convert_imageset's
     key, a key of its own."""
@@ -215,8 +385,8 @@ def test_caffe_keys_are_formatted_in_one_home() -> None:
         )
         for name, tree in trees.items()
     }
-    assert _homes(literal) == ["mnist2db.formats.datum"]
-    assert _homes(formatted) == ["mnist2db.formats.image_list"]
+    assert _homes(literal) == ["mnist2db.formats.datum.message"]
+    assert _homes(formatted) == ["mnist2db.formats.lists.image_list"]
 
 
 def _backend_compares(tree: ast.Module) -> int:
@@ -234,13 +404,13 @@ def _backend_compares(tree: ast.Module) -> int:
 
 #: Modules that still choose by a backend's name, each with its reason.
 BACKEND_COMPARES_LEFT = {
-    "mnist2db.images.datum_records": "LMDB's mapped data.mdb: its written pages released",
+    "mnist2db.imageset.to_database": "LMDB's mapped data.mdb: its written pages released",
 }
 
 
 def test_a_backend_is_chosen_by_name_in_one_home() -> None:
-    """What differs between LMDB and LevelDB is written in ``storage/backends.py``
-    (:class:`~mnist2db.storage.backends.Backend`) and the read handles, not decided by
+    """What differs between LMDB and LevelDB is written in ``storage/databases/backends.py``
+    (:class:`~mnist2db.storage.databases.backends.Backend`) and the read handles, not decided by
     ``backend == "lmdb"`` wherever it matters."""
     found = {
         name
@@ -253,8 +423,8 @@ def test_a_backend_is_chosen_by_name_in_one_home() -> None:
 def test_each_backend_chooses_its_read_handle() -> None:
     """The backend's entry in ``BACKEND`` names its read handle (no second table): each
     name is a handle class of that backend in ``storage/backend_handles``."""
-    from mnist2db.storage import backend_handles
-    from mnist2db.storage.backends import BACKEND
+    from mnist2db.storage.databases import handles as backend_handles
+    from mnist2db.storage.databases.backends import BACKEND
 
     for name, backend in BACKEND.items():
         handles = backend_handles.handle_class(name)
@@ -268,7 +438,7 @@ def test_each_backend_chooses_its_read_handle() -> None:
         for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
         if isinstance(target, ast.Name)
         and "HANDLE" in target.id
-        and name != "mnist2db.storage.readers"
+        and name != "mnist2db.storage.databases.readers"
     ]
     assert tables == []
 
@@ -295,7 +465,7 @@ def test_no_object_reaches_into_another() -> None:
             if not isinstance(node, ast.Attribute):
                 continue
             value = node.value
-            if node.attr == "txn" and name != "mnist2db.storage.backend_handles":
+            if node.attr == "txn" and name != "mnist2db.storage.databases.handles":
                 found.append(f"{name}: {ast.unparse(node)}")
             if not node.attr.startswith("_") or node.attr.startswith("__"):
                 continue
@@ -339,7 +509,7 @@ def at_work(name: str) -> bool:
 
 def test_no_module_reaches_500_lines() -> None:
     """A module that grows past ~450 lines has a second owner: it is split by owner
-    (dataset.py's record decoding, db_staging.py's journal, metadata.py's digest), not
+    (reading/datum_dataset.py's record decoding, db_staging.py's journal, metadata.py's digest), not
     trimmed to stay under a count."""
     long = {
         module_name(p)
@@ -352,15 +522,15 @@ def test_no_module_reaches_500_lines() -> None:
 #: Format facts, each declared in one module (a module-level constant of that value
 #: elsewhere is a second home), with the ones still left and why.
 ONE_HOME_CONSTANTS = {
-    b"\x89PNG\r\n\x1a\n": "mnist2db.formats.png",
-    b"\x00\x00\x00\x00IEND\xaeB`\x82": "mnist2db.formats.png",
-    1032: "mnist2db.formats.deflate",
-    511: "mnist2db.storage.backends",
-    10**8: "mnist2db.formats.datum",
-    (1 << 31) - 1: "mnist2db.formats.datum",
+    b"\x89PNG\r\n\x1a\n": "mnist2db.formats.png.encoder",
+    b"\x00\x00\x00\x00IEND\xaeB`\x82": "mnist2db.formats.png.encoder",
+    1032: "mnist2db.formats.png.deflate",
+    511: "mnist2db.storage.databases.backends",
+    10**8: "mnist2db.formats.datum.message",
+    (1 << 31) - 1: "mnist2db.formats.datum.message",
 }
 CONSTANTS_LEFT = {
-    ("mnist2db.formats.image_input", (1 << 31) - 1): "a record's largest size: protobuf's",
+    ("mnist2db.formats.imdecode.image_file", (1 << 31) - 1): "a record's largest size: protobuf's",
 }
 
 
@@ -386,19 +556,21 @@ def test_format_constants_have_one_home() -> None:
 #: Imports inside functions outside the fast path (fastpath.FAST_PATH, which imports what
 #: costs start-up where it is needed): at most this many a module, each with its reason.
 LAZY_IMPORTS = {
-    "mnist2db.dataset": (1, "labels.dataset imports dataset: at the top, a circle"),
-    "mnist2db.formats.png_codec": (3, "Pillow, for encoded records that are not PNG only"),
-    "mnist2db.formats.image_input": (
+    "mnist2db.formats.imdecode.png_decoder": (
+        3,
+        "Pillow, for encoded records that are not PNG only",
+    ),
+    "mnist2db.formats.imdecode.image_file": (
         2,
         "Pillow, for a header the reader cannot size itself; "
-        "fetch.untrusted's words for a path not a file",
+        "untrusted's words for a path not a file",
     ),
-    "mnist2db.formats.opencv": (
+    "mnist2db.formats.imread.cv2_wheel": (
         2,
         "cv2: an optional extra; numpy for its probe (the PNG path loads none)",
     ),
-    "mnist2db.formats.image_encode": (1, "Pillow, for --encoded jpg only"),
-    "mnist2db.formats.image": (2, "Pillow, only for an image OpenCV does not decode"),
+    "mnist2db.formats.imread.imencode": (1, "Pillow, for --encoded jpg only"),
+    "mnist2db.formats.imread.reader": (2, "Pillow, only for an image OpenCV does not decode"),
     "mnist2db.formats.plain_png": (
         2,
         "Pillow's core and, for RGB, its Image module: by the worker that decodes",
@@ -406,11 +578,14 @@ LAZY_IMPORTS = {
     "mnist2db.caffe_tools.convert_imageset": (6, "--help and flag errors before numpy, Pillow"),
     "mnist2db.cli.imageset_commands": (2, "imageset --help without the pipeline loaded"),
     "mnist2db.cli.export_commands": (3, "each --to's modules only for its own export"),
-    "mnist2db.images.resume": (2, "each backend's library only for the staged run it reads"),
-    "mnist2db.images.workers": (2, "numpy and Pillow loaded before the workers fork, shared"),
-    "mnist2db.images.datum_records": (2, "the label database's modules for a run with targets"),
-    "mnist2db.images.own_images": (3, "numpy's label tables and the IDX pair only when asked"),
-    "mnist2db.images.record_work": (3, "numpy, Pillow, OpenCV for what plain_png does not read"),
+    "mnist2db.imageset.resume": (2, "each backend's library only for the staged run it reads"),
+    "mnist2db.imageset.workers.pool": (
+        2,
+        "numpy and Pillow loaded before the workers fork, shared",
+    ),
+    "mnist2db.imageset.to_database": (2, "the label database's modules for a run with targets"),
+    "mnist2db.imageset.own_images": (3, "numpy's label tables and the IDX pair only when asked"),
+    "mnist2db.imageset.work": (3, "numpy, Pillow, OpenCV for what plain_png does not read"),
 }
 
 
@@ -448,8 +623,8 @@ def test_the_batch_byte_bound_has_one_home() -> None:
         and ast.unparse(node.value) in ("64 << 20", "64 * 2 ** 20", "67108864")
     )
     assert set(found) <= {
-        "mnist2db.storage.backends.BATCH_BYTES_LIMIT",
-        "mnist2db.images.datum_records.BATCH_BYTES",
+        "mnist2db.storage.databases.backends.BATCH_BYTES_LIMIT",
+        "mnist2db.imageset.to_database.BATCH_BYTES",
     }
 
 
@@ -492,7 +667,7 @@ def test_imageset_choices_are_their_owners() -> None:
     """imageset's --help is answered without loading the pipeline, so its choice lists are
     written in cli/imageset_commands.py: they must equal their owner's (images/own_images)."""
     from mnist2db.cli.imageset_commands import imageset
-    from mnist2db.images.own_images import ENCODED, TARGETS
+    from mnist2db.imageset.own_images import ENCODED, OUTPUTS
 
     choices = {p.name: tuple(p.type.choices) for p in imageset.params if hasattr(p.type, "choices")}
-    assert choices["encoded"] == ENCODED and choices["to"] == TARGETS
+    assert choices["encoded"] == ENCODED and choices["to"] == OUTPUTS

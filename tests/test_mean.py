@@ -126,7 +126,7 @@ def test_caffe_summation_order_past_2_to_the_24(tmp_path: Path) -> None:
 
 
 def test_float_data_records(tmp_path: Path) -> None:
-    from mnist2db.formats.datum import array_to_datum
+    from mnist2db.formats.datum.message import array_to_datum
 
     arrays = [np.full((2, 1, 2), v, dtype=np.float32) + [[[0, 0.5]], [[1, 2]]] for v in (1, 3)]
     env = lmdb.open(str(tmp_path / "db"), map_size=1 << 20)

@@ -16,9 +16,10 @@ from click.testing import CliRunner
 import mnist2db
 from mnist2db.cli.app import cli
 from mnist2db.errors import ArgumentError, VerifyError
-from mnist2db.formats.png import encode_png_batch
-from mnist2db.storage.metadata import METADATA_NAME, read_metadata
-from mnist2db.storage.readers import open_reader
+from mnist2db.formats.png.encoder import encode_png_batch
+from mnist2db.recipe import read_metadata
+from mnist2db.storage.databases.backends import METADATA_NAME
+from mnist2db.storage.databases.readers import open_reader
 from mnist2db.verify import verify_db
 
 Pair = Callable[..., tuple[Path, Path, np.ndarray, np.ndarray]]
@@ -163,7 +164,7 @@ def test_create_passes_the_choice_to_both_splits(
 
 
 def test_encode_png_takes_the_same_choice() -> None:
-    from mnist2db.formats.png import encode_png
+    from mnist2db.formats.png.encoder import encode_png
 
     image = np.zeros((30, 40), np.uint8)
     image[3:20, 5:9] = 200

@@ -43,7 +43,7 @@ back = mnist2db.decode_datum(made.SerializeToString())
 assert fields(back) == (1, 1, 2, b"", -5, [0.5, -2.0], False)
 assert mnist2db.datum_to_array(back).tolist() == [[[0.5, -2.0]]]
 # Caffe's BlobProto and ours agree too (the mean file).
-from mnist2db.formats.datum import message_type
+from mnist2db.formats.datum.message import message_type
 blob = caffe_pb2.BlobProto(num=1, channels=1, height=1, width=2)
 blob.shape.dim.extend([1, 1, 1, 2])
 blob.data.extend([1.5, 2.5])

@@ -17,7 +17,7 @@ from helpers import make_images, make_labels, write_idx
 
 from mnist2db import convert
 from mnist2db.errors import Mnist2dbError
-from mnist2db.formats.datum import KEY_LIMIT, check_record_count
+from mnist2db.formats.datum.message import KEY_LIMIT, check_record_count
 from mnist2db.siamese import convert_siamese
 
 MNIST2DB = [sys.executable, "-m", "mnist2db"]

@@ -19,10 +19,11 @@ from os_helpers import mounted_tmpfs
 
 import mnist2db
 from mnist2db.errors import IdxFormatError, Mnist2dbError, OutputExistsError
-from mnist2db.formats.datum import decode_datum
-from mnist2db.records import permutation
-from mnist2db.storage.metadata import METADATA_NAME, read_metadata
-from mnist2db.storage.readers import open_reader
+from mnist2db.formats.datum.message import decode_datum
+from mnist2db.recipe import read_metadata
+from mnist2db.selection import permutation
+from mnist2db.storage.databases.backends import METADATA_NAME
+from mnist2db.storage.databases.readers import open_reader
 
 Pair = Callable[..., tuple[Path, Path, np.ndarray, np.ndarray]]
 
@@ -281,7 +282,7 @@ def test_metadata_file_is_not_a_record_for_either_backend(tmp_path: Path, mnist_
 def test_shuffled_transposed_subset_round_trips_through_verify_and_export(
     tmp_path: Path, mnist_pair: Pair, backend: str
 ) -> None:
-    from mnist2db.export import export_db
+    from mnist2db.exporting.to_idx import export_db
     from mnist2db.verify import verify_db
 
     images_path, labels_path, images, labels = mnist_pair(1300, rows=4, cols=6)
@@ -304,7 +305,7 @@ def test_shuffled_transposed_subset_round_trips_through_verify_and_export(
 
 def test_a_range_of_no_items_is_named_as_none(tmp_path: Path, mnist_pair: Pair) -> None:
     # --offset at the end (or --count 0) writes 0 records; "items 5 … 4" read as a bug.
-    from mnist2db.export import export_db
+    from mnist2db.exporting.to_idx import export_db
 
     images_path, labels_path, _, _ = mnist_pair(5, rows=3, cols=3)
     db = tmp_path / "db"
@@ -318,7 +319,7 @@ def test_a_range_of_no_items_is_named_as_none(tmp_path: Path, mnist_pair: Pair) 
 
 
 def test_full_shuffle_exports_the_source_byte_for_byte(tmp_path: Path, mnist_pair: Pair) -> None:
-    from mnist2db.export import export_db
+    from mnist2db.exporting.to_idx import export_db
 
     images_path, labels_path, _, _ = mnist_pair(37)
     mnist2db.convert(images_path, labels_path, tmp_path / "db", shuffle=True, seed=2)
@@ -353,7 +354,7 @@ def test_verify_names_the_source_item_of_a_shuffled_record(
 
 
 def test_qmnist_labels_export_as_the_datum_labels_and_say_so(tmp_path: Path) -> None:
-    from mnist2db.export import export_db
+    from mnist2db.exporting.to_idx import export_db
     from mnist2db.verify import verify_db
 
     images = make_images(9, 28, 28)
@@ -575,7 +576,7 @@ def test_shuffle_on_a_full_disk_is_one_line_and_leaves_nothing(
 def test_any_recipe_round_trips_through_convert_and_export(
     tmp_path_factory: pytest.TempPathFactory, count: int, rows: int, cols: int, data: Any
 ) -> None:
-    from mnist2db.export import export_db
+    from mnist2db.exporting.to_idx import export_db
     from mnist2db.verify import verify_db
 
     offset = data.draw(st.integers(0, count))

@@ -14,8 +14,8 @@ import pytest
 from db_helpers import write_lmdb
 from helpers import write_idx
 
-from mnist2db.formats.datum import datum_type
-from mnist2db.formats.png import encode_png
+from mnist2db.formats.datum.message import datum_type
+from mnist2db.formats.png.encoder import encode_png
 from mnist2db.render import MAX_TEXT_PIXELS
 from mnist2db.show import declared_shape
 

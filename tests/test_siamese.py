@@ -18,11 +18,10 @@ from helpers import write_idx
 
 from mnist2db.cli.app import cli
 from mnist2db.errors import IdxFormatError, Mnist2dbError, OutputExistsError
-from mnist2db.formats.datum import decode_datum
+from mnist2db.formats.datum.message import decode_datum
 from mnist2db.siamese import PAIRS_METHOD, convert_siamese
-from mnist2db.storage.backends import detect_backend, is_database_file
-from mnist2db.storage.metadata import METADATA_NAME
-from mnist2db.storage.readers import open_reader
+from mnist2db.storage.databases.backends import METADATA_NAME, detect_backend, is_database_file
+from mnist2db.storage.databases.readers import open_reader
 
 ROOT = Path(__file__).resolve().parent.parent
 SIAMESE_ENTRY = [

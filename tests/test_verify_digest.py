@@ -26,7 +26,7 @@ from mnist2db.caffe_tools.drop_ins import run as convert_mnist_data
 from mnist2db.cli.app import cli
 from mnist2db.errors import VerifyError
 from mnist2db.siamese import convert_siamese
-from mnist2db.storage.metadata import METADATA_NAME
+from mnist2db.storage.databases.backends import METADATA_NAME
 from mnist2db.storage.record_digest import DIGEST_METHOD
 from mnist2db.verify import verify_db
 

@@ -29,40 +29,40 @@ _LAZY: dict[str, str | tuple[str, str]] = {
     "RenderError": "errors",
     "VerifyError": "errors",
     # Datum bytes and IDX files
-    "array_to_datum": "formats.datum",
-    "datum_to_array": "formats.datum",
-    "decode_datum": "formats.datum",
-    "encode_datum": "formats.datum",
-    "IdxHeader": "formats.idx",
-    "open_idx": "formats.idx_reader",
-    "read_header": "formats.idx_reader",
-    "read_idx": "formats.idx_reader",
+    "array_to_datum": "formats.datum.message",
+    "datum_to_array": "formats.datum.message",
+    "decode_datum": "formats.datum.message",
+    "encode_datum": "formats.datum.message",
+    "IdxHeader": "formats.idx.header",
+    "open_idx": "formats.idx.reader",
+    "read_header": "formats.idx.reader",
+    "read_idx": "formats.idx.reader",
     # reading databases
-    "detect_backend": "storage.backends",
-    "iter_db": "storage.readers",
-    "open_reader": "storage.readers",
-    "DatumDataset": "dataset",
-    "open_db": "dataset",
+    "detect_backend": "storage.databases.backends",
+    "iter_db": "storage.databases.readers",
+    "open_reader": "storage.databases.readers",
+    "DatumDataset": "reading.datum_dataset",
+    "open_db": "reading.open",
     # the commands' twins: mnist2db CMD ... <-> mnist2db.FUNCTION(...), the same keywords
     "ConvertResult": "conversion",
     "convert": "conversion",  # convert
     "create_databases": "create",  # create
     "FetchedFile": "fetch.results",
     "fetch_dataset": ("fetch.fetcher", "fetch"),  # fetch
-    "OwnImagesResult": "images.own_images",
-    "convert_images": "images.own_images",  # imageset
+    "OwnImagesResult": "imageset.own_images",
+    "convert_images": "imageset.own_images",  # imageset
     "DbInfo": "info",
     "IdxInfo": "info",
     "describe": "info",  # info
     "VerifyResult": "verify",
     "verify_db": "verify",  # verify
     "verify_label_db": "labels.databases",  # verify --label-db
-    "ExportResult": "export",
-    "export_db": "export",  # export (--to idx)
-    "FilesResult": "exporting.folder",
-    "export_files": "exporting.folder",  # export --to files
-    "ShardsResult": "exporting.shards",
-    "export_webdataset": "exporting.shards",  # export --to webdataset
+    "ExportResult": "exporting.to_idx",
+    "export_db": "exporting.to_idx",  # export (--to idx)
+    "FilesResult": "exporting.image_files.folder",
+    "export_files": "exporting.image_files.folder",  # export --to files
+    "ShardsResult": "exporting.webdataset.shards",
+    "export_webdataset": "exporting.webdataset.shards",  # export --to webdataset
     "MeanResult": "mean",
     "compute_mean": "mean",
     "mean_image": "mean",  # mean
@@ -80,7 +80,6 @@ if TYPE_CHECKING:
 
     from mnist2db.conversion import ConvertResult, convert
     from mnist2db.create import create_databases
-    from mnist2db.dataset import DatumDataset, open_db
     from mnist2db.errors import (
         ArgumentError,
         BackendError,
@@ -97,21 +96,28 @@ if TYPE_CHECKING:
         RenderError,
         VerifyError,
     )
-    from mnist2db.export import ExportResult, export_db
-    from mnist2db.exporting.folder import FilesResult, export_files
-    from mnist2db.exporting.shards import ShardsResult, export_webdataset
+    from mnist2db.exporting.image_files.folder import FilesResult, export_files
+    from mnist2db.exporting.to_idx import ExportResult, export_db
+    from mnist2db.exporting.webdataset.shards import ShardsResult, export_webdataset
     from mnist2db.fetch.fetcher import fetch as fetch_dataset
     from mnist2db.fetch.results import FetchedFile
-    from mnist2db.formats.datum import array_to_datum, datum_to_array, decode_datum, encode_datum
-    from mnist2db.formats.idx import IdxHeader
-    from mnist2db.formats.idx_reader import open_idx, read_header, read_idx
-    from mnist2db.images.own_images import OwnImagesResult, convert_images
+    from mnist2db.formats.datum.message import (
+        array_to_datum,
+        datum_to_array,
+        decode_datum,
+        encode_datum,
+    )
+    from mnist2db.formats.idx.header import IdxHeader
+    from mnist2db.formats.idx.reader import open_idx, read_header, read_idx
+    from mnist2db.imageset.own_images import OwnImagesResult, convert_images
     from mnist2db.info import DbInfo, IdxInfo, describe
     from mnist2db.labels.databases import verify_label_db
     from mnist2db.mean import MeanResult, compute_mean, mean_image, write_mean
+    from mnist2db.reading.datum_dataset import DatumDataset
+    from mnist2db.reading.open import open_db
     from mnist2db.siamese import SiameseResult, convert_siamese
-    from mnist2db.storage.backends import detect_backend
-    from mnist2db.storage.readers import iter_db, open_reader
+    from mnist2db.storage.databases.backends import detect_backend
+    from mnist2db.storage.databases.readers import iter_db, open_reader
     from mnist2db.verify import VerifyResult, verify_db
 
 

@@ -23,7 +23,7 @@ def parse_convert(args: list[str]) -> dict[str, object] | None:
     """
     if not args or args[0] != "convert":
         return None
-    from mnist2db.storage.backends import BACKENDS
+    from mnist2db.storage.databases.backends import BACKENDS
 
     found: dict[str, object] = {}
     positional: list[str] = []
@@ -65,7 +65,7 @@ def parse_convert(args: list[str]) -> dict[str, object] | None:
 def _run_convert(options: dict[str, object]) -> int:
     from mnist2db.conversion import convert
     from mnist2db.errors import Mnist2dbError
-    from mnist2db.storage.backends import DEFAULT_BACKEND, DEFAULT_BATCH_SIZE
+    from mnist2db.storage.databases.backends import DEFAULT_BACKEND, DEFAULT_BATCH_SIZE
 
     quiet = bool(options.get("quiet", False))
     try:

@@ -15,19 +15,29 @@ from collections.abc import Iterable, Sequence
 
 from mnist2db.errors import ArgumentError, BackendError, printable
 from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
-from mnist2db.formats.datum import (
+from mnist2db.formats.datum.message import (
     KEY_LIMIT,
     check_record_count,
     datum_prefix,
     encode_raw_batch,
     record_keys,
 )
-from mnist2db.formats.idx import LABELS_MAGIC, check_pair
-from mnist2db.formats.idx_reader import IdxReader, open_idx
-from mnist2db.formats.png import DEFAULT_PNG_COMPRESSION, check_encoding, check_png_compression
+from mnist2db.formats.idx.header import LABELS_MAGIC, check_pair
+from mnist2db.formats.idx.reader import IdxReader, open_idx
+from mnist2db.formats.png.encoder import (
+    DEFAULT_PNG_COMPRESSION,
+    check_encoding,
+    check_png_compression,
+)
 from mnist2db.progress import Progress, reporting
-from mnist2db.records import check_label_column, check_range, fresh_seed, iter_records, seed_note
-from mnist2db.storage.backends import (
+from mnist2db.recipe import (
+    Recipe,
+    metadata_for,
+    write_digest,
+    write_metadata,
+)
+from mnist2db.selection import check_label_column, check_range, fresh_seed, iter_records, seed_note
+from mnist2db.storage.databases.backends import (
     DEFAULT_BACKEND,
     DEFAULT_BATCH_SIZE,
     batch_records,
@@ -37,21 +47,15 @@ from mnist2db.storage.backends import (
     size_hint,
 )
 from mnist2db.storage.db_staging import staged_database, staged_databases
+from mnist2db.storage.destinations import labels_path
 from mnist2db.storage.files import TEMP_MARK
-from mnist2db.storage.metadata import (
-    Recipe,
-    metadata_for,
-    write_digest,
-    write_metadata,
-)
 from mnist2db.storage.record_digest import RecordDigest, digest_items
-from mnist2db.storage.targets import labels_path
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from mnist2db.formats.idx import IdxHeader
+    from mnist2db.formats.idx.header import IdxHeader
     from mnist2db.storage.files import PathArg
 
 
@@ -118,7 +122,7 @@ def convert(
     Writes, for item ``i``, key ``b"%08d" % i`` and a serialized ``caffe.Datum`` with
     ``channels=1, height=rows, width=cols``, the item's pixels as ``data`` and its label:
     the same keys and values as Caffe's ``convert_mnist_data``. The options below change
-    which items, in which order and orientation, with which label (:mod:`mnist2db.records`);
+    which items, in which order and orientation, with which label (:mod:`mnist2db.selection`);
     a database written with any of them also holds the file ``mnist2db.json`` recording
     them (never a record).
 
@@ -130,7 +134,7 @@ def convert(
         backend: ``"lmdb"`` (default) or ``"leveldb"``.
         batch_size: records per transaction (Caffe: 1000).
         overwrite: replace an existing ``backend`` database at ``out`` (see
-            :func:`mnist2db.storage.targets.check_replaceable`: never a directory holding anything
+            :func:`mnist2db.storage.destinations.check_replaceable`: never a directory holding anything
             else, nor one holding an input).
         progress: called as ``progress(done, total)`` after each batch.
         transpose: swap each image's height and width (EMNIST's stored images).
@@ -140,7 +144,7 @@ def convert(
         seed: 0 … 2**64-1; the same seed gives the same database byte for byte.
         offset, count: only source items ``offset … offset+count-1`` (count None: to the end).
         encoded: ``"png"``: each record's ``data`` a grayscale PNG of the image,
-            ``encoded: true``, the shape fields filled in (:mod:`mnist2db.formats.png`).
+            ``encoded: true``, the shape fields filled in (:mod:`mnist2db.formats.png.encoder`).
         png_compression: with ``encoded="png"``: ``"fast"`` (mnist2db's own deflate, the
             bytes a function of the image alone) or ``"small"`` (zlib: ~12% smaller on
             MNIST, slower to write and to read); recorded, so ``verify`` encodes alike.
@@ -247,11 +251,11 @@ def _convert_recipe(
     started: Callable[[], None],
     label_db: bool = False,
 ) -> ConvertResult:
-    """The pipeline with options: numpy batches from :func:`mnist2db.records.iter_records`
+    """The pipeline with options: numpy batches from :func:`mnist2db.selection.iter_records`
     (and with ``label_db``, the label rows of the records, in their order, to a label
     database placed with it)."""
-    from mnist2db.formats.datum import encode_batch
-    from mnist2db.formats.png import check_png_shape, encode_png_batch
+    from mnist2db.formats.datum.message import encode_batch
+    from mnist2db.formats.png.encoder import check_png_shape, encode_png_batch
 
     header = image_reader.header
     check_label_column(label_reader.header, recipe.label_column)
@@ -308,7 +312,7 @@ def _convert_recipe(
 class _LabelRows:
     """The label rows of the records, in key order, held in an unlinked file in the label
     database's staging directory while the images are written, then written as label
-    records (:mod:`mnist2db.formats.target_datum`) under the same keys."""
+    records (:mod:`mnist2db.formats.datum.float_datum`) under the same keys."""
 
     def __init__(self, staging: str) -> None:
         import tempfile
@@ -332,7 +336,7 @@ class _LabelRows:
     def write(self, backend: str, total: int, out: str) -> None:
         import numpy as np
 
-        from mnist2db.formats.target_datum import encode_target_batch, target_value_size
+        from mnist2db.formats.datum.float_datum import encode_target_batch, target_value_size
 
         with self.spill:
             self.spill.flush()
@@ -369,13 +373,13 @@ def write_database(
     mnist2db makes (:func:`convert`, :func:`mnist2db.siamese.convert_siamese`).
 
     ``value_size`` (bytes per value) and ``streaming`` (the count is a pipe's promise) size
-    LMDB's map (:func:`mnist2db.storage.backends.size_hint`). ``keyed``: the batches hold
+    LMDB's map (:func:`mnist2db.storage.databases.backends.size_hint`). ``keyed``: the batches hold
     ``(key, value)`` pairs in increasing key order (``convert_imageset``'s keys name the
     files) instead of values; ``total`` is then at most the number of records.
     ``existing``: add to the database already in ``staging`` (a resumed conversion's).
 
     The records' digest is written beside them (``mnist2db.json``, which the caller's
-    :func:`~mnist2db.storage.metadata.write_metadata` keeps): ``verify DB`` checks it.
+    :func:`~mnist2db.recipe.write_metadata` keeps): ``verify DB`` checks it.
     When the next batch is asked for, the last one is written and read no more: its
     buffers may be reused (the imageset's workers' rings are).
     """
@@ -402,7 +406,7 @@ def write_database(
     if existing:
         # A resumed run's digest covers the batches committed before it too: read them all
         # again, in key order, from the finished staged database.
-        from mnist2db.storage.readers import DbReader  # a resumed run only
+        from mnist2db.storage.databases.readers import DbReader  # a resumed run only
 
         with DbReader(staging, backend) as reader:
             digest = digest_items(reader)

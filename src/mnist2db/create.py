@@ -17,10 +17,10 @@ from mnist2db.fetch.catalog import (
 )
 from mnist2db.fetch.manifest import read_manifest, verified_present
 from mnist2db.fetch.sink import MAX_UNPACKED, packed_bound
-from mnist2db.formats.png import DEFAULT_PNG_COMPRESSION
+from mnist2db.formats.png.encoder import DEFAULT_PNG_COMPRESSION
 from mnist2db.progress import NamedProgress, labelled, named_reporting
-from mnist2db.records import fresh_seed
-from mnist2db.storage.backends import DEFAULT_BACKEND, DEFAULT_BATCH_SIZE
+from mnist2db.selection import fresh_seed
+from mnist2db.storage.databases.backends import DEFAULT_BACKEND, DEFAULT_BATCH_SIZE
 
 
 def orientation_note(dataset: str | Dataset, as_stored: bool) -> str | None:

@@ -7,7 +7,7 @@ training set in ~0.15 s. Importing ``typing`` (~10 ms), ``dataclasses`` (~15 ms:
 ``inspect``), ``tempfile`` (~10 ms), ``click`` (~25 ms), protobuf or numpy (~60 ms) would be
 a visible share of that. So the modules in :data:`FAST_PATH` import those only inside the
 functions that need them (``tempfile``: :func:`mnist2db.storage.files.mkdtemp_beside`;
-protobuf: :mod:`mnist2db.formats.datum`'s own encoder), and take from here instead of
+protobuf: :mod:`mnist2db.formats.datum.message`'s own encoder), and take from here instead of
 ``typing``:
 
 * ``TYPE_CHECKING``: False at run time; type checkers read any name ``TYPE_CHECKING`` as true.
@@ -51,23 +51,27 @@ FAST_PATH = frozenset(
         "mnist2db.fastpath",
         "mnist2db.formats",
         "mnist2db.formats.datum",
-        "mnist2db.formats.deflate",
+        "mnist2db.formats.datum.message",
         "mnist2db.formats.idx",
-        "mnist2db.formats.idx_reader",
+        "mnist2db.formats.idx.header",
+        "mnist2db.formats.idx.reader",
         "mnist2db.formats.png",
+        "mnist2db.formats.png.deflate",
+        "mnist2db.formats.png.encoder",
         "mnist2db.formats.protowire",
         "mnist2db.interrupt",
         "mnist2db.progress",
-        "mnist2db.records",
+        "mnist2db.recipe",
+        "mnist2db.selection",
         "mnist2db.storage",
-        "mnist2db.storage.backends",
+        "mnist2db.storage.databases",
+        "mnist2db.storage.databases.backends",
+        "mnist2db.storage.databases.writers",
         "mnist2db.storage.db_journal",
         "mnist2db.storage.db_staging",
+        "mnist2db.storage.destinations",
         "mnist2db.storage.files",
-        "mnist2db.storage.metadata",
         "mnist2db.storage.record_digest",
-        "mnist2db.storage.targets",
-        "mnist2db.storage.writers",
         "mnist2db.version",
     }
 )
@@ -77,22 +81,26 @@ FAST_PATH = frozenset(
 IMAGESET_PATH = frozenset(
     {
         "mnist2db.caffe_tools.convert_imageset",
-        "mnist2db.formats.image_input",
-        "mnist2db.formats.image_list",
-        "mnist2db.formats.image_types",
-        "mnist2db.formats.opencv",
+        "mnist2db.formats.imdecode",
+        "mnist2db.formats.imdecode.image_file",
+        "mnist2db.formats.imread",
+        "mnist2db.formats.imread.cv2_wheel",
+        "mnist2db.formats.imread.encode_types",
+        "mnist2db.formats.lists",
+        "mnist2db.formats.lists.image_list",
+        "mnist2db.formats.lists.text_lines",
         "mnist2db.formats.plain_png",
-        "mnist2db.formats.text_lines",
-        "mnist2db.images",
-        "mnist2db.images.datum_records",
-        "mnist2db.images.process_setup",
-        "mnist2db.images.record_batches",
-        "mnist2db.images.record_work",
-        "mnist2db.images.result_ring",
-        "mnist2db.images.resume",
-        "mnist2db.images.worker_loop",
-        "mnist2db.images.worker_messages",
-        "mnist2db.images.workers",
+        "mnist2db.imageset",
+        "mnist2db.imageset.batches",
+        "mnist2db.imageset.resume",
+        "mnist2db.imageset.to_database",
+        "mnist2db.imageset.work",
+        "mnist2db.imageset.workers",
+        "mnist2db.imageset.workers.loop",
+        "mnist2db.imageset.workers.messages",
+        "mnist2db.imageset.workers.pool",
+        "mnist2db.imageset.workers.result_ring",
+        "mnist2db.process_setup",
     }
 )
 

@@ -11,20 +11,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mnist2db.errors import DatumError, printable
-from mnist2db.formats.datum import datum_shape, decode_datum, key_text, record_key
-from mnist2db.formats.idx import (
+from mnist2db.formats.datum.message import datum_shape, decode_datum, key_text, record_key
+from mnist2db.formats.idx.header import (
     QMNIST_LABELS_MAGIC,
     magic_kind,
 )
-from mnist2db.formats.idx_scan import IdxScan, scan_idx
-from mnist2db.formats.image_input import image_format
-from mnist2db.formats.png import datum_encoding as _datum_encoding
-from mnist2db.formats.png_codec import decode_datum_image
+from mnist2db.formats.idx.scan import IdxScan, scan_idx
+from mnist2db.formats.imdecode.image_file import image_format
+from mnist2db.formats.imdecode.png_decoder import decode_datum_image
+from mnist2db.formats.png.encoder import datum_encoding as _datum_encoding
 from mnist2db.progress import Progress, reporting
-from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
-from mnist2db.storage.backends import detect_backend
-from mnist2db.storage.metadata import (
-    METADATA_NAME,
+from mnist2db.recipe import (
     SHUFFLE_METHOD,
     imageset_lines,
     item_range,
@@ -33,12 +30,14 @@ from mnist2db.storage.metadata import (
     pairs_of,
     recipe_of,
 )
-from mnist2db.storage.readers import DbReader, shared_reader
+from mnist2db.storage.databases.backends import DEFAULT_BATCH_SIZE as _BATCH
+from mnist2db.storage.databases.backends import METADATA_NAME, detect_backend
+from mnist2db.storage.databases.readers import DbReader, shared_reader
 
 
 class IdxInfo(IdxScan):
     """What ``info`` reports on an IDX file: the fields of
-    :class:`~mnist2db.formats.idx_reader.IdxScan` (declared there once), and their lines."""
+    :class:`~mnist2db.formats.idx.reader.IdxScan` (declared there once), and their lines."""
 
     __slots__ = ()
 
@@ -86,7 +85,7 @@ class IdxInfo(IdxScan):
 
 def idx_info(path: str | os.PathLike[str]) -> IdxInfo:
     """Describe an IDX file: header, sizes, gzip or not, whether it is valid
-    (:func:`mnist2db.formats.idx_scan.scan_idx` reads it).
+    (:func:`mnist2db.formats.idx.scan.scan_idx` reads it).
 
     Raises:
         IdxFormatError: the file cannot be read or its header cannot be parsed at all.

@@ -23,19 +23,19 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from mnist2db.errors import DatumError, Mnist2dbError, OutputError
-from mnist2db.formats.datum import key_text
-from mnist2db.formats.png_codec import decoded_datum
+from mnist2db.formats.datum.message import key_text
+from mnist2db.formats.imdecode.png_decoder import decoded_datum
 from mnist2db.formats.protowire import encode_varint
 from mnist2db.progress import Progress, reporting
-from mnist2db.storage.backends import (
+from mnist2db.storage.databases.backends import (
     DEFAULT_BATCH_SIZE,
     batch_full,
     check_batch_size,
     detect_backend,
 )
+from mnist2db.storage.databases.readers import iter_db
 from mnist2db.storage.file_placement import check_file_target
 from mnist2db.storage.files import AtomicFile
-from mnist2db.storage.readers import iter_db
 
 if TYPE_CHECKING:
     from mnist2db.storage.files import PathArg
@@ -111,7 +111,7 @@ def compute_mean(
     Args:
         path: an LMDB or LevelDB database of Datums (backend detected when None).
         batch_size: records summed per step, at most (a step also holds at most
-            :data:`~mnist2db.storage.backends.BATCH_BYTES_LIMIT` of pixels: memory does not grow with the record size).
+            :data:`~mnist2db.storage.databases.backends.BATCH_BYTES_LIMIT` of pixels: memory does not grow with the record size).
         progress: called as ``progress(records_done, 0)`` every ``batch_size`` records
             and at the end.
 

@@ -11,16 +11,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mnist2db.dataset import DatumDataset, open_db
 from mnist2db.errors import ArgumentError, DatumError, IdxFormatError, RecordIndexError
-from mnist2db.formats.datum import datum_to_array, decode_datum, key_text
-from mnist2db.formats.idx import check_pair
-from mnist2db.formats.idx_reader import open_idx
-from mnist2db.formats.png import PNG_SIGNATURE
-from mnist2db.formats.png_codec import decode_datum_image
-from mnist2db.records import check_label_column, check_range
-from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
-from mnist2db.storage.readers import shared_reader
+from mnist2db.formats.datum.message import datum_to_array, decode_datum, key_text
+from mnist2db.formats.idx.header import check_pair
+from mnist2db.formats.idx.reader import open_idx
+from mnist2db.formats.imdecode.png_decoder import decode_datum_image
+from mnist2db.formats.png.encoder import PNG_SIGNATURE
+from mnist2db.reading.datum_dataset import DatumDataset
+from mnist2db.reading.open import open_db
+from mnist2db.selection import check_label_column, check_range
+from mnist2db.storage.databases.backends import DEFAULT_BATCH_SIZE as _BATCH
+from mnist2db.storage.databases.readers import shared_reader
 
 
 @dataclass(frozen=True)
@@ -266,7 +267,7 @@ def _varint(view: memoryview, position: int) -> tuple[int, int]:
 
 
 def _check_start(path: str, total: int, offset: int, count: int, unit: str) -> None:
-    """The range check ``convert`` makes (:func:`mnist2db.records.check_range`), where the
+    """The range check ``convert`` makes (:func:`mnist2db.selection.check_range`), where the
     range may stop early; raised as RecordIndexError (an IndexError too)."""
     try:
         check_range(path, total, offset, count, clip=True, unit=unit)

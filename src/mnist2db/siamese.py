@@ -13,7 +13,7 @@ about 10% on MNIST), at random positions: for each pair the first item is drawn 
 the second uniformly among the items of the same class (a positive pair) or of the other
 classes (a negative pair).
 
-The database also holds mnist2db's ``mnist2db.json`` (:mod:`mnist2db.storage.metadata`; a file
+The database also holds mnist2db's ``mnist2db.json`` (:mod:`mnist2db.recipe`; a file
 beside the backend's own, never a record): the sources, the seed, the number of pairs, the
 balance and how the pairs are drawn, so ``info`` shows the seed and the run can be repeated.
 
@@ -33,12 +33,13 @@ import numpy as np
 
 from mnist2db.conversion import write_database
 from mnist2db.errors import ArgumentError, IdxFormatError, Mnist2dbError, printable
-from mnist2db.formats.datum import INT32_MAX, check_record_count, datum_prefix, splitter
-from mnist2db.formats.idx import IdxHeader, check_pair
-from mnist2db.formats.idx_reader import open_idx
+from mnist2db.formats.datum.message import INT32_MAX, check_record_count, datum_prefix, splitter
+from mnist2db.formats.idx.header import IdxHeader, check_pair
+from mnist2db.formats.idx.reader import open_idx
 from mnist2db.progress import Progress, reporting
-from mnist2db.records import check_seed, fresh_seed
-from mnist2db.storage.backends import (
+from mnist2db.recipe import pairs_metadata, write_metadata
+from mnist2db.selection import check_seed, fresh_seed
+from mnist2db.storage.databases.backends import (
     DEFAULT_BATCH_SIZE,
     SIAMESE_BACKEND,
     batch_records,
@@ -46,7 +47,6 @@ from mnist2db.storage.backends import (
     check_batch_size,
 )
 from mnist2db.storage.db_staging import staged_database
-from mnist2db.storage.metadata import pairs_metadata, write_metadata
 from mnist2db.storage.spill import spill_to_map
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """``verify``: check that a database holds exactly the records its sources give.
 
-A database written with options (:mod:`mnist2db.storage.metadata`) is compared with what those
+A database written with options (:mod:`mnist2db.recipe`) is compared with what those
 options make of the source, as recorded in its ``mnist2db.json``: the range, the order
 (the permutation is drawn again from the recorded seed), the orientation and the label
 column. Everything streams a batch at a time (a shuffle spills the selected images to an
@@ -23,22 +23,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from mnist2db.errors import DatumError, VerifyError
-from mnist2db.formats.datum import decode_datum, encode_batch, key_text, record_key
-from mnist2db.formats.idx import check_pair
-from mnist2db.formats.idx_reader import open_idx
-from mnist2db.formats.png import OLD_PNG_COMPRESSION, encode_png_batch
-from mnist2db.formats.png_codec import decode_datum_image, decoded_datum
+from mnist2db.formats.datum.message import decode_datum, encode_batch, key_text, record_key
+from mnist2db.formats.idx.header import check_pair
+from mnist2db.formats.idx.reader import open_idx
+from mnist2db.formats.imdecode.png_decoder import decode_datum_image, decoded_datum
+from mnist2db.formats.png.encoder import OLD_PNG_COMPRESSION, encode_png_batch
 from mnist2db.progress import Progress, reporting
-from mnist2db.records import iter_records, permutation
-from mnist2db.storage.backends import DEFAULT_BATCH_SIZE as _BATCH
-from mnist2db.storage.metadata import (
-    METADATA_NAME,
-    Recipe,
-    digest_of,
-    load_metadata,
-    read_metadata,
-)
-from mnist2db.storage.readers import DbReader, shared_reader
+from mnist2db.recipe import Recipe, digest_of, load_metadata, read_metadata
+from mnist2db.selection import iter_records, permutation
+from mnist2db.storage.databases.backends import DEFAULT_BATCH_SIZE as _BATCH
+from mnist2db.storage.databases.backends import METADATA_NAME
+from mnist2db.storage.databases.readers import DbReader, shared_reader
 from mnist2db.storage.record_digest import digest_items
 
 

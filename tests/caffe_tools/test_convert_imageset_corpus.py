@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 
 from mnist2db.caffe_tools.convert_imageset import convert_imageset
-from mnist2db.formats.opencv import NO_OPENCV
+from mnist2db.formats.imread.cv2_wheel import NO_OPENCV
 
 CORPUS = os.path.join(os.path.dirname(__file__), os.pardir, "data", "imageset")
 with open(os.path.join(CORPUS, "digests.json"), encoding="utf-8") as _stream:

@@ -13,8 +13,8 @@ import pytest
 
 from mnist2db.caffe_tools.drop_ins import parse_flags, run
 from mnist2db.caffe_tools.gflags import FlagError
-from mnist2db.storage.backends import detect_backend
-from mnist2db.storage.readers import open_reader
+from mnist2db.storage.databases.backends import detect_backend
+from mnist2db.storage.databases.readers import open_reader
 
 ENTRY = [sys.executable, "-c", "from mnist2db.caffe_tools.drop_ins import main; main()"]
 

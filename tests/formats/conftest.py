@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mnist2db.formats.opencv import NO_OPENCV, opencv
+from mnist2db.formats.imread.cv2_wheel import NO_OPENCV, opencv
 
 #: The decoding paths: OpenCV's wheel where it is proved to give Caffe's pixels, or Pillow.
 DECODERS = ["opencv", "pure"]

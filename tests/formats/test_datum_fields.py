@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mnist2db.datum_pb2 import Datum
-from mnist2db.formats.datum_fields import encoded_fields
+from mnist2db.formats.datum.fields import encoded_fields
 from mnist2db.formats.protowire import encode_varint
 
 #: Fields as a record may hold them: the plain ones, and the ones that send it to protobuf

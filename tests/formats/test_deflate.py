@@ -1,4 +1,4 @@
-"""mnist2db's own deflate (formats/deflate.py): fixed Huffman codes, run-length matches.
+"""mnist2db's own deflate (formats/png/deflate.py): fixed Huffman codes, run-length matches.
 
 The tiny cases are derived here from RFC 1951's tables, bit by bit; everything else is
 checked against zlib's inflater and Pillow's PNG decoder.
@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from mnist2db.formats import deflate
-from mnist2db.formats.deflate import max_stream_size, zlib_stream, zlib_streams
-from mnist2db.formats.png import encode_png
+from mnist2db.formats.png import deflate
+from mnist2db.formats.png.deflate import max_stream_size, zlib_stream, zlib_streams
+from mnist2db.formats.png.encoder import encode_png
 
 # -- RFC 1951, by hand ----------------------------------------------------------------------
 

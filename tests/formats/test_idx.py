@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from mnist2db import IdxFormatError, read_header, read_idx
-from mnist2db.formats.idx_reader import open_idx
+from mnist2db.formats.idx.reader import open_idx
 
 DTYPES = ["u1", "i1", ">i2", ">i4", ">f4", ">f8"]
 

@@ -1,4 +1,4 @@
-"""Every pixel rule of mnist2db.formats.image against an independent computation (the
+"""Every pixel rule of mnist2db.formats.imread.reader against an independent computation (the
 corpus's Caffe digests check the same images end to end)."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import pytest
 from PIL import Image, ImageOps
 
 from mnist2db.errors import ImageError
-from mnist2db.formats.image import (
+from mnist2db.formats.imread.imencode import encode_image
+from mnist2db.formats.imread.reader import (
     decode_image,
     image_format,
     read_image,
     to_chw,
 )
-from mnist2db.formats.image_encode import encode_image
 
 IMAGES = os.path.join(os.path.dirname(__file__), os.pardir, "data", "imageset", "images")
 

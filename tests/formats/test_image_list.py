@@ -1,4 +1,4 @@
-"""Caffe's list files read as their writers meant them (mnist2db.formats.image_list)."""
+"""Caffe's list files read as their writers meant them (mnist2db.formats.lists.image_list)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mnist2db.errors import ImageError
-from mnist2db.formats.image_list import ListEntry, image_key, parse_line, read_image_list
+from mnist2db.formats.lists.image_list import ListEntry, image_key, parse_line, read_image_list
 
 
 def caffe_reading(line: bytes) -> tuple[bytes, int]:
@@ -129,7 +129,7 @@ def test_an_index_reads_the_entries_again_in_any_order(tmp_path) -> None:
     order given, each numbered by its place in it, as the entries themselves would be."""
     import os
 
-    from mnist2db.formats.image_list import ImageList, ListIndex
+    from mnist2db.formats.lists.image_list import ImageList, ListIndex
 
     text = b"a.png 1\n\n  \r\nb c.png\t2\r\nd.png  -3\n\n" + b"e/%d.jpg 4\n" * 3 + b"last.png 9"
     listing = tmp_path / "list.txt"
@@ -158,7 +158,7 @@ def test_an_index_reads_the_entries_again_in_any_order(tmp_path) -> None:
 
 
 def test_an_index_checks_every_line(tmp_path) -> None:
-    from mnist2db.formats.image_list import ImageList, ListIndex
+    from mnist2db.formats.lists.image_list import ImageList, ListIndex
 
     listing = tmp_path / "list.txt"
     listing.write_bytes(b"a.png 1\nb.png x\n")

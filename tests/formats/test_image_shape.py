@@ -20,8 +20,8 @@ from jpeg_helpers import base_jpegs, hostile_corpus, jpeg_bytes
 from PIL import Image
 
 from mnist2db.errors import ImageError
-from mnist2db.formats.image import decode_image, image_shape
-from mnist2db.formats.opencv import NO_OPENCV, opencv
+from mnist2db.formats.imread.cv2_wheel import NO_OPENCV, opencv
+from mnist2db.formats.imread.reader import decode_image, image_shape
 
 CORPUS = list(hostile_corpus())
 BASES = base_jpegs()

@@ -21,9 +21,9 @@ from jpeg_helpers import base_jpegs, hostile_corpus, jpeg_bytes, segments, smoot
 from PIL import Image
 
 from mnist2db.errors import ImageError
-from mnist2db.formats.image import decode_image, image_shape
+from mnist2db.formats.imread.cv2_wheel import NO_OPENCV
+from mnist2db.formats.imread.reader import decode_image, image_shape
 from mnist2db.formats.jpeg_scans import EOI, MAX_WALKED_BYTES, completed_jpeg
-from mnist2db.formats.opencv import NO_OPENCV
 
 BASES = base_jpegs()
 CORPUS = list(hostile_corpus())

@@ -1,4 +1,4 @@
-"""Label tables (mnist2db.formats.label_table): value lists, CSV/whitespace headers,
+"""Label tables (mnist2db.formats.lists.label_table): value lists, CSV/whitespace headers,
 CelebA's layout; every refusal one line naming the file and the line."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mnist2db.errors import ImageError
-from mnist2db.formats.label_table import (
+from mnist2db.formats.lists.label_table import (
     MAX_VALUES,
     first_label,
     iter_rows,
@@ -140,7 +140,7 @@ def test_a_row_of_a_billion_values_is_refused_before_it_is_read(tmp_path: Path) 
 
 
 def test_a_line_past_the_limit_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mnist2db.formats import label_table
+    from mnist2db.formats.lists import label_table
 
     monkeypatch.setattr(label_table, "MAX_LINE", 64)
     path = write(tmp_path, b"a.jpg" + b" 1" * 100 + b"\n")

@@ -1,4 +1,4 @@
-"""JPEG decoding by OpenCV's wheel (mnist2db.formats.opencv) against the Pillow path: the
+"""JPEG decoding by OpenCV's wheel (mnist2db.formats.imread.cv2_wheel) against the Pillow path: the
 same pixels for every plain JPEG, and the Pillow path for every JPEG that is not plain (EXIF,
 CMYK), whatever the wheel would do."""
 
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from mnist2db.formats.image import decode_image
-from mnist2db.formats.opencv import NO_OPENCV, opencv, reads_cut_jpegs
+from mnist2db.formats.imread.cv2_wheel import NO_OPENCV, opencv, reads_cut_jpegs
+from mnist2db.formats.imread.reader import decode_image
 
 pytestmark = pytest.mark.skipif(opencv() is None, reason="OpenCV's wheel is not installed")
 

@@ -19,13 +19,13 @@ from PIL import Image
 from png_helpers import chunk, png_of
 
 from mnist2db.errors import ImageError
-from mnist2db.formats.datum import datum_prefix
-from mnist2db.formats.image import decode_image, png_planes
-from mnist2db.formats.image_list import ListEntry
+from mnist2db.formats.datum.message import datum_prefix
+from mnist2db.formats.imread.reader import decode_image, png_planes
+from mnist2db.formats.lists.image_list import ListEntry
 from mnist2db.formats.plain_png import plain_record, plain_samples, png_data_complete
 from mnist2db.formats.protowire import encode_varint
-from mnist2db.images.decoding import image_record
-from mnist2db.images.record_work import RecordWork
+from mnist2db.imageset.decoding import image_record
+from mnist2db.imageset.work import RecordWork
 
 
 def expected_record(data: bytes, color: bool, label: int) -> bytes:

@@ -16,10 +16,11 @@ from helpers import fashion_file, make_images
 from PIL import Image
 
 import mnist2db
-from mnist2db.formats.datum import datum_to_array, decode_datum
-from mnist2db.formats.png import encode_png, encode_png_batch, is_png
-from mnist2db.storage.metadata import METADATA_NAME, read_metadata
-from mnist2db.storage.readers import open_reader
+from mnist2db.formats.datum.message import datum_to_array, decode_datum
+from mnist2db.formats.png.encoder import encode_png, encode_png_batch, is_png
+from mnist2db.recipe import read_metadata
+from mnist2db.storage.databases.backends import METADATA_NAME
+from mnist2db.storage.databases.readers import open_reader
 
 Pair = Callable[..., tuple[Path, Path, np.ndarray, np.ndarray]]
 BACKENDS = ["lmdb", "leveldb"]
@@ -106,7 +107,7 @@ def test_opencv_decodes_the_png_natively_to_the_pixels(tmp_path: Path) -> None:
 def test_encoded_database_round_trips_through_every_reader(
     tmp_path: Path, mnist_pair: Pair, backend: str
 ) -> None:
-    from mnist2db.export import export_db
+    from mnist2db.exporting.to_idx import export_db
     from mnist2db.info import db_info
     from mnist2db.mean import compute_mean
     from mnist2db.verify import verify_db
@@ -249,7 +250,7 @@ def test_fashion_test_set_png_round_trip(tmp_path: Path, backend: str) -> None:
 
     from db_helpers import record_digest
 
-    from mnist2db.export import export_db
+    from mnist2db.exporting.to_idx import export_db
     from mnist2db.verify import verify_db
 
     images = fashion_file("t10k-images-idx3-ubyte.gz")
@@ -312,7 +313,7 @@ def test_records_are_the_same_bytes_on_one_thread_and_on_several(
     script = (
         "import hashlib, os, sys, numpy as np\n"
         "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
-        "from mnist2db.formats.png import encode_png_batch\n"
+        "from mnist2db.formats.png.encoder import encode_png_batch\n"
         "images = np.load(sys.argv[1])\n"
         "labels = np.arange(3000) % 300 - 20\n"
         f"values = encode_png_batch(images, labels, {compression!r})\n"

@@ -1,4 +1,4 @@
-"""The PNG decoder (mnist2db.formats.png_codec): Pillow's pixels on every PNG, OpenCV's layout, and one
+"""The PNG decoder (mnist2db.formats.imdecode.png_decoder): Pillow's pixels on every PNG, OpenCV's layout, and one
 DatumError naming the record for anything hostile."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from os_helpers import in_forked_child
 from PIL import Image
 
 from mnist2db.errors import DatumError
-from mnist2db.formats.png import encode_png
-from mnist2db.formats.png_codec import decode_datum_image, decode_png
-from mnist2db.formats.threaded import decode_many
+from mnist2db.formats.imdecode.png_decoder import decode_datum_image, decode_png
+from mnist2db.formats.png.encoder import encode_png
+from mnist2db.reading.threaded import decode_many
 
 WHERE = "db: key 00000007"
 CHANNELS = {0: 1, 2: 3, 4: 2, 6: 4}
@@ -340,7 +340,7 @@ def test_decode_many_in_a_forked_child_uses_its_own_threads() -> None:
 
 
 def general_path(value: bytes) -> tuple[np.ndarray, int] | str:
-    from mnist2db.formats.datum import decode_datum
+    from mnist2db.formats.datum.message import decode_datum
 
     try:
         datum = decode_datum(value)
@@ -360,8 +360,8 @@ def general_path(value: bytes) -> tuple[np.ndarray, int] | str:
 def test_a_record_read_without_protobuf_is_what_protobuf_and_the_decoder_give(
     rows: int, cols: int, label: int, seed: int, changes: list[tuple[int, int]]
 ) -> None:
-    from mnist2db.formats.png import encode_png_batch
-    from mnist2db.formats.png_records import decode_png_record
+    from mnist2db.formats.png.encoder import encode_png_batch
+    from mnist2db.reading.png_datums import decode_png_record
 
     image = np.random.default_rng(seed).integers(0, 256, (1, rows, cols), dtype=np.uint8)
     value = bytearray(encode_png_batch(image, np.array([label])).pop())
@@ -381,7 +381,7 @@ def test_a_record_read_without_protobuf_is_what_protobuf_and_the_decoder_give(
 
 
 def test_record_heads_other_than_the_three_shape_fields_take_the_general_path() -> None:
-    from mnist2db.formats.png_records import decode_png_record
+    from mnist2db.reading.png_datums import decode_png_record
 
     png = encode_png(np.zeros((2, 2), np.uint8))
     tail = bytes([len(png)]) + png + b"\x28\x05\x38\x01"

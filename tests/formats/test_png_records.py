@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 from os_helpers import in_forked_child
 from png_helpers import ENCODERS, hostile_records, image_of, png_of, record, same
 
+from mnist2db import thread_pool
 from mnist2db.errors import DatumError
-from mnist2db.formats import thread_pool
-from mnist2db.formats.datum import decode_datum
-from mnist2db.formats.png import PNG_COMPRESSIONS, encode_png_batch
-from mnist2db.formats.png_codec import decode_datum_image
-from mnist2db.formats.png_records import PngRecords
-from mnist2db.formats.threaded import inflate_many
+from mnist2db.formats.datum.message import decode_datum
+from mnist2db.formats.imdecode.png_decoder import decode_datum_image
+from mnist2db.formats.png.encoder import PNG_COMPRESSIONS, encode_png_batch
+from mnist2db.reading.png_datums import PngRecords
+from mnist2db.reading.threaded import inflate_many
 
 
 def general(value: bytes) -> tuple[np.ndarray, int] | str:

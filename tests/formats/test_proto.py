@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import descriptor_pb2
 
-from mnist2db.formats.datum import file_descriptor, message_type
+from mnist2db.formats.datum.message import file_descriptor, message_type
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""OpenCV's INTER_LINEAR resize (mnist2db.formats.resize): against OpenCV's own output on
+"""OpenCV's INTER_LINEAR resize (mnist2db.formats.imread.resize): against OpenCV's own output on
 recorded random cases, and against a per-pixel reference written from OpenCV's source."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mnist2db.formats.opencv import opencv
-from mnist2db.formats.resize import resize_linear, resize_numpy
+from mnist2db.formats.imread.cv2_wheel import opencv
+from mnist2db.formats.imread.resize import resize_linear, resize_numpy
 
 CORPUS = os.path.join(os.path.dirname(__file__), os.pardir, "data", "imageset")
 with open(os.path.join(CORPUS, "resize.json"), encoding="utf-8") as _stream:

@@ -1,4 +1,4 @@
-"""Label records (mnist2db.formats.target_datum) are pycaffe's ``array_to_datum`` bytes."""
+"""Label records (mnist2db.formats.datum.float_datum) are pycaffe's ``array_to_datum`` bytes."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from hypothesis import strategies as st
 from pycaffe_helpers import compile_caffe_pb2
 
 from mnist2db.errors import DatumError
-from mnist2db.formats.datum import decode_datum, encode_datum
-from mnist2db.formats.target_datum import (
+from mnist2db.formats.datum.float_datum import (
     decode_targets,
     encode_target_batch,
     encode_targets,
     target_layout,
     target_value_size,
 )
+from mnist2db.formats.datum.message import decode_datum, encode_datum
 
 # pycaffe's array_to_datum (python/caffe/io.py), as it is, run on protoc's caffe_pb2.
 PYCAFFE = """
@@ -127,7 +127,7 @@ def test_round_trip_any_width(values: list[float]) -> None:
 
 
 def test_packed_and_other_shapes_read_through_protobuf() -> None:
-    from mnist2db.formats.datum import datum_type
+    from mnist2db.formats.datum.message import datum_type
 
     datum = datum_type()(channels=1, height=2, width=2)
     datum.float_data.extend([1.0, 2.0, 3.0, 4.5])

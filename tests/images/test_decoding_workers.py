@@ -1,4 +1,4 @@
-"""The decoding workers (mnist2db.images.workers), with real processes and real signals: results
+"""The decoding workers (mnist2db.imageset.workers.pool), with real processes and real signals: results
 in list order at every number of workers; a worker that dies or hangs costs its one entry;
 memory bounded by bytes while an early entry is slow; SIGTERM ends a run at once."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mnist2db.formats.image_list import ListEntry
-from mnist2db.images.workers import decode_in_order
+from mnist2db.formats.lists.image_list import ListEntry
+from mnist2db.imageset.workers.pool import decode_in_order
 
 HERE = Path(__file__).parent
 
@@ -89,7 +89,7 @@ def test_results_waiting_for_a_slow_image_are_bounded_by_bytes() -> None:
     child = _child(
         """
         from test_decoding_workers import Echo, entries
-        from mnist2db.images.workers import decode_in_order
+        from mnist2db.imageset.workers.pool import decode_in_order
         got = 0
         for _, result in decode_in_order(entries(["slow2"] + ["big"] * 120), Echo(), b"", 2):
             got += len(result[0])
@@ -112,7 +112,7 @@ def test_sigterm_ends_a_run_at_once_whatever_the_workers_do(tmp_path: Path) -> N
         child = _child(
             """
             from test_decoding_workers import Echo, entries
-            from mnist2db.images.workers import decode_in_order
+            from mnist2db.imageset.workers.pool import decode_in_order
             from mnist2db.interrupt import run
 
             def work():

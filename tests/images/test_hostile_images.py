@@ -21,8 +21,8 @@ from os_helpers import in_forked_child
 from png_helpers import chunk, png_of
 
 from mnist2db.errors import ImageError
-from mnist2db.formats.image import decode_image
-from mnist2db.formats.image_input import declared_size, image_format, read_image_file
+from mnist2db.formats.imdecode.image_file import declared_size, image_format, read_image_file
+from mnist2db.formats.imread.reader import decode_image
 
 MNIST2DB = [sys.executable, "-m", "mnist2db"]
 CONVERT_IMAGESET = [

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from png_helpers import png_of
 
 from mnist2db.errors import ImageError
-from mnist2db.formats.image_list import ImageList, ListEntry, list_line, parse_line
+from mnist2db.formats.lists.image_list import ImageList, ListEntry, list_line, parse_line
 
 PYTHON = sys.executable
 MNIST2DB = f"{PYTHON} -m mnist2db imageset"

@@ -16,8 +16,8 @@ from PIL import Image
 
 from mnist2db import open_db
 from mnist2db.cli.app import cli
-from mnist2db.formats.image_list import read_image_list
-from mnist2db.images.datum_records import write_imageset
+from mnist2db.formats.lists.image_list import read_image_list
+from mnist2db.imageset.to_database import write_imageset
 
 CORPUS = Path(__file__).parents[1] / "data" / "imageset"
 
@@ -204,7 +204,7 @@ def test_a_mapped_file_leaves_the_resident_set(tmp_path: Path) -> None:
     file this process touched leave it, and read the same again."""
     import mmap
 
-    from mnist2db.images.datum_records import release_mapped_pages
+    from mnist2db.imageset.to_database import release_mapped_pages
 
     path = tmp_path / "data.mdb"
     path.write_bytes(bytes(range(256)) * (4 << 12))  # 4 MiB
@@ -231,7 +231,7 @@ def test_a_list_longer_than_the_kept_entries_is_read_again(
 ) -> None:
     """The writing pass takes the entries the check kept, or reads a longer list again: the
     same records either way, a skipped line's key left out."""
-    from mnist2db.images import datum_records
+    from mnist2db.imageset import to_database as datum_records
 
     monkeypatch.setattr(datum_records, "KEPT_ENTRIES", kept)
     rng = np.random.default_rng(7)

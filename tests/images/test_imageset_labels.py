@@ -18,9 +18,9 @@ from PIL import Image
 
 from mnist2db import open_db
 from mnist2db.cli.app import cli
-from mnist2db.formats.datum import decode_datum
-from mnist2db.formats.target_datum import encode_targets
-from mnist2db.storage.readers import open_reader
+from mnist2db.formats.datum.float_datum import encode_targets
+from mnist2db.formats.datum.message import decode_datum
+from mnist2db.storage.databases.readers import open_reader
 
 DRIVER = Path(__file__).resolve().parents[1] / "fault_driver.py"
 ENTRY = [sys.executable, "-c", "from mnist2db.caffe_tools.convert_imageset import main; main()"]

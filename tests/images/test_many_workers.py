@@ -1,6 +1,6 @@
 """Many workers in bounded memory: above a few, the decoders are loaded once before the
-fork and their pages shared (mnist2db.images.datum_records.shared_decoders), and the
-default stops at eight workers (mnist2db.images.workers.default_jobs). A real
+fork and their pages shared (mnist2db.imageset.to_database.shared_decoders), and the
+default stops at eight workers (mnist2db.imageset.workers.pool.default_jobs). A real
 ``convert_imageset`` with 24 workers, its processes' proportional sets summed as it runs;
 the records the same as with one worker."""
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mnist2db.images import workers
-from mnist2db.images.datum_records import SHARED_DECODERS_ABOVE, shared_decoders
-from mnist2db.images.workers import default_jobs
-from mnist2db.storage.readers import iter_db
+from mnist2db.imageset.to_database import SHARED_DECODERS_ABOVE, shared_decoders
+from mnist2db.imageset.workers import pool as workers
+from mnist2db.imageset.workers.pool import default_jobs
+from mnist2db.storage.databases.readers import iter_db
 
 #: The issue's bound on the memory of all the run's processes together.
 BOUND_MIB = 256

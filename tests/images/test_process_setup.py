@@ -8,7 +8,7 @@ import sys
 
 CHECK = """
 import os
-from mnist2db.images.process_setup import keep_the_heap, one_blas_thread, PARENT_HEAP
+from mnist2db.process_setup import keep_the_heap, one_blas_thread, PARENT_HEAP
 assert "numpy" not in __import__("sys").modules
 with one_blas_thread():
     import numpy

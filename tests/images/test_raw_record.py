@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mnist2db.formats.datum import datum_prefix
-from mnist2db.formats.opencv import NO_OPENCV, opencv
+from mnist2db.formats.datum.message import datum_prefix
+from mnist2db.formats.imread.cv2_wheel import NO_OPENCV, opencv
 from mnist2db.formats.protowire import encode_varint
-from mnist2db.images.decoding import raw_record
+from mnist2db.imageset.decoding import raw_record
 
 
 def expected(image: np.ndarray, label: int) -> bytes:

@@ -1,8 +1,8 @@
-"""The workers' rings of shared memory (mnist2db.images.result_ring), with real forked
+"""The workers' rings of shared memory (mnist2db.imageset.workers.result_ring), with real forked
 processes: records put by a child are read by the parent as they were put; a full ring
 refuses until space is released; every span a worker could not have written is refused; a
 worker that dies in the middle of a record, or announces one outside its ring, costs its
-own image only (through mnist2db.images.workers, with real processes)."""
+own image only (through mnist2db.imageset.workers.pool, with real processes)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ import warnings
 
 import pytest
 
-from mnist2db.formats.image_list import ListEntry
-from mnist2db.images import worker_loop, workers
-from mnist2db.images.result_ring import ResultRing, RingError
-from mnist2db.images.worker_messages import ResultMessage, send_message
-from mnist2db.images.workers import OrderedDecoding, decode_in_order
+from mnist2db.formats.lists.image_list import ListEntry
+from mnist2db.imageset.workers import loop as worker_loop
+from mnist2db.imageset.workers import pool as workers
+from mnist2db.imageset.workers.messages import ResultMessage, send_message
+from mnist2db.imageset.workers.pool import OrderedDecoding, decode_in_order
+from mnist2db.imageset.workers.result_ring import ResultRing, RingError
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "fork"), reason="the rings are mapped before a fork"

@@ -1,4 +1,4 @@
-"""Small records as runs (mnist2db.images.worker_messages.Run), with real forked workers:
+"""Small records as runs (mnist2db.imageset.workers.messages.Run), with real forked workers:
 records of one layout come as runs framed as the records' digest frames them, a layout
 that changes or an image that cannot be read starts a new run, and a worker that forges a
 run (another key, a length field that lies, more records than its task, a run where no
@@ -15,11 +15,11 @@ import sys
 
 import pytest
 
-from mnist2db.formats.image_list import ListEntry, image_key
-from mnist2db.images import worker_loop
-from mnist2db.images.record_batches import record_batches
-from mnist2db.images.worker_messages import ResultMessage, Run, send_message
-from mnist2db.images.workers import OrderedDecoding
+from mnist2db.formats.lists.image_list import ListEntry, image_key
+from mnist2db.imageset.batches import record_batches
+from mnist2db.imageset.workers import loop as worker_loop
+from mnist2db.imageset.workers.messages import ResultMessage, Run, send_message
+from mnist2db.imageset.workers.pool import OrderedDecoding
 from mnist2db.storage.record_digest import RecordDigest
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="real forked workers")

@@ -59,10 +59,10 @@ def convert(photos: Path, out: Path, backend: str, *, resume: bool, kill_after: 
     the middle of a batch)."""
     script = f"""
         import os, signal
-        from mnist2db.formats.image_list import ImageList
-        from mnist2db.images.datum_records import write_imageset
-        from mnist2db.records import permutation
-        from mnist2db.formats.image_list import ListEntry
+        from mnist2db.formats.lists.image_list import ImageList
+        from mnist2db.imageset.to_database import write_imageset
+        from mnist2db.selection import permutation
+        from mnist2db.formats.lists.image_list import ListEntry
         listed = list(ImageList({str(photos / "list.txt")!r})())
         seed = {seed!r}
         if seed is not None:

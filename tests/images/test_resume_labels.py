@@ -81,10 +81,10 @@ def convert(photos: Path, out: Path, backend: str, *, resume: bool = False, jobs
         import os, signal
         import mnist2db.labels.databases as labels
         import mnist2db.storage.files as staging
-        from mnist2db.formats.label_table import open_label_table
-        from mnist2db.images.datum_records import write_imageset
+        from mnist2db.formats.lists.label_table import open_label_table
+        from mnist2db.imageset.to_database import write_imageset
         from mnist2db.labels.databases import TargetSource
-        from mnist2db.records import permutation
+        from mnist2db.selection import permutation
         kind, after = {kill!r}
         table = open_label_table({str(photos / listing)!r}, header={header},
                                  width=None if {header} else 3)
@@ -111,7 +111,7 @@ def convert(photos: Path, out: Path, backend: str, *, resume: bool = False, jobs
             if kind == "placing" and stage == "databases-first":
                 os.kill(os.getpid(), signal.SIGKILL)
         staging.checkpoint = checkpoint
-        import mnist2db.images.datum_records as imageset
+        import mnist2db.imageset.to_database as imageset
         remove_plan = imageset.remove_plan
         def finished(path):
             if kind == "done":

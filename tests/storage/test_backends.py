@@ -9,7 +9,7 @@ import plyvel
 import pytest
 
 from mnist2db.errors import BackendError, Mnist2dbError
-from mnist2db.storage.backends import (
+from mnist2db.storage.databases.backends import (
     BACKENDS,
     DEFAULT_BACKEND,
     check_backend,

@@ -1,5 +1,5 @@
 """A batch is held in memory until it is committed: it stops at ``batch_size`` records or at
-BATCH_BYTES_LIMIT bytes of records, whichever comes first (storage/backends.py:
+BATCH_BYTES_LIMIT bytes of records, whichever comes first (storage/databases/backends.py:
 batch_records), so no batch size makes a conversion hold the dataset, and no record size
 makes Caffe's default batch refuse one."""
 
@@ -16,7 +16,7 @@ from helpers import write_idx
 from mnist2db import convert, open_db
 from mnist2db.conversion import raw_value_size
 from mnist2db.siamese import convert_siamese
-from mnist2db.storage.backends import BATCH_BYTES_LIMIT, batch_records
+from mnist2db.storage.databases.backends import BATCH_BYTES_LIMIT, batch_records
 
 
 def sparse_mnist(tmp_path: Path, count: int, rows: int, cols: int) -> tuple[Path, Path]:

@@ -189,7 +189,7 @@ def test_pickled_dataset_checks_it_finds_the_same_database(tmp_path: Path) -> No
 @pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
 def test_every_reader_takes_a_bytes_path_as_its_docstring_says(databases, backend: str) -> None:
     """open_db and iter_db raised TypeError for a bytes path; info, verify, export too."""
-    from mnist2db.export import export_db
+    from mnist2db.exporting.to_idx import export_db
     from mnist2db.info import db_info
 
     paths, label_path = databases
@@ -266,7 +266,7 @@ def test_keys_and_paths_with_control_characters_stay_on_one_inert_line(tmp_path:
     one-line rule. Keys and paths are shown with such bytes escaped."""
     from db_helpers import write_raw_db
 
-    from mnist2db.formats.datum import encode_datum
+    from mnist2db.formats.datum.message import encode_datum
     from mnist2db.info import db_info
 
     good = encode_datum(bytes(4), 1, 2, 2, 1)

@@ -1,6 +1,6 @@
 """A database whose files are empty, cut short or not the backend's is refused in one line
 naming the file, by every reader, before the backend opens it; nothing in the directory is
-created or changed (storage/db_checks.py)."""
+created or changed (storage/databases/checks.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from db_helpers import converted
 from mnist2db import BackendError, convert, open_db
 from mnist2db.caffe_tools.drop_ins import compute_image_mean
 from mnist2db.cli.app import cli
-from mnist2db.storage.targets import check_replaceable
+from mnist2db.storage.destinations import check_replaceable
 
 
 def run(*args: object) -> click.testing.Result:

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 from helpers import write_idx
 
-from mnist2db.storage.backends import size_hint
-from mnist2db.storage.readers import open_reader
-from mnist2db.storage.writers import (
+from mnist2db.storage.databases.backends import size_hint
+from mnist2db.storage.databases.readers import open_reader
+from mnist2db.storage.databases.writers import (
     LEVELDB_MEMTABLE_MAX,
     LEVELDB_MEMTABLE_STREAMING,
     leveldb_write_buffer,

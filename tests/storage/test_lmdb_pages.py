@@ -1,5 +1,5 @@
 """An LMDB database damaged past its meta pages is refused in one line by every reader,
-before liblmdb reads a page (storage/lmdb_pages.py): liblmdb trusts its pages, and each
+before liblmdb reads a page (storage/databases/lmdb_pages.py): liblmdb trusts its pages, and each
 case below ended a reader with SIGABRT, SIGSEGV or SIGBUS, or read outside a page. Every
 reader runs in a child process, so a crash fails the test, not the suite."""
 

@@ -20,10 +20,10 @@ from helpers import write_idx
 import mnist2db
 from mnist2db.cli.app import cli
 from mnist2db.errors import BackendError, Mnist2dbError
-from mnist2db.export import export_db
+from mnist2db.exporting.to_idx import export_db
 from mnist2db.info import db_info
-from mnist2db.storage.metadata import read_metadata
-from mnist2db.storage.readers import open_reader
+from mnist2db.recipe import read_metadata
+from mnist2db.storage.databases.readers import open_reader
 from mnist2db.verify import verify_db
 
 

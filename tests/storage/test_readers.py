@@ -15,8 +15,8 @@ from PIL import Image
 
 import mnist2db
 from mnist2db import BackendError, DatumError, convert, open_db
-from mnist2db.export import export_db
-from mnist2db.formats.datum import message_type
+from mnist2db.exporting.to_idx import export_db
+from mnist2db.formats.datum.message import message_type
 from mnist2db.info import db_info
 from mnist2db.show import select_records
 from mnist2db.verify import verify_db
@@ -232,7 +232,7 @@ def test_a_damaged_leveldb_block_is_an_error_not_data(tmp_path: Path) -> None:
 def test_a_healthy_leveldb_read_from_any_start_is_not_called_damaged(
     mnist_pair, tmp_path: Path
 ) -> None:
-    from mnist2db.storage.readers import open_reader
+    from mnist2db.storage.databases.readers import open_reader
 
     images, labels, _, _ = mnist_pair(6, 2, 2)
     convert(images, labels, tmp_path / "db", backend="leveldb")

@@ -13,9 +13,9 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from mnist2db.images.datum_records import release_mapped_pages
-from mnist2db.storage import writers
-from mnist2db.storage.writers import LmdbWriter
+from mnist2db.imageset.to_database import release_mapped_pages
+from mnist2db.storage.databases import writers
+from mnist2db.storage.databases.writers import LmdbWriter
 
 PAGE = mmap.PAGESIZE
 

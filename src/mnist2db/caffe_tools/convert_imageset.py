@@ -2,12 +2,12 @@
 
 Caffe's command line (gflags: ``--gray --shuffle --backend --resize_width --resize_height
 --check_size --encoded --encode_type``, and gflags' and glog's own flags) and log lines;
-the records are Caffe's (:mod:`mnist2db.images.datum_records`). Where Caffe aborts half-way or writes
+the records are Caffe's (:mod:`mnist2db.imageset.to_database`). Where Caffe aborts half-way or writes
 nothing without a word, this refuses in one line and leaves nothing behind. Extensions:
 ``--overwrite`` (replace an existing database of the backend), ``--seed`` (a repeatable
 ``--shuffle``; Caffe's draws from ``/dev/urandom``), ``--jobs N`` or ``-j N`` (worker
 processes decoding; default one per processor), ``--resume`` (continue a conversion that
-was killed, from the batches it committed: :mod:`mnist2db.images.resume`).
+was killed, from the batches it committed: :mod:`mnist2db.imageset.resume`).
 """
 
 from __future__ import annotations
@@ -17,18 +17,18 @@ from mnist2db.caffe_tools.gflags import Flag, ParsedArgs
 from mnist2db.caffe_tools.glog import Logger
 from mnist2db.errors import ArgumentError
 from mnist2db.fastpath import TYPE_CHECKING
-from mnist2db.formats.image_input import ignore_decoder_warnings
-from mnist2db.formats.image_list import ImageList, ListIndex
+from mnist2db.formats.imdecode.image_file import ignore_decoder_warnings
+from mnist2db.formats.lists.image_list import ImageList, ListIndex
 from mnist2db.interrupt import as_script
-from mnist2db.records import fresh_seed, seed_note
-from mnist2db.storage.backends import DEFAULT_BACKEND
-from mnist2db.storage.targets import check_destination
+from mnist2db.selection import fresh_seed, seed_note
+from mnist2db.storage.databases.backends import DEFAULT_BACKEND
+from mnist2db.storage.destinations import check_destination
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
 
-    from mnist2db.formats.image_list import ListEntry
+    from mnist2db.formats.lists.image_list import ListEntry
     from mnist2db.labels.databases import TargetSource
 
 PROG = "convert_imageset"
@@ -108,8 +108,8 @@ FLAGS: dict[str, Flag] = {
 
 
 def _convert(parsed: ParsedArgs, logger: Logger) -> None:
-    from mnist2db.images.datum_records import Skipped, write_imageset
-    from mnist2db.images.resume import staged_seed
+    from mnist2db.imageset.resume import staged_seed
+    from mnist2db.imageset.to_database import Skipped, write_imageset
 
     root, listing, db_path = parsed.positional
     ignore_decoder_warnings()
@@ -236,7 +236,7 @@ def _targets(parsed: ParsedArgs, listing: str) -> TargetSource | None:
     if width < 0 or (width and kind == "table"):
         raise ArgumentError("--targets_width is N ≥ 0 of a --targets=list (a table's header "
                             "gives its width)")  # fmt: skip
-    from mnist2db.formats.label_table import open_label_table
+    from mnist2db.formats.lists.label_table import open_label_table
     from mnist2db.labels.databases import TargetSource
 
     return TargetSource(open_label_table(listing, header=kind == "table", width=width or None))

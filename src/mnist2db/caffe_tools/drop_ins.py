@@ -16,7 +16,7 @@ from mnist2db.caffe_tools.frame import OPENED_AT, log_here, run_tool, tool_main
 from mnist2db.caffe_tools.gflags import Flag, ParsedArgs, parse_command_line
 from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.interrupt import as_script
-from mnist2db.storage.backends import (
+from mnist2db.storage.databases.backends import (
     BATCH_BYTES_LIMIT,
     DEFAULT_BACKEND,
     DEFAULT_BATCH_SIZE,
@@ -25,7 +25,7 @@ from mnist2db.storage.backends import (
 
 if TYPE_CHECKING:
     from mnist2db.caffe_tools.glog import Logger
-    from mnist2db.formats.idx import IdxHeader
+    from mnist2db.formats.idx.header import IdxHeader
 
 PROG = "convert_mnist_data"
 
@@ -125,7 +125,7 @@ def parse_flags(argv: list[str], argv0: str = PROG) -> ParsedArgs:
 
 def _convert_mnist_data(parsed: ParsedArgs, logger: Logger) -> None:
     from mnist2db.conversion import convert
-    from mnist2db.formats.idx import check_pair
+    from mnist2db.formats.idx.header import check_pair
 
     backend = str(parsed["backend"])
     image_file, label_file, db_path = parsed.positional
@@ -173,8 +173,8 @@ def run(argv: list[str], argv0: str = PROG) -> int:
 def _compute_image_mean(parsed: ParsedArgs, logger: Logger) -> None:
     from mnist2db.errors import BackendError
     from mnist2db.mean import check_mean_target
-    from mnist2db.storage.backends import check_backend, detect_backend
-    from mnist2db.storage.readers import shared_reader
+    from mnist2db.storage.databases.backends import check_backend, detect_backend
+    from mnist2db.storage.databases.readers import shared_reader
 
     backend = str(parsed["backend"])
     db_path = parsed.positional[0]

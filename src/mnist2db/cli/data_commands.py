@@ -22,7 +22,7 @@ from mnist2db.cli.options import (
     transpose_option,
 )
 from mnist2db.errors import RenderError
-from mnist2db.formats.datum import key_text
+from mnist2db.formats.datum.message import key_text
 from mnist2db.info import describe
 from mnist2db.labels.databases import verify_label_db
 from mnist2db.render import (

@@ -116,7 +116,7 @@ def export(db: str, out_dir: str, to: str, prefix: str | None, quiet: bool,
     if to == "webdataset":
         _export_shards(db, out_dir, quiet, options)
         return
-    from mnist2db.export import export_db
+    from mnist2db.exporting.to_idx import export_db
 
     with library_errors(), progress_reporter("Exporting", quiet) as progress:
         result = export_db(db, out_dir, prefix=prefix, overwrite=options["overwrite"],
@@ -132,7 +132,7 @@ def export(db: str, out_dir: str, to: str, prefix: str | None, quiet: bool,
 
 
 def _export_files(db: str, out: str, quiet: bool, options: dict[str, Any]) -> None:
-    from mnist2db.exporting.folder import export_files
+    from mnist2db.exporting.image_files.folder import export_files
 
     with library_errors(), progress_reporter("Exporting", quiet) as progress:
         result = export_files(db, out, **options, progress=progress)
@@ -157,7 +157,7 @@ def _export_files(db: str, out: str, quiet: bool, options: dict[str, Any]) -> No
 
 
 def _export_shards(db: str, out: str, quiet: bool, options: dict[str, Any]) -> None:
-    from mnist2db.exporting.shards import export_webdataset
+    from mnist2db.exporting.webdataset.shards import export_webdataset
 
     with library_errors(), progress_reporter("Exporting", quiet) as progress:
         result = export_webdataset(db, out, **options, progress=progress)

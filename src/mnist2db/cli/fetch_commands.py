@@ -22,7 +22,7 @@ from mnist2db.cli.options import (
 )
 from mnist2db.create import create_databases, orientation_note
 from mnist2db.fetch.fetcher import fetch as run_fetch
-from mnist2db.records import seed_note
+from mnist2db.selection import seed_note
 
 MIRROR_ENVVAR = "MNIST2DB_MIRROR"
 # The transport's defaults, repeated here: importing it at start-up would load urllib and ssl

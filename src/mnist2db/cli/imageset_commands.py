@@ -14,7 +14,7 @@ from mnist2db.cli.options import (
     shuffle_options,
 )
 from mnist2db.errors import printable
-from mnist2db.records import seed_note
+from mnist2db.selection import seed_note
 
 
 def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
@@ -84,8 +84,8 @@ def imageset(
       mnist2db imageset --list train.txt --gray --shuffle --seed 1 photos/ train_lmdb
       mnist2db imageset --labels list_attr_celeba.txt img_align_celeba/ celeba_lmdb
     """
-    from mnist2db.formats.image_input import ignore_decoder_warnings
-    from mnist2db.images.own_images import convert_images
+    from mnist2db.formats.imdecode.image_file import ignore_decoder_warnings
+    from mnist2db.imageset.own_images import convert_images
 
     ignore_decoder_warnings()
     check_seed({"seed": seed, "shuffle": shuffle})

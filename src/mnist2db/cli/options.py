@@ -13,8 +13,8 @@ import click
 
 from mnist2db.cli.common import check_seed
 from mnist2db.fetch.catalog import DATASET_NAMES, DEFAULT_DATASET
-from mnist2db.formats.png import ENCODINGS, PNG_COMPRESSIONS
-from mnist2db.storage.backends import (
+from mnist2db.formats.png.encoder import ENCODINGS, PNG_COMPRESSIONS
+from mnist2db.storage.databases.backends import (
     BACKENDS,
     BATCH_BYTES_LIMIT,
     DEFAULT_BACKEND,
@@ -128,7 +128,7 @@ def data_dir_option(help_text: str) -> Decorator:
 def range_options(noun: str, count_default: int | None) -> Decorator:
     """``--offset N --count M``: the ``noun`` items (records, source items) ``N … N+M-1``,
     from 0; ``count_default`` None means to the end of the source. The range is checked by
-    :func:`mnist2db.records.check_range`."""
+    :func:`mnist2db.selection.check_range`."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         func = click.option(

@@ -22,7 +22,7 @@ from mnist2db.cli.options import (
 )
 from mnist2db.mean import mean_image
 from mnist2db.siamese import convert_siamese
-from mnist2db.storage.backends import SIAMESE_BACKEND
+from mnist2db.storage.databases.backends import SIAMESE_BACKEND
 
 
 @click.command()

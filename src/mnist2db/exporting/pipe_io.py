@@ -1,5 +1,5 @@
 """Whole reads and writes on the pipes between an export and the process it forks
-(:mod:`~mnist2db.exporting.png_worker`, :mod:`~mnist2db.exporting.file_writer`)."""
+(:mod:`~mnist2db.exporting.png_worker`, :mod:`~mnist2db.exporting.image_files.file_writer`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Raw grey records' PNGs encoded in a second process, while the export frames, writes and
 hashes in its own (``export --to webdataset`` of raw records).
 
-The PNG encoder (:func:`mnist2db.formats.png.encode_png_batch`, the one ``convert
+The PNG encoder (:func:`mnist2db.formats.png.encoder.encode_png_batch`, the one ``convert
 --encoded png`` uses) is numpy steps that hold the GIL: in one interpreter it cannot
 overlap the export's framing, and a shard export of raw records ran on one core. A
 :class:`PngWorker` is a process forked at the start of the export, before its threads,
@@ -30,7 +30,7 @@ import numpy as np
 
 from mnist2db.errors import Mnist2dbError
 from mnist2db.exporting.pipe_io import read_exact, write_all
-from mnist2db.images.process_setup import widen_pipes
+from mnist2db.process_setup import widen_pipes
 
 #: A request's head: images, rows, columns (the pixels follow); an answer's: "K" and the
 #: PNGs' total size (their sizes as uint32, then the PNGs, follow) or "E" and a message.

@@ -16,13 +16,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from mnist2db.exporting.fixed_layout import FixedLayout, FixedRaws, RawRecord, raw_fields
 from mnist2db.exporting.png_worker import IN_FLIGHT, PngWorker, worth_a_worker
-from mnist2db.exporting.raw_records import FixedLayout, FixedRaws, RawRecord, raw_fields
 from mnist2db.exporting.samples import Sample, SampleBatch, extension, read_record
-from mnist2db.formats.datum import key_text
-from mnist2db.formats.datum_fields import encoded_fields
-from mnist2db.formats.image_encode import encode_png as encode_colour_png
-from mnist2db.formats.png import encode_grey_pngs
+from mnist2db.formats.datum.fields import encoded_fields
+from mnist2db.formats.datum.message import key_text
+from mnist2db.formats.imread.imencode import encode_png as encode_colour_png
+from mnist2db.formats.png.encoder import encode_grey_pngs
 
 T = TypeVar("T")
 
@@ -88,10 +88,10 @@ def iter_batches(
     db_path: str, records: Iterable[tuple[bytes, Any]], worker: PngWorker | None = None
 ) -> Iterator[SampleBatch]:
     """The samples of ``records`` (``(key, value)`` in key order, a value bytes or a buffer:
-    :meth:`~mnist2db.storage.readers.DbReader.iter_views`), in the same order, in batches of
+    :meth:`~mnist2db.storage.databases.readers.DbReader.iter_views`), in the same order, in batches of
     at most :data:`BATCH_RECORDS` records and about :data:`BATCH_BYTES` bytes (memory's
     bound): encoded records pass on their stored bytes, found without protobuf
-    (:func:`~mnist2db.formats.datum_fields.encoded_fields`) and copied once; raw ones,
+    (:func:`~mnist2db.formats.datum.fields.encoded_fields`) and copied once; raw ones,
     gathered, are encoded together, by ``worker`` while it is free (at most
     :data:`~mnist2db.exporting.png_worker.IN_FLIGHT` batches), else here.
 
@@ -138,7 +138,7 @@ def _batches(
 
 class _Gathered:
     """The batches :func:`_batches` gathers: records in the fixed layout of the first raw
-    one (:class:`~mnist2db.exporting.raw_records.FixedLayout`, learnt from it) a batch at a
+    one (:class:`~mnist2db.exporting.fixed_layout.FixedLayout`, learnt from it) a batch at a
     time, by numpy; any other record (and a batch of that length not all in the layout) one
     by one (:meth:`one`). Batches are yielded in the records' order."""
 

@@ -24,10 +24,10 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from mnist2db.errors import DatumError
-from mnist2db.formats.datum import check_datum, decode_datum, key_text
-from mnist2db.formats.image_input import image_format
+from mnist2db.formats.datum.message import check_datum, decode_datum, key_text
+from mnist2db.formats.imdecode.image_file import image_format
 
-#: The extension written for each format :func:`mnist2db.formats.image.image_format` names.
+#: The extension written for each format :func:`mnist2db.formats.imread.reader.image_format` names.
 EXTENSIONS = {"PNG": "png", "JPEG": "jpg", "BMP": "bmp", "TIFF": "tif", "WEBP": "webp"}
 #: PNM's magic digit -> extension (PBM, PGM, PPM).
 _PNM = {"1": "pbm", "4": "pbm", "2": "pgm", "5": "pgm", "3": "ppm", "6": "ppm"}

@@ -35,8 +35,8 @@ from mnist2db.fetch.manifest import verify_handle, write_manifest
 from mnist2db.fetch.results import FetchedFile, create_directory, fetch_failure, present, record
 from mnist2db.fetch.sink import CHUNK, MAX_UNPACKED, DownloadSink
 from mnist2db.fetch.transport import Options, download, is_url, source_for
-from mnist2db.fetch.untrusted import NotRegularFile, clean, open_regular
 from mnist2db.storage.files import remove_made, remove_stale, temp_prefix
+from mnist2db.untrusted import NotRegularFile, clean, open_regular
 
 #: What reading a damaged member raises (zipfile lets the decompressors' errors through).
 _MEMBER_ERRORS = (

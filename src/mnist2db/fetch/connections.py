@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from mnist2db.fetch.failures import SourceFailed
-from mnist2db.fetch.untrusted import clean, shown_url
+from mnist2db.untrusted import clean, shown_url
 
 #: Redirects followed for one request (curl's default is 50; browsers stop at about 20).
 MAX_REDIRECTS = 10

@@ -21,8 +21,8 @@ from mnist2db.fetch.sink import (
     handle_digests,
     strongest,
 )
-from mnist2db.fetch.untrusted import NotRegularFile, open_regular
 from mnist2db.storage.files import AtomicFile
+from mnist2db.untrusted import NotRegularFile, open_regular
 
 MANIFEST_NAME = ".mnist2db.sha256"
 #: A manifest holds a header and one 66-byte line per file: a few hundred bytes.

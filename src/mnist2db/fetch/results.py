@@ -15,8 +15,8 @@ from mnist2db.fetch.catalog import PACKING_SUFFIX, Resource
 from mnist2db.fetch.failures import Rejected, SourceFailed
 from mnist2db.fetch.manifest import verified_present
 from mnist2db.fetch.sink import MAX_TEXT, MAX_UNPACKED, DownloadSink, packed_bound
-from mnist2db.fetch.untrusted import clean, shown_url
 from mnist2db.storage.files import make_parents
+from mnist2db.untrusted import clean, shown_url
 
 
 @dataclass(frozen=True)

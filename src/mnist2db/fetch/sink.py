@@ -23,9 +23,9 @@ from typing import IO, Any
 
 from mnist2db.fetch.catalog import PACKING_SUFFIX, Resource
 from mnist2db.fetch.failures import Rejected
-from mnist2db.fetch.untrusted import clean
-from mnist2db.formats.idx import GZIP_MAGIC, IDX_TYPES, XZ_MAGIC
+from mnist2db.formats.idx.header import GZIP_MAGIC, IDX_TYPES, XZ_MAGIC
 from mnist2db.storage.files import AtomicFile, remove_stale, temp_prefix
+from mnist2db.untrusted import clean
 
 CHUNK = 1 << 16
 UNPACK_CHUNK = 1 << 20

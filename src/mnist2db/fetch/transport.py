@@ -9,7 +9,7 @@ Every source is bounded in time and requests: ``timeout`` bounds each wait, the 
 limit (curl's ``--speed-limit``/``--speed-time``) the whole transfer, ``retries`` the
 attempts that bring nothing new (a restart from zero is one), :data:`MAX_RESUMES` those
 that do. Bytes are bounded by the sink. What a server says (its reason phrase, headers,
-the URL it redirects to) reaches a message only through :func:`~mnist2db.fetch.untrusted.clean`.
+the URL it redirects to) reaches a message only through :func:`~mnist2db.untrusted.clean`.
 
 A source's faults are :class:`~mnist2db.fetch.sink.SourceFailed` (the next source is tried); a
 failure to write the local temporary is an ``OSError`` that stops the fetch.
@@ -32,8 +32,8 @@ from mnist2db.errors import DownloadError
 from mnist2db.fetch.connections import HeadWatch, opener
 from mnist2db.fetch.failures import SourceFailed, Transient
 from mnist2db.fetch.sink import CHUNK
-from mnist2db.fetch.untrusted import clean, open_regular, shown_url
 from mnist2db.progress import NamedProgress
+from mnist2db.untrusted import clean, open_regular, shown_url
 from mnist2db.version import __version__
 
 #: ``progress(file_name, bytes_done, bytes_total)``; total is 0 when unknown.

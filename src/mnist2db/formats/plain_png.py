@@ -15,7 +15,7 @@ CPU to import).
 
 Anything else gives None (another kind of PNG, grey wanted of a colour one, a file that is
 not regular or over :data:`FAST_BYTES`, a CRC that does not match, data cut short):
-:mod:`mnist2db.formats.image` then reads it, and says why it cannot.
+:mod:`mnist2db.formats.imread.reader` then reads it, and says why it cannot.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import threading
 import zlib
 
 from mnist2db.fastpath import TYPE_CHECKING
-from mnist2db.formats.datum import datum_prefix
-from mnist2db.formats.png import IEND_CHUNK, PNG_SIGNATURE
+from mnist2db.formats.datum.message import datum_prefix
+from mnist2db.formats.png.encoder import IEND_CHUNK, PNG_SIGNATURE
 from mnist2db.formats.protowire import encode_varint
 
 if TYPE_CHECKING:

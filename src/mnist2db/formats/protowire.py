@@ -1,6 +1,6 @@
 """Protocol Buffers' wire format, the little of it that Caffe's messages need written by hand.
 
-The Datum and BlobProto encoders (:mod:`mnist2db.formats.datum`, :mod:`mnist2db.formats.png`,
+The Datum and BlobProto encoders (:mod:`mnist2db.formats.datum.message`, :mod:`mnist2db.formats.png.encoder`,
 :mod:`mnist2db.mean`) write fixed layouts directly instead of building messages: a varint is
 the one piece they share.
 """

@@ -1,3 +1,3 @@
-"""Labels beyond one integer: a label database of float targets beside an image database,
-under the same keys (:mod:`.databases`: written, paired, verified), and the pair read back as
-``(image, targets)`` (:mod:`.dataset`, ``open_db(images, labels=...)``)."""
+"""Labels beyond one integer: a label database of float values beside an image database,
+under the same keys (:mod:`.databases`: written, paired, verified); the pair is read back as
+``(image, values)`` by the reading API (:mod:`mnist2db.reading.labeled_dataset`)."""

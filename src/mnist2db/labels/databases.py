@@ -3,7 +3,7 @@ beside the image database, under the same keys in the same order.
 
 What users of Caffe build by hand with pycaffe, made one step and aligned by construction:
 the image database is written as before, then its own keys are read back from the staging
-directory, and for each one the label record (:mod:`mnist2db.formats.target_datum`:
+directory, and for each one the label record (:mod:`mnist2db.formats.datum.float_datum`:
 pycaffe's ``array_to_datum`` of the ``(N, 1, 1)`` float vector) is written under that very
 key. An image skipped because it cannot be read, a shuffle, several workers or a resumed
 run change which keys the image database holds and in what order; the label database
@@ -11,7 +11,7 @@ follows whatever it holds. Both are staged and placed together
 (:func:`mnist2db.storage.db_staging.staged_databases`): they appear together or not at all.
 
 The image records' own ``label`` is the first value when it is a whole number within
-int32, else 0 (:func:`mnist2db.formats.label_table.first_label`).
+int32, else 0 (:func:`mnist2db.formats.lists.label_table.first_label`).
 """
 
 from __future__ import annotations
@@ -26,14 +26,18 @@ import numpy as np
 
 from mnist2db.conversion import write_database
 from mnist2db.errors import ImageError, Mnist2dbError, VerifyError, printable
-from mnist2db.formats.datum import key_text
-from mnist2db.formats.image_list import ListEntry, image_key
-from mnist2db.formats.label_table import LabelTable, first_label, iter_rows
-from mnist2db.formats.target_datum import decode_targets, encode_target_batch, target_value_size
+from mnist2db.formats.datum.float_datum import (
+    decode_targets,
+    encode_target_batch,
+    target_value_size,
+)
+from mnist2db.formats.datum.message import key_text
+from mnist2db.formats.lists.image_list import ListEntry, image_key
+from mnist2db.formats.lists.label_table import LabelTable, first_label, iter_rows
 from mnist2db.progress import Progress, reporting
-from mnist2db.storage.backends import batch_records
-from mnist2db.storage.metadata import write_target_names
-from mnist2db.storage.readers import open_reader
+from mnist2db.recipe import write_target_names
+from mnist2db.storage.databases.backends import batch_records
+from mnist2db.storage.databases.readers import open_reader
 from mnist2db.storage.spill import spill_to_map
 
 

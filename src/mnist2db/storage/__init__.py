@@ -1,1 +1,2 @@
-"""Where records live: LMDB and LevelDB backends, readers, staged placement, file helpers, spill files."""
+"""Where outputs go and how they are placed: destinations checked, databases staged and placed,
+file helpers, spill files, the records' digest; LMDB and LevelDB themselves are :mod:`.databases`."""

@@ -4,7 +4,7 @@ A database is built in a hidden staging directory beside its destination
 (``.<name>.mnist2db-tmp-<pid>-<random>``) and moved to its final name only once complete
 and flushed, so a failed or killed run never leaves a partial database there. Where it may
 go, and what an existing destination may be replaced with under ``overwrite``, is decided
-before any work by :mod:`mnist2db.storage.targets`. A failed run removes its staging
+before any work by :mod:`mnist2db.storage.destinations`. A failed run removes its staging
 directory and every parent directory it created.
 
 :func:`staged_database` is the entry point for any writer (``convert``, the siamese-pair
@@ -24,8 +24,9 @@ from mnist2db.errors import (
     OutputExistsError,
 )
 from mnist2db.storage import files
-from mnist2db.storage.backends import check_backend
+from mnist2db.storage.databases.backends import check_backend
 from mnist2db.storage.db_journal import place_journalled, recover_databases
+from mnist2db.storage.destinations import check_destination, is_owned_file
 from mnist2db.storage.files import (
     fsync_dir,
     fsync_tree,
@@ -41,7 +42,6 @@ from mnist2db.storage.files import (
     temp_prefix,
     umask,
 )
-from mnist2db.storage.targets import check_destination, is_owned_file
 
 #: Free space (bytes) below which a failed write is blamed on a full file system.
 _LOW_SPACE = 1 << 20

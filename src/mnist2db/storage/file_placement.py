@@ -17,6 +17,7 @@ from typing import Any
 
 from mnist2db.errors import ArgumentError, OutputError, OutputExistsError
 from mnist2db.storage import files as file_system
+from mnist2db.storage.destinations import check_apart, check_parent, symlink_refusal
 from mnist2db.storage.files import (
     TEMP_MARK,
     AtomicFile,
@@ -28,7 +29,6 @@ from mnist2db.storage.files import (
     temp_prefix,
     write_journal,
 )
-from mnist2db.storage.targets import check_apart, check_parent, symlink_refusal
 
 # -- files that appear together: export's image and label files -------------------------------
 
@@ -50,7 +50,7 @@ def check_file_target(
     The rule every file output follows (``mean``, ``show --png``, ``export``, the mean of
     ``compute_image_mean``): never a link, a directory or a special file, an existing file
     only with ``overwrite``, and never one of ``inputs`` of the same run nor a file inside
-    one (:func:`mnist2db.storage.targets.check_apart`). ``makes_parents``: the caller creates a
+    one (:func:`mnist2db.storage.destinations.check_apart`). ``makes_parents``: the caller creates a
     missing directory (``export``); otherwise a directory that does not exist is refused
     here, not after the work.
 

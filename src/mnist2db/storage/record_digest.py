@@ -2,7 +2,7 @@
 
 The one batch writer (:func:`mnist2db.conversion.write_database`) computes it as it
 writes, a batch at a time on a thread beside the writer; ``verify`` computes it again from
-the records read back. :mod:`mnist2db.storage.metadata` records it in ``mnist2db.json``
+the records read back. :mod:`mnist2db.recipe` records it in ``mnist2db.json``
 (``digest``). LMDB keeps no checksum of its own.
 """
 

@@ -1,0 +1,164 @@
+"""An export's output directory: staged beside it, renamed into place, replaced only when ours.
+
+The tree is written in a hidden staging directory beside ``OUT``
+(``.<name>.mnist2db-tmp-<pid>-<random>``, as databases are staged), flushed, and renamed to
+``OUT`` only when complete: a failure, a full disk or a kill leaves nothing under ``OUT``
+(a killed run's staging directory is removed by the next export to the same ``OUT``).
+``--overwrite`` replaces an existing ``OUT`` only when it can be proved to be an export's:
+it holds :data:`MARKER` and exactly the files and bytes the marker counts, nothing else
+(no link, no special file, no file added since).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import stat
+from collections.abc import Iterator
+from typing import Any
+
+from mnist2db.errors import ArgumentError, OutputError, OutputExistsError
+from mnist2db.storage.destinations import check_directory_target
+from mnist2db.storage.files import (
+    fsync_dir,
+    make_parents,
+    mkdtemp_beside,
+    move_noreplace,
+    remove_made,
+    remove_stale,
+    rmtree,
+    swap,
+    temp_prefix,
+    umask,
+)
+
+#: The file that marks a directory as an export's, and counts what it holds.
+MARKER = "export.json"
+MARKER_FORMAT = "mnist2db export"
+_MARKER_LIMIT = 1 << 20
+
+
+def _syncfs(path: str) -> None:
+    """Flush the file system holding ``path`` (every file of the tree in one call: an fsync
+    per image would cost more than writing it); ``os.sync`` where syncfs is missing."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.syncfs(fd) == 0:
+                return
+        except (OSError, AttributeError):
+            pass
+        os.sync()
+    finally:
+        os.close(fd)
+
+
+def read_marker(out: str) -> dict[str, Any] | None:
+    """``out``'s marker, when it is a regular file holding an export's marker; else None."""
+    path = os.path.join(out, MARKER)
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        with open(path, "rb") as stream:
+            found = json.loads(stream.read(_MARKER_LIMIT))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(found, dict) or found.get("format") != MARKER_FORMAT:
+        return None
+    return found
+
+
+def not_ours(out: str) -> str | None:
+    """None when ``out`` holds exactly what its marker counts; else what is wrong."""
+    marker = read_marker(out)
+    if marker is None:
+        return f"holds no {MARKER} of an export"
+    files = size = 0
+    for folder, subfolders, names in os.walk(out):
+        for name in subfolders + names:
+            path = os.path.join(folder, name)
+            info = os.lstat(path)
+            if stat.S_ISDIR(info.st_mode):
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                return f"holds {os.path.relpath(path, out)!r}, which is not a regular file"
+            if folder == out and name == MARKER:
+                continue
+            files += 1
+            size += info.st_size
+    if (files, size) != (marker.get("files"), marker.get("bytes")):
+        return (
+            f"holds {files} files of {size} bytes, its {MARKER} counts {marker.get('files')} "
+            f"of {marker.get('bytes')} (files added or changed since)"
+        )
+    return None
+
+
+def check_out_dir(out: str, inputs: list[str], overwrite: bool) -> None:
+    """Refuse, before any work, an ``out`` that may not be written or replaced.
+
+    Raises:
+        ArgumentError: ``out`` is empty.
+        OutputExistsError: ``out`` is, holds or lies inside an input; is a link; exists and
+            ``overwrite`` is false, or is not an export's (:func:`not_ours`).
+    """
+    if not out:
+        raise ArgumentError("the output directory is empty: name a directory to create")
+    if not check_directory_target(out, overwrite, inputs):
+        return
+    bare = out.rstrip(os.sep) or out
+    if not os.path.isdir(bare):
+        raise OutputExistsError(f"{out}: exists and is not a directory; refusing to replace it")
+    reason = not_ours(bare)
+    if reason is not None:
+        raise OutputExistsError(
+            f"{out}: {reason}; refusing to replace it (--overwrite replaces only an export)"
+        )
+
+
+@contextlib.contextmanager
+def staged_tree(out: str, inputs: list[str], overwrite: bool) -> Iterator[str]:
+    """Yield a fresh staging directory; when the body returns, flush it and put it at ``out``.
+
+    On any exception (interruptions included) the staging directory and the parents this
+    call made are removed; ``out`` is untouched.
+    """
+    check_out_dir(out, inputs, overwrite)
+    bare = out.rstrip(os.sep) or out
+    written = os.path.dirname(bare) or os.curdir
+    name = os.path.basename(os.path.normpath(bare))
+    try:
+        made = make_parents(written)
+    except OSError as exc:
+        raise OutputError(f"{out}: cannot create its parent directory: {exc.strerror}") from None
+    staging = ""
+    try:
+        parent = os.path.realpath(written)
+        prefix = temp_prefix(name)
+        remove_stale(parent, prefix, directories=True)
+        try:
+            staging = mkdtemp_beside(parent, f"{prefix}{os.getpid()}-")
+            os.chmod(staging, 0o777 & ~umask())
+        except OSError as exc:
+            raise OutputError(f"{out}: cannot write in {parent}: {exc.strerror}") from None
+        yield staging
+        try:
+            _syncfs(staging)
+            try:
+                move_noreplace(staging, bare)
+            except FileExistsError:
+                check_out_dir(out, inputs, overwrite)  # appeared meanwhile, or changed
+                swap(staging, bare)  # staging now holds the old export
+            fsync_dir(parent)
+        except OSError as exc:
+            raise OutputError(f"{out}: cannot move the finished export into place: {exc}") from None
+    except BaseException:
+        if staging and os.path.lexists(staging):
+            rmtree(staging)
+        remove_made(made)
+        raise
+    if os.path.lexists(staging):
+        rmtree(staging)  # the export it replaced

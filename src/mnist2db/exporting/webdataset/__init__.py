@@ -1,0 +1,1 @@
+"""export --to webdataset: tar shards, their manifest, written and committed on threads."""

@@ -1,0 +1,1 @@
+"""Caffe's Datum: the fixed-layout encoder and keys, fields found without protobuf, float label records."""

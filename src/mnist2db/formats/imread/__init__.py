@@ -1,0 +1,1 @@
+"""Image files read, resized and written as Caffe's OpenCV does (imread, resize, imencode)."""

@@ -1,0 +1,1 @@
+"""Text lists: Caffe's image lists, label tables, and the bounded line reader both use."""

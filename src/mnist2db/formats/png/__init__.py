@@ -1,0 +1,1 @@
+"""PNG written for encoded Datums: the encoder and its fast deflate streams."""

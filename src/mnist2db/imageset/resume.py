@@ -1,0 +1,239 @@
+"""``--resume``: an imageset conversion killed part-way (SIGKILL, a power cut), continued.
+
+Every conversion of :func:`mnist2db.imageset.to_database.write_imageset` writes its plan in its
+staging directory first (:data:`PLAN_FILE`: the root, the list's name, a digest of every
+entry in order, the options that make a record, the backend, the shuffle seed). A killed run leaves that directory beside the destination, named for its dead
+process (:mod:`mnist2db.storage.db_staging`). ``--resume`` adopts it when its plan is this
+run's: the batches it committed stay (their keys, ``%08d_PATH``, say up to which entry of
+the list), the entries after the last committed one are converted again, and the records
+are those of an uninterrupted run. A plan that differs is refused in one line naming what
+differs. SIGINT and SIGTERM are not kills: they remove the staging directory, as always.
+
+A label database beside (:mod:`mnist2db.labels.databases`) is staged by the same process
+(:func:`find_staged_labels` finds it by that process's id) and written after the images:
+the plan holds a digest of its label file too, and the resumed run adopts both staging
+directories, keeping the label records committed (which must end at the image key of the
+same record) and adding the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+
+from mnist2db.errors import Mnist2dbError, printable
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
+from mnist2db.formats.lists.image_list import ListEntry
+from mnist2db.storage.db_staging import stale_staging
+from mnist2db.storage.files import owner_pid, temp_prefix
+
+if TYPE_CHECKING:
+    from typing import Any
+
+#: The plan's file in a staging directory (removed before the database is placed).
+PLAN_FILE = "mnist2db-resume.json"
+
+#: What each planned value is called in a refusal.
+_NAMES = {
+    "backend": "--backend", "gray": "--gray", "resize": "the resize", "encoded": "--encoded",
+    "encode_type": "--encode_type", "check_size": "--check_size",
+    "root": "the root folder", "list": "the list",
+    "lines": "the number of listed images", "entries": "the list's entries",
+    "seed": "the shuffle seed", "width": "the number of values an image has",
+    "targets": "the label values",
+}  # fmt: skip
+
+
+@named_tuple
+class StagedRun(NamedTuple):
+    """A killed run's staging directory and its plan."""
+
+    path: str
+    plan: dict[str, Any]
+
+
+@named_tuple
+class Committed(NamedTuple):
+    """What a staged database holds: ``records``, the list line of its last key (-1: none),
+    its first key and its last key (None: empty)."""
+
+    records: int
+    last_line: int
+    first_key: bytes | None
+    last_key: bytes | None = None
+
+
+class EntryDigest:
+    """A digest of entries in order (line, label, path), fed one at a time (hashed a few
+    thousand at a time: one update each is most of a list's check)."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self._pending: list[bytes] = []
+
+    def add(self, entry: ListEntry) -> None:
+        pending = self._pending
+        pending.append(b"%d %d %d:%s" % (entry.line, entry.label, len(entry.path), entry.path))
+        if len(pending) >= _DIGEST_BATCH:
+            self._flush()
+
+    def hexdigest(self) -> str:
+        self._flush()
+        return self._hash.hexdigest()
+
+    def _flush(self) -> None:
+        self._hash.update(b"".join(self._pending))
+        self._pending.clear()
+
+
+_DIGEST_BATCH = 4096
+
+
+def find_staged_run(out: str) -> StagedRun | None:
+    """The newest staged run for ``out`` left by a killed process, with a plan; None if none."""
+    for path in reversed(stale_staging(out)):
+        try:
+            with open(os.path.join(path, PLAN_FILE), encoding="utf-8") as stream:
+                plan = json.load(stream)
+        except (OSError, ValueError):
+            continue
+        if isinstance(plan, dict):
+            return StagedRun(path, plan)
+    return None
+
+
+def find_staged_labels(out: str, labels_out: str, images_staging: str) -> str | None:
+    """The staging directory of the label database ``labels_out`` that the killed process
+    which left ``images_staging`` (the image database ``out``'s) made beside it; None if
+    it made none."""
+
+    def pid_of(path: str, target: str) -> int | None:
+        prefix = temp_prefix(os.path.basename(os.path.normpath(target)))
+        return owner_pid(os.path.basename(path)[len(prefix) :])
+
+    pid = pid_of(images_staging, out)
+    for path in stale_staging(labels_out):
+        if pid is not None and pid_of(path, labels_out) == pid:
+            return path
+    return None
+
+
+def staged_seed(out: str) -> int:
+    """The shuffle seed of the staged run ``--resume`` would continue (-1: none recorded)."""
+    run = find_staged_run(out)
+    seed = None if run is None else run.plan.get("seed")
+    return seed if isinstance(seed, int) else -1
+
+
+def write_plan(staging: str, plan: dict[str, Any]) -> None:
+    """The plan, written whole (a kill leaves it complete or absent)."""
+    temporary = os.path.join(staging, PLAN_FILE + ".tmp")
+    with open(temporary, "w", encoding="utf-8") as stream:
+        json.dump(plan, stream, sort_keys=True)
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(temporary, os.path.join(staging, PLAN_FILE))
+
+
+def remove_plan(staging: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(staging, PLAN_FILE))
+
+
+def check_plan(out: str, run: StagedRun, plan: dict[str, Any]) -> None:
+    """Raises Mnist2dbError naming the first difference between ``run``'s plan and ``plan``."""
+    keys = list(_NAMES)
+    if (plan.get("targets") is None) != (run.plan.get("targets") is None):
+        keys = ["targets"]  # a label database beside in one run only: that first
+    for key in keys:
+        name = _NAMES[key]
+        if key in ("seed",) and plan.get(key) is None:
+            continue  # a shuffle given no seed takes the staged one
+        if run.plan.get(key) != plan.get(key):
+            if key == "targets" and plan.get(key) is None:
+                what = (
+                    "were written by the staged run (a label database beside: give "
+                    "--labels or --values again)"
+                )
+            elif key == "targets" and run.plan.get(key) is None:
+                what = "were not written by the staged run (it made no label database)"
+            elif key == "targets":
+                what = "differ from the staged run's (the label file changed)"
+            elif key == "entries":
+                what = "differ from the staged run's (the list file changed, or the order)"
+            else:
+                what = f"is {_show(plan.get(key))}, the staged run's {_show(run.plan.get(key))}"
+            raise Mnist2dbError(
+                f"{out}: --resume refused: {name} {what}; run without --resume to start again"
+            )
+
+
+def _show(value: Any) -> str:
+    if value is None or value is False:
+        return "none" if value is None else "off"
+    if value is True:
+        return "on"
+    if isinstance(value, list):
+        return " × ".join(map(str, value))
+    return printable(str(value))
+
+
+#: The file that says a staged directory holds a database yet (a label database is staged
+#: empty until the images are all written).
+_MADE = {"lmdb": "data.mdb", "leveldb": "CURRENT"}
+
+
+def _lmdb_keys(path: str) -> tuple[int, bytes | None, bytes | None]:
+    import lmdb
+
+    env = lmdb.open(
+        os.fsencode(os.path.join(path, "data.mdb")), readonly=True, lock=False, subdir=False
+    )
+    try:
+        with env.begin() as txn:
+            cursor = txn.cursor()
+            first = cursor.key() if cursor.first() else None
+            last = cursor.key() if cursor.last() else None
+            return int(env.stat()["entries"]), first, last
+    finally:
+        env.close()
+
+
+def _leveldb_keys(path: str) -> tuple[int, bytes | None, bytes | None]:
+    import plyvel
+
+    db = plyvel.DB(os.fsencode(path), create_if_missing=False)
+    try:
+        first = last = None
+        records = 0
+        for key in db.iterator(include_value=False):
+            first = first or key
+            last = key
+            records += 1
+        return records, first, last
+    finally:
+        db.close()
+
+
+#: How each backend's committed keys are counted (its own reader, read-only).
+_KEYS = {"lmdb": _lmdb_keys, "leveldb": _leveldb_keys}
+
+
+def committed(path: str, backend: str) -> Committed:
+    """What the staged database at ``path`` holds (its committed batches).
+
+    Raises:
+        Mnist2dbError: it cannot be read.
+    """
+    if not os.path.exists(os.path.join(path, _MADE[backend])):
+        return Committed(0, -1, None)
+    try:
+        records, first, last = _KEYS[backend](path)
+    except Exception as exc:  # the backends' own errors: one line
+        raise Mnist2dbError(
+            f"{path}: --resume: the staged database cannot be read: {exc}; run without "
+            "--resume to start again"
+        ) from None
+    return Committed(records, -1 if last is None else int(last[:8]), first, last)
