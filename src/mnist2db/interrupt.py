@@ -12,8 +12,7 @@ import contextlib
 import os
 import signal
 import sys
-
-from mnist2db.fastpath import TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

@@ -17,8 +17,7 @@ import os
 import sys
 import threading
 import time
-
-from mnist2db.fastpath import TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mnist2db.caffe_tools.gflags import ParsedArgs

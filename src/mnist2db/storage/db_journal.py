@@ -15,9 +15,9 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from mnist2db.errors import OutputError
-from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.storage import files
 from mnist2db.storage.files import (
     fsync_dir,

@@ -9,8 +9,7 @@ import ctypes
 import errno
 import os
 from collections.abc import Callable
-
-from mnist2db.fastpath import TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Any, TypeAlias
