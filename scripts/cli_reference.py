@@ -33,11 +33,6 @@ commands with examples: [converting](converting.md), [fetching](fetching.md),
 Exit codes: 0 success, 1 a failure of the work (one `Error: ...` line on stderr), 2 a usage
 error, 130 and 143 on SIGINT and SIGTERM.
 
-Every `mnist2db` command line goes through click: a second, click-free parser for a plain
-`convert` saved ~0.09 s of CPU (click's import) but no measurable wall time on Fashion-MNIST's
-training set from an installed copy (median wall ratio 0.97-1.24 across runs, the ~3 s of a
-convert mostly the disk's), under the 5% it would have to buy to be kept.
-
 Shell completion (click's): add the line for your shell to its start-up file.
 
 ```text

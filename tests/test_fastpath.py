@@ -1,10 +1,10 @@
 """The fast paths, kept by this one test (see mnist2db/fastpath.py).
 
-Caffe's drop-in ``convert_mnist_data`` runs in a fresh interpreter; afterwards no mnist2db
-module outside :data:`mnist2db.fastpath.FAST_PATH` and none of the modules whose import
-would cost a visible share of a conversion may be loaded; together the runs load every
-module the set names (so the set stays exact). ``mnist2db --help`` loads click and the group
-alone. Speed itself belongs in ``make bench``.
+A plain ``mnist2db convert`` and Caffe's drop-in ``convert_mnist_data`` run in a fresh
+interpreter; afterwards no mnist2db module outside :data:`mnist2db.fastpath.FAST_PATH` and
+none of the modules whose import would cost a visible share of a conversion may be loaded;
+together the runs load every module the set names (so the set stays exact). ``mnist2db
+--help`` loads click and the group alone. Speed itself belongs in ``make bench``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from helpers import write_idx
 from mnist2db.fastpath import FAST_PATH, IMAGESET_PATH
 
 #: Imported by none of the fast paths (each costs 5-80 ms of start-up; docs, Performance).
-BANNED = ("click", "numpy", "dataclasses", "tempfile", "ctypes.util", "google.protobuf")
+BANNED = ("click", "numpy", "typing", "dataclasses", "tempfile", "ctypes.util", "google.protobuf")
 
 RUN = """
 import json, sys
@@ -36,8 +36,9 @@ print(json.dumps([code, sorted(m for m in {banned!r} if m in sys.modules),
 """
 
 RUNS = [
+    ("mnist2db.__main__", "mnist2db", ["convert"]),
+    ("mnist2db.__main__", "mnist2db", ["convert", "--backend", "leveldb", "-q"]),
     ("mnist2db.caffe_tools.drop_ins", "convert_mnist_data", []),
-    ("mnist2db.caffe_tools.drop_ins", "convert_mnist_data", ["--backend=leveldb"]),
 ]
 
 
@@ -83,13 +84,13 @@ def test_group_help_loads_click_and_the_group_alone(tmp_path: Path) -> None:
     assert exit_code == 0
     assert set(banned) <= {"click", "typing"}  # click's own imports
     # mnist2db.version: the ground-floor module --version reads (not the public face)
-    assert loaded == ["mnist2db", "mnist2db.cli", "mnist2db.cli.app", "mnist2db.interrupt",
-                      "mnist2db.version"]  # fmt: skip
+    assert loaded == ["mnist2db", "mnist2db.cli", "mnist2db.cli.app", "mnist2db.fastpath",
+                      "mnist2db.interrupt", "mnist2db.version"]  # fmt: skip
 
 
 #: What convert_imageset's own process loads for none of a list of PNGs: tempfile is
 #: multiprocessing's own import (its pipes); Pillow's core is loaded by the workers.
-IMAGESET_BANNED = ("click", "numpy", "dataclasses", "google.protobuf", "PIL", "cv2")
+IMAGESET_BANNED = ("click", "numpy", "typing", "dataclasses", "google.protobuf", "PIL", "cv2")
 
 
 def test_a_list_of_pngs_stays_on_the_imageset_path(tmp_path: Path) -> None:

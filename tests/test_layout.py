@@ -309,7 +309,8 @@ def test_no_object_reaches_into_another() -> None:
 
 
 def test_no_class_is_made_by_a_metaclass() -> None:
-    """No class is made by a metaclass or by ``type`` (tuples are ``typing.NamedTuple``)."""
+    """The fast path's tuples are ``collections.namedtuple`` made by one plain function
+    (``fastpath.named_tuple``), not a metaclass re-implementing ``typing.NamedTuple``."""
     found = [
         f"{name}.{node.name}"
         for name, tree in modules().items()

@@ -415,6 +415,14 @@ def test_cli_convert_options(tmp_path: Path, mnist_pair: Pair) -> None:
     assert verify.exit_code == 0, verify.output
 
 
+def test_fast_path_hands_new_options_to_click() -> None:
+    from mnist2db.__main__ import parse_convert
+
+    assert parse_convert(["convert", "a", "b", "c"]) is not None
+    for option in ("--shuffle", "--transpose", "--offset=1", "--label-column=2"):
+        assert parse_convert(["convert", option, "a", "b", "c"]) is None
+
+
 def test_show_transposes_and_reads_idx2_int_and_xz(tmp_path: Path) -> None:
     images = np.zeros((2, 2, 4), dtype=np.uint8)
     images[0, 0, :] = 255  # the top row lit: after transposing, the left column

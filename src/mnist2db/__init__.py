@@ -7,8 +7,8 @@ stays fast: numpy, lmdb, plyvel and protobuf load only when a function needs the
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
 
+from mnist2db.fastpath import TYPE_CHECKING  # not typing's: see fastpath.py
 from mnist2db.version import __version__
 
 #: name -> the module that defines it (a pair: the module and the name there)

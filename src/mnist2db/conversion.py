@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
 
 from mnist2db.errors import ArgumentError, BackendError, printable
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
 from mnist2db.formats.datum import (
     KEY_LIMIT,
     check_record_count,
@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 STAGING_MARK = TEMP_MARK
 
 
+@named_tuple
 class ConvertResult(NamedTuple):
     """What :func:`convert` wrote (immutable).
 

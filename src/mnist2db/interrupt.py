@@ -12,7 +12,8 @@ import contextlib
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+
+from mnist2db.fastpath import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

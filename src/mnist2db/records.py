@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from mnist2db.errors import ArgumentError, IdxFormatError
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.idx import QMNIST_LABELS_MAGIC
 
 if TYPE_CHECKING:

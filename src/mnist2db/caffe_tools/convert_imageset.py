@@ -12,12 +12,11 @@ was killed, from the batches it committed: :mod:`mnist2db.images.resume`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from mnist2db.caffe_tools.frame import OPENED_AT, log_here, run_tool, tool_main
 from mnist2db.caffe_tools.gflags import Flag, ParsedArgs
 from mnist2db.caffe_tools.glog import Logger
 from mnist2db.errors import ArgumentError
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.image_input import ignore_decoder_warnings
 from mnist2db.formats.image_list import ImageList, ListIndex
 from mnist2db.interrupt import as_script

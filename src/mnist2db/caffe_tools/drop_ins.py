@@ -12,10 +12,9 @@ the usage on stderr and exits 2; a failure of the work is one ``E…`` line and 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from mnist2db.caffe_tools.frame import OPENED_AT, log_here, run_tool, tool_main
 from mnist2db.caffe_tools.gflags import Flag, ParsedArgs, parse_command_line
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.interrupt import as_script
 from mnist2db.storage.backends import (
     BATCH_BYTES_LIMIT,

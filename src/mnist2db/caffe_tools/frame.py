@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from mnist2db.caffe_tools.gflags import Flag, FlagError, ParsedArgs, parse_command_line, usage_text
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.version import __version__
 
 if TYPE_CHECKING:

@@ -17,7 +17,8 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+
+from mnist2db.fastpath import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mnist2db.caffe_tools.gflags import ParsedArgs

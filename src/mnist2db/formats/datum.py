@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from mnist2db.errors import DatumError, Mnist2dbError
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.protowire import encode_varint
 
 if TYPE_CHECKING:

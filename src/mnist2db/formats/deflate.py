@@ -24,7 +24,8 @@ from one to the next, so the work arrays stay within ~13 MB whatever the image.
 from __future__ import annotations
 
 import zlib
-from typing import TYPE_CHECKING
+
+from mnist2db.fastpath import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np

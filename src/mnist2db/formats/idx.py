@@ -17,9 +17,9 @@ as far as data has actually arrived, and at most one chunk past the declared end
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
 
 from mnist2db.errors import IdxFormatError
+from mnist2db.fastpath import NamedTuple, named_tuple
 from mnist2db.formats.datum import INT32_MAX
 
 #: type code -> (name, numpy dtype string in the file's big-endian byte order)
@@ -42,6 +42,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
+@named_tuple
 class IdxHeader(NamedTuple):
     """What an IDX header declares, and how the file holding it is stored (immutable).
 

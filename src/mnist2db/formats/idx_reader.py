@@ -18,9 +18,9 @@ import os
 import struct
 import zlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from mnist2db.errors import ArgumentError, IdxFormatError
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.deflate import INFLATE_RATIO
 from mnist2db.formats.idx import (
     GZIP_MAGIC,

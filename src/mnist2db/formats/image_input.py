@@ -27,9 +27,9 @@ import os
 import stat
 import struct
 import warnings
-from typing import TYPE_CHECKING
 
 from mnist2db.errors import ArgumentError, ImageError, printable
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.png import PNG_SIGNATURE
 
 if TYPE_CHECKING:

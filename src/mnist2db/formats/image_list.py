@@ -34,9 +34,9 @@ import re
 import stat
 import tempfile
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, NamedTuple
 
 from mnist2db.errors import ImageError
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
 from mnist2db.formats.datum import KEY_LIMIT
 from mnist2db.formats.text_lines import BLANKS, bounded_lines, shown
 
@@ -51,6 +51,7 @@ MAX_LINE = 1 << 16
 MAX_LINES = KEY_LIMIT
 
 
+@named_tuple
 class ListEntry(NamedTuple):
     """One image of a list: ``line`` (its number from 0, as in the key), ``path`` (bytes
     as written, relative to the root folder) and ``label``."""

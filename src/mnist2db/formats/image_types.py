@@ -8,7 +8,8 @@ before any image is decoded.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+
+from mnist2db.fastpath import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mnist2db.formats.image_list import ListEntry

@@ -25,8 +25,8 @@ import stat
 import struct
 import threading
 import zlib
-from typing import TYPE_CHECKING
 
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.datum import datum_prefix
 from mnist2db.formats.png import IEND_CHUNK, PNG_SIGNATURE
 from mnist2db.formats.protowire import encode_varint

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import TYPE_CHECKING
 
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.deflate import max_stream_size, zlib_stream, zlib_streams
 from mnist2db.formats.protowire import encode_varint
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from mnist2db.errors import ImageError, printable
+from mnist2db.fastpath import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import IO

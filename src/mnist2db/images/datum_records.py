@@ -28,10 +28,10 @@ import ctypes
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, NamedTuple
 
 from mnist2db.conversion import write_database
 from mnist2db.errors import ArgumentError, ImageError, Mnist2dbError, printable
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
 from mnist2db.formats.datum import KEY_LIMIT
 from mnist2db.formats.image_input import check_resize
 from mnist2db.formats.image_list import ListEntry, image_key
@@ -73,6 +73,7 @@ Entries = Callable[[], Iterable[ListEntry]]
 KEPT_ENTRIES = 1 << 16
 
 
+@named_tuple
 class Skipped(NamedTuple):
     """An image that could not be read: its entry and why."""
 
@@ -80,6 +81,7 @@ class Skipped(NamedTuple):
     reason: str
 
 
+@named_tuple
 class ImagesetResult(NamedTuple):
     """What :func:`write_imageset` wrote: ``path``, ``backend``, ``count`` (records),
     ``lines`` (entries listed), ``skipped`` (images that could not be read), ``shape``

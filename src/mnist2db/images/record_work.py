@@ -11,8 +11,8 @@ PNG lists that spend most of their time starting up load neither numpy nor OpenC
 from __future__ import annotations
 
 import gc
-from typing import TYPE_CHECKING
 
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.formats.image_types import encoding_of
 from mnist2db.formats.opencv import opencv

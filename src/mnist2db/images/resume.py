@@ -22,9 +22,9 @@ import contextlib
 import hashlib
 import json
 import os
-from typing import TYPE_CHECKING, NamedTuple
 
 from mnist2db.errors import Mnist2dbError, printable
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.storage.db_staging import stale_staging
 from mnist2db.storage.files import owner_pid, temp_prefix
@@ -46,6 +46,7 @@ _NAMES = {
 }  # fmt: skip
 
 
+@named_tuple
 class StagedRun(NamedTuple):
     """A killed run's staging directory and its plan."""
 
@@ -53,6 +54,7 @@ class StagedRun(NamedTuple):
     plan: dict[str, Any]
 
 
+@named_tuple
 class Committed(NamedTuple):
     """What a staged database holds: ``records``, the list line of its last key (-1: none),
     its first key and its last key (None: empty)."""

@@ -12,9 +12,9 @@ import os
 import signal
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING
 
 from mnist2db.errors import ImageError, printable
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.images.process_setup import WORKER_HEAP, keep_the_heap
 from mnist2db.images.result_ring import ResultRing

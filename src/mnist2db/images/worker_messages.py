@@ -16,8 +16,8 @@ import select
 import struct
 from multiprocessing.connection import wait
 from operator import itemgetter
-from typing import TYPE_CHECKING
 
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.images.result_ring import ResultRing, RingError
 
 if TYPE_CHECKING:

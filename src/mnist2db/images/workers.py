@@ -38,8 +38,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING
 
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.formats.opencv import opencv
 from mnist2db.images.process_setup import PARENT_HEAP, keep_the_heap, one_blas_thread, widen_pipes

@@ -18,11 +18,12 @@ in one line naming the key (``verify IMAGES --labels LABELS`` checks every key).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
 import numpy as np
 
 from mnist2db.errors import DatumError, MissingKeyError
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.formats.datum import key_text
 from mnist2db.formats.target_datum import decode_targets, target_layout
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import TYPE_CHECKING, NamedTuple
 
 from mnist2db.errors import ArgumentError, BackendError
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
 from mnist2db.storage.writers import LeveldbWriter, LmdbWriter, Writer
 
 if TYPE_CHECKING:
@@ -87,6 +87,7 @@ def size_hint(records: int, value_size: int, *, streaming: bool = False) -> int:
     return min(hint, 1 << 30) if streaming else hint
 
 
+@named_tuple
 class Backend(NamedTuple):
     """What mnist2db knows of one backend, in one place (:data:`BACKEND`): its ``name``,
     the ``marker`` file that tells its databases apart (:func:`detect_backend`), the

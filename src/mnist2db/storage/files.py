@@ -9,7 +9,8 @@ import ctypes
 import errno
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+
+from mnist2db.fastpath import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Any, TypeAlias

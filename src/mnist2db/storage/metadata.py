@@ -21,9 +21,9 @@ compares: LMDB keeps no checksum of its own, so this is what finds a changed byt
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, NamedTuple
 
 from mnist2db.errors import Mnist2dbError, OutputError, printable
+from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
 from mnist2db.formats.png import OLD_PNG_COMPRESSION, PNG_COMPRESSIONS
 from mnist2db.storage.record_digest import DIGEST_METHOD, RecordDigest
 
@@ -90,6 +90,7 @@ def digest_of(metadata: dict[str, Any]) -> tuple[int, str] | None:
     return None if digest is None else (digest["records"], digest["sha256"])
 
 
+@named_tuple
 class Recipe(NamedTuple):
     """The options of a conversion (immutable); all off gives Caffe's records.
 

@@ -8,7 +8,7 @@ the records read back. :mod:`mnist2db.storage.metadata` records it in ``mnist2db
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from mnist2db.fastpath import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence

@@ -14,9 +14,9 @@ import itertools
 import os
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Protocol
 
 from mnist2db.errors import BackendError, backend_message
+from mnist2db.fastpath import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from typing import Any
