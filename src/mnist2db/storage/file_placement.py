@@ -15,9 +15,9 @@ import fcntl
 import os
 import stat
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 from mnist2db.errors import ArgumentError, OutputError, OutputExistsError
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.storage import files as file_system
 from mnist2db.storage.files import (
     TEMP_MARK,
@@ -32,6 +32,9 @@ from mnist2db.storage.files import (
     write_journal,
 )
 from mnist2db.storage.targets import check_apart, check_parent, symlink_refusal
+
+if TYPE_CHECKING:
+    from typing import Any
 
 #: ``.<first output>.mnist2db-pair-<pid>-<random>``: the journal of outputs being placed.
 _PAIR_MARK = ".mnist2db-pair-"
