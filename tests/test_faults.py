@@ -829,7 +829,8 @@ def test_png_on_a_full_disk_leaves_nothing(small_tmpfs: Path, tmp_path: Path) ->
 
 
 def test_a_journal_naming_other_files_moves_nothing(tmp_path: Path, exported: dict) -> None:
-    """Recovery acts only on the files being exported, with backups named as ours."""
+    """Recovery acts only on the outputs being exported (or beside its journal), with
+    stagings named as ours."""
     out = tmp_path / "out"
     out.mkdir()
     victim = tmp_path / "thesis.tex"
@@ -840,10 +841,16 @@ def test_a_journal_naming_other_files_moves_nothing(tmp_path: Path, exported: di
     forged = [
         {
             "target": str(victim),
-            "backup": None,
+            "staging": str(tmp_path / f".thesis.tex.mnist2db-tmp-{dead.pid}-abc123"),
             "new": [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns],
+            "replaces": False,
         },  # fmt: skip
-        {"target": str(out / "x-images-idx3-ubyte"), "backup": str(victim), "new": [0, 0, 0, 0]},
+        {
+            "target": str(out / "x-images-idx3-ubyte"),
+            "staging": str(victim),
+            "new": [0, 0, 0, 0],
+            "replaces": True,
+        },  # fmt: skip
     ]
     journal = out / f".x-images-idx3-ubyte.mnist2db-pair-{dead.pid}-abc123"
     journal.write_text(json.dumps(forged))

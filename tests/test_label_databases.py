@@ -22,9 +22,9 @@ from mnist2db.formats.lists.label_table import open_label_table
 from mnist2db.labels.databases import TargetSource, write_label_database
 from mnist2db.selection import permutation
 from mnist2db.storage.databases.readers import open_reader
-from mnist2db.storage.db_journal import recover_databases
 from mnist2db.storage.db_staging import remove_stale_staging, staged_databases
 from mnist2db.storage.destinations import labels_path
+from mnist2db.storage.file_placement import recover_together
 
 ROWS = b"".join(b"img %d.png %d %.3f -2.5\n" % (i, i % 2, i / 8) for i in range(10))
 
@@ -128,7 +128,7 @@ def test_a_kill_between_the_two_is_rolled_back(tmp_path: Path) -> None:
     # The first is in place, the journal beside it, the second still staged.
     names = sorted(os.listdir(tmp_path))
     assert "a" in names and "a_labels" not in names
-    assert any(".mnist2db-dbpair-" in n for n in names)
+    assert any(".mnist2db-pair-" in n for n in names)
     remove_stale_staging(out)  # what the next writer of either does first
     assert os.listdir(tmp_path) == []
 
@@ -140,7 +140,7 @@ def test_a_kill_between_the_two_puts_back_what_was_replaced(tmp_path: Path) -> N
             write_database("lmdb", d, 8, [[b"old"]], 1, lambda d, t: None)
     run_killed(out, "databases-first")
     assert [v for _, v in stored(out)] == [b"new"]
-    recover_databases(labels_path(out))  # from either side of the pair
+    recover_together([labels_path(out)])  # from either side of the pair
     remove_stale_staging(out)
     remove_stale_staging(labels_path(out))
     assert sorted(os.listdir(tmp_path)) == ["a", "a_labels"]
@@ -160,11 +160,11 @@ def test_a_kill_before_or_after_leaves_neither_or_both(tmp_path: Path) -> None:
 
 def test_a_journal_of_a_live_run_or_of_other_files_is_left_alone(tmp_path: Path) -> None:
     out = tmp_path / "a"
-    live = tmp_path / f".a.mnist2db-dbpair-{os.getppid()}-abc123"
+    live = tmp_path / f".a.mnist2db-pair-{os.getppid()}-abc123"
     live.write_text("[]")
-    fifo = tmp_path / ".a.mnist2db-dbpair-999999999-abc123"
+    fifo = tmp_path / ".a.mnist2db-pair-999999999-abc123"
     os.mkfifo(fifo)
-    other = tmp_path / ".b.mnist2db-dbpair-999999998-abc123"
+    other = tmp_path / ".b.mnist2db-pair-999999998-abc123"
     other.write_text(textwrap.dedent('[{"target": "/etc", "staging": "/tmp/x", "new": [1, 2]}]'))
-    recover_databases(out)
+    recover_together([out])
     assert sorted(os.listdir(tmp_path)) == sorted([live.name, fifo.name, other.name])

@@ -67,7 +67,7 @@ FAST_PATH = frozenset(
         "mnist2db.storage.databases",
         "mnist2db.storage.databases.backends",
         "mnist2db.storage.databases.writers",
-        "mnist2db.storage.db_journal",
+        "mnist2db.storage.file_placement",
         "mnist2db.storage.db_staging",
         "mnist2db.storage.destinations",
         "mnist2db.storage.files",

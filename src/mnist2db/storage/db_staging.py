@@ -25,8 +25,8 @@ from mnist2db.errors import (
 )
 from mnist2db.storage import files
 from mnist2db.storage.databases.backends import check_backend
-from mnist2db.storage.db_journal import place_journalled, recover_databases
 from mnist2db.storage.destinations import check_destination, is_owned_file
+from mnist2db.storage.file_placement import place_all, recover_together
 from mnist2db.storage.files import (
     fsync_dir,
     fsync_tree,
@@ -57,7 +57,7 @@ def remove_stale_staging(out: str | os.PathLike[str]) -> list[str]:
     """
     out = os.fspath(out)
     parent = os.path.dirname(os.path.abspath(out))
-    recover_databases(out)  # first: a killed pair's journal may name a staging directory
+    recover_together([out])  # first: a killed pair's journal may name a staging directory
     prefix = temp_prefix(os.path.basename(os.path.normpath(out)))
     return remove_stale(parent, prefix, directories=True)
 
@@ -167,7 +167,7 @@ def staged_database(
     out = os.fspath(out)
     check_backend(backend)
     inputs = list(inputs)
-    recover_databases(out)  # a killed pair's half is rolled back before ``out`` is judged
+    recover_together([out])  # a killed pair's half is rolled back before ``out`` is judged
     check_destination(out, backend, overwrite, inputs)
     if on_checked is not None:
         on_checked()
@@ -277,10 +277,10 @@ def staged_databases(
     made before the body runs (``on_checked`` called once they pass), and on success all of
     them placed.
 
-    They are placed under a journal (:func:`mnist2db.storage.db_journal.place_journalled`):
+    They are placed under a journal (:func:`mnist2db.storage.file_placement.place_all`):
     a failure puts back what was placed (a replaced database swapped back); a kill leaves
     the journal, and the next writer of any of ``outs`` (:func:`remove_stale_staging`,
-    :func:`~mnist2db.storage.db_journal.recover_databases`) rolls it back the same way.
+    :func:`~mnist2db.storage.file_placement.recover_together`) rolls it back the same way.
 
     ``adopt``: for each of ``outs``, a staging directory of a killed run to continue (as
     :func:`staged_database`'s), or None for a fresh one.
@@ -305,7 +305,7 @@ def staged_databases(
     check_backend(backend)
     inputs = list(inputs)
     for out in names:
-        recover_databases(out)  # a killed pair's half is rolled back before it is judged
+        recover_together([out])  # a killed pair's half is rolled back before it is judged
     for i, out in enumerate(names):
         others: list[str | os.PathLike[str]] = [o for j, o in enumerate(names) if j != i]
         check_destination(out, backend, overwrite, inputs + others)
@@ -350,10 +350,11 @@ def staged_databases(
                 except OSError as exc:
                     raise OutputError(f"{out}: cannot flush the database to disk: {exc}") from None
             files.checkpoint("staged", stagings[0])
-            swapped = place_journalled(
+            swapped = place_all(
                 stagings,
                 names,
                 lambda staging, out: _place(staging, out, backend, overwrite, inputs),
+                checkpoint="databases-first",
             )
             files.checkpoint("placed", stagings[0])
         finally:

@@ -1,9 +1,11 @@
-"""Files that appear together or not at all: export's image and label files.
+"""Where a finished output may go (:func:`check_file_target`), and outputs that appear
+together or not at all: export's image and label files, an image database and its label
+database.
 
-Two renames cannot be one atomic step, so :func:`place_together` keeps a journal while it
-places a set of finished temporaries, rolls back on failure, and :func:`recover_together`
-rolls back a set whose writer was killed half-way, the next time the same files are
-written. Nothing is ever removed that the run did not write.
+Two renames cannot be one atomic step, so :func:`place_all` keeps one journal while it
+places a set of finished stagings (files or database directories), rolls back on failure,
+and :func:`recover_together` rolls back a set whose writer was killed half-way, the next
+time one of them is written. Nothing is ever removed that the run did not write.
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
-from collections.abc import Iterator, Sequence
-from typing import Any
+import stat
+from collections.abc import Callable, Iterator, Sequence
 
 from mnist2db.errors import ArgumentError, OutputError, OutputExistsError
+from mnist2db.fastpath import TYPE_CHECKING
 from mnist2db.storage import files as file_system
 from mnist2db.storage.destinations import check_apart, check_parent, symlink_refusal
 from mnist2db.storage.files import (
@@ -26,16 +28,18 @@ from mnist2db.storage.files import (
     pid_alive,
     read_journal,
     remove_stale,
+    swap,
     temp_prefix,
     write_journal,
 )
 
-# -- files that appear together: export's image and label files -------------------------------
+if TYPE_CHECKING:
+    from typing import Any
 
-#: ``.<first file>.mnist2db-pair-<pid>-<random>``: the record of a pair being placed.
+#: ``.<first output>.mnist2db-pair-<pid>-<random>``: the journal of outputs being placed.
 _PAIR_MARK = ".mnist2db-pair-"
-#: ``.<file>.mnist2db-old-<pid>-<random>``: a hard link to the file a pair replaces.
-_OLD_MARK = ".mnist2db-old-"
+#: The largest journal read (a few paths and numbers an output).
+_JOURNAL_LIMIT = 1 << 20
 
 
 def check_file_target(
@@ -107,53 +111,123 @@ def _check_writable(path: str) -> None:
     raise OutputError(f"{path}: cannot write in {directory} ({reason})")
 
 
-def _hidden_name(path: str, mark: str) -> str:
-    directory, name = os.path.split(os.path.abspath(path))
-    prefix = temp_prefix(name).replace(TEMP_MARK, mark)
-    return os.path.join(directory, f"{prefix}{os.getpid()}-{os.urandom(6).hex()}")
+# -- outputs that appear together ----------------------------------------------------------
 
 
-def _version(path: str) -> list[int] | None:
-    """What tells this very file version apart: device, inode, size and modification time
-    (an inode number alone is reused as soon as a file is deleted)."""
+def _identity(path: str) -> list[int] | None:
+    """What tells this very output apart: device and inode, and for a file its size and
+    modification time too (an inode number alone is reused as soon as a file is deleted)."""
     try:
         st = os.stat(path, follow_symlinks=False)
     except OSError:
         return None
+    if stat.S_ISDIR(st.st_mode):
+        return [st.st_dev, st.st_ino]
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
 
 
-def _restore(entry: dict[str, Any]) -> None:
-    """Put back what ``entry`` (one file of a journal) replaced, if the new file is still there."""
-    target, backup, new = entry["target"], entry.get("backup"), entry["new"]
-    current = _version(target)
-    if backup is not None and os.path.lexists(backup):
-        if current is not None and current in (new, _version(backup)):
-            os.replace(backup, target)
-        else:
-            os.unlink(backup)  # the user replaced the file since: theirs stays
-    elif backup is None and current is not None and current == new:
-        os.unlink(target)  # it did not exist before this run made it
+def place_all(
+    stagings: Sequence[str],
+    outs: Sequence[str],
+    place: Callable[[str, str], bool],
+    *,
+    checkpoint: str,
+) -> list[bool]:
+    """Place every staging, ``place(staging, out)`` each (True: it swapped an old output out
+    into ``staging``), under one journal; which ones swapped an old one out.
+
+    The journal beside the first destination names every output, its staging and the
+    identity of what is placed before the first is placed, and is removed once all are (the
+    commit point). A failure puts back what was placed (a replaced output swapped back, a
+    new one moved back to its staging name); a kill leaves the journal for
+    :func:`recover_together`. ``checkpoint``: the fault tests' name for the moment the first
+    is placed.
+
+    Raises:
+        OutputError: the journal cannot be written; or what ``place`` raises.
+    """
+    entries = [
+        {"target": os.path.abspath(out), "staging": staging, "new": _identity(staging),
+         "replaces": os.path.lexists(out)}
+        for staging, out in zip(stagings, outs, strict=True)
+    ]  # fmt: skip
+    parent, name = os.path.split(os.path.abspath(outs[0]))
+    prefix = temp_prefix(name).replace(TEMP_MARK, _PAIR_MARK)
+    journal = os.path.join(parent, f"{prefix}{os.getpid()}-{os.urandom(6).hex()}")
+    try:
+        write_journal(journal, entries)
+    except OSError as exc:
+        raise OutputError(f"{outs[0]}: cannot write in its directory: {exc.strerror}") from None
+    placed: list[dict[str, Any]] = []
+    try:
+        for entry, staging, out in zip(entries, stagings, outs, strict=True):
+            entry["replaces"] = place(staging, out)
+            placed.append(entry)
+            if len(placed) == 1:
+                file_system.checkpoint(checkpoint, out)
+        fsync_dir(parent)
+        os.unlink(journal)  # the commit point
+        fsync_dir(parent)
+    except BaseException:
+        for entry in reversed(placed):
+            with contextlib.suppress(OSError):
+                _roll_back(entry)
+        with contextlib.suppress(OSError):
+            os.unlink(journal)
+        raise
+    return [bool(entry["replaces"]) for entry in entries]
+
+
+def _roll_back(entry: dict[str, Any]) -> None:
+    """Undo one placement of a journal, only while the target still is the output placed."""
+    target, staging = entry["target"], entry["staging"]
+    if _identity(target) != entry["new"]:
+        return  # never placed, or replaced since by someone else: theirs stays
+    if entry.get("replaces") and os.path.lexists(staging):
+        swap(staging, target)  # the old output back; the new one in the staging name
+    elif not os.path.lexists(staging):
+        os.rename(target, staging)
+    fsync_dir(os.path.dirname(target))
 
 
 def place_together(files: Sequence[AtomicFile]) -> None:
-    """Move finished :class:`~mnist2db.storage.files.AtomicFile` temporaries to their paths, all or none.
-
-    Callers check the targets first (:func:`check_file_target`). Each existing target is
-    first hard-linked to a hidden backup, and a journal naming the files is written and
-    flushed; then the files are renamed into place, the journal removed (the commit
-    point) and the backups dropped. A failure rolls back the files already placed; a kill
-    leaves the journal, and :func:`recover_together` (run by the next writer of the same
-    files) rolls back from it. Never more than what this run wrote is removed: a target
-    is put back only while it still is the file this run placed.
+    """Move finished :class:`~mnist2db.storage.files.AtomicFile` temporaries to their paths,
+    all or none (:func:`place_all`; the checkpoint ``"pair-first"``). Callers check the
+    targets first (:func:`check_file_target`); a file each replaces is swapped into its
+    temporary's name and removed once all are placed.
 
     Raises:
-        OSError: naming the file that could not be finished, linked or moved.
+        OSError: naming the file that could not be finished or moved.
     """
     for file in files:
         file.finish()
     with _directory_lock(os.path.dirname(os.path.abspath(files[0].path))):
-        _place_locked(files)
+        swapped = place_all([f.temp for f in files], [f.path for f in files], _place_file,
+                            checkpoint="pair-first")  # fmt: skip
+    for file, old in zip(files, swapped, strict=True):
+        file.committed = True
+        if old:
+            with contextlib.suppress(OSError):
+                os.unlink(file.temp)  # the file it replaced
+
+
+def _place_file(temp: str, path: str) -> bool:
+    """Move ``temp`` to ``path``; True if an old file was swapped out into ``temp``. Only a
+    regular file is swapped: anything else there (a directory made meanwhile) is refused,
+    as ``os.replace`` refuses it."""
+    try:
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            swap(temp, path)
+            return True
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, path) from None
+    try:
+        os.replace(temp, path)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, path) from None
+    return False
 
 
 @contextlib.contextmanager
@@ -173,105 +247,62 @@ def _directory_lock(directory: str) -> Iterator[None]:
         os.close(fd)
 
 
-def _place_locked(files: Sequence[AtomicFile]) -> None:
-    journal_path = _hidden_name(files[0].path, _PAIR_MARK)
-    entries: list[dict[str, Any]] = []
-    placed: list[dict[str, Any]] = []
-    try:
-        for file in files:
-            backup = None
-            if os.path.lexists(file.path):
-                backup = _hidden_name(file.path, _OLD_MARK)
-                try:
-                    os.link(file.path, backup)
-                except OSError:
-                    shutil.copy2(file.path, backup)
-            target = os.path.abspath(file.path)
-            entries.append({"target": target, "backup": backup, "new": _version(file.temp)})
-        write_journal(journal_path, entries)
-        for file, entry in zip(files, entries, strict=True):
-            try:
-                os.replace(file.temp, file.path)
-            except OSError as exc:
-                raise OSError(exc.errno, exc.strerror, file.path) from None
-            file.committed = True
-            placed.append(entry)
-            if len(placed) == 1:
-                file_system.checkpoint("pair-first", file.path)
-        fsync_dir(os.path.dirname(journal_path))
-        os.unlink(journal_path)  # the commit point
-    except BaseException:
-        for entry in reversed(placed):
-            with contextlib.suppress(OSError):
-                _restore(entry)
-        for entry in entries:
-            if entry["backup"] is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(entry["backup"])
-        with contextlib.suppress(OSError):
-            os.unlink(journal_path)
-        raise
-    for entry in entries:
-        if entry["backup"] is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(entry["backup"])
-    with contextlib.suppress(OSError):
-        fsync_dir(os.path.dirname(journal_path))
+def recover_together(paths: Sequence[str | os.PathLike[str]]) -> None:
+    """Roll back what a killed :func:`place_all` of outputs among ``paths`` left.
 
-
-def _belongs(entry: object, paths: Sequence[str]) -> bool:
-    """A journal entry is acted on only for the very files being written now, with a backup
-    named as :func:`place_together` names them beside its target: a journal naming other
-    files (made by hand, or by someone else) never moves or removes anything."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("target"), str):
-        return False
-    target = entry["target"]
-    if target not in {os.path.abspath(p) for p in paths}:
-        return False
-    backup = entry.get("backup")
-    if backup is None:
-        return isinstance(entry.get("new"), list)
-    directory, name = os.path.split(target)
-    prefix = temp_prefix(name).replace(TEMP_MARK, _OLD_MARK)
-    return (
-        isinstance(backup, str)
-        and os.path.dirname(backup) == directory
-        and os.path.basename(backup).startswith(prefix)
-        and isinstance(entry.get("new"), list)
-    )
-
-
-#: The largest journal read: one holds a few paths and numbers per file of a pair.
-_JOURNAL_LIMIT = 1 << 20
-
-
-def recover_together(paths: Sequence[str]) -> None:
-    """Finish what a killed :func:`place_together` of ``paths`` left: roll it back.
-
-    A journal of a process that no longer exists means its files were not all placed:
-    each one it placed is put back as it was (only while it still is the file that run
-    wrote). Its backups and the journal are then removed; a run still going is left alone.
+    A journal of a process that no longer exists, named for the first of ``paths`` or
+    naming one of them, means its outputs were not all placed: each one it placed is put
+    back as it was (only while it still is the output that run placed), the journal
+    removed, and the dead run's stagings of them. A run still going is left alone; a file
+    that is not such a journal (a FIFO, a link, a large file) is never read on, never
+    removed; an entry not as :func:`place_all` writes them, or for an output neither among
+    ``paths`` nor beside the journal, moves nothing.
     """
-    directory, first = os.path.split(os.path.abspath(paths[0]))
-    prefix = temp_prefix(first).replace(TEMP_MARK, _PAIR_MARK)
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(directory):
-            if not entry.name.startswith(prefix):
-                continue
-            pid = owner_pid(entry.name[len(prefix) :])
-            if pid is None or pid == os.getpid() or pid_alive(pid):
-                continue
-            files = read_journal(entry.path, _JOURNAL_LIMIT)
-            if files is None:
-                continue  # not a journal this module writes: never read on, never removed
-            for file in reversed(files if isinstance(files, list) else []):
-                if _belongs(file, paths):
-                    with contextlib.suppress(OSError, KeyError, TypeError):
-                        _restore(file)
+    wanted = [os.path.abspath(os.fspath(p)) for p in paths]
+    parent, first = os.path.split(wanted[0])
+    named = temp_prefix(first).replace(TEMP_MARK, _PAIR_MARK)
+    try:
+        found = [e for e in os.scandir(parent) if _PAIR_MARK in e.name]
+    except OSError:
+        return
+    for entry in found:
+        pid = owner_pid(entry.name.rpartition(_PAIR_MARK)[2])
+        if pid is None or pid == os.getpid() or pid_alive(pid):
+            continue
+        journal = read_journal(entry.path, _JOURNAL_LIMIT)
+        if journal is None:
+            continue
+        records = [
+            r
+            for r in (journal if isinstance(journal, list) else [])
+            if _journalled(r, pid)
+            and (r["target"] in wanted or os.path.dirname(r["target"]) == parent)
+        ]  # (an output elsewhere is no set's placed beside its journal: never acted on)
+        if not entry.name.startswith(named) and not any(r["target"] in wanted for r in records):
+            continue  # another set's journal
+        for record in reversed(records):
             with contextlib.suppress(OSError):
-                os.unlink(entry.path)
-    for path in paths:
-        name = os.path.basename(path)
-        parent = os.path.dirname(os.path.abspath(path))
-        remove_stale(parent, temp_prefix(name).replace(TEMP_MARK, _OLD_MARK), directories=False)
-        remove_stale(parent, temp_prefix(name), directories=False)
+                _roll_back(record)
+        with contextlib.suppress(OSError):
+            os.unlink(entry.path)
+        for target in {*wanted, *(r["target"] for r in records)}:
+            prefix = temp_prefix(os.path.basename(target))
+            remove_stale(os.path.dirname(target), prefix, directories=True)
+            remove_stale(os.path.dirname(target), prefix, directories=False)
+
+
+def _journalled(record: object, pid: int) -> bool:
+    """A journal entry as :func:`place_all` writes them, naming a staging of the dead
+    process beside its target: anything else is not acted on."""
+    if not isinstance(record, dict):
+        return False
+    target, staging = record.get("target"), record.get("staging")
+    if not (isinstance(target, str) and isinstance(staging, str)):
+        return False
+    parent, name = os.path.split(staging)
+    prefix = f"{temp_prefix(os.path.basename(target))}{pid}-"
+    return (
+        os.path.realpath(os.path.dirname(target)) == os.path.realpath(parent)
+        and name.startswith(prefix)
+        and isinstance(record.get("new"), list)
+    )

@@ -449,6 +449,6 @@ def checkpoint(stage: str, staging: str) -> None:
     still exists). Files placed together
     (:func:`mnist2db.storage.file_placement.place_together`) add ``"pair-first"`` (the first
     file placed, the second not yet); databases placed together
-    (:func:`mnist2db.storage.db_journal.place_journalled`) add ``"databases-first"`` (the
+    (:func:`mnist2db.storage.file_placement.place_all`) add ``"databases-first"`` (the
     first database placed).
     """
