@@ -42,9 +42,12 @@ from mnist2db.images.resume import (
     Committed,
     EntryDigest,
     check_plan,
+    check_staged_database,
     committed,
     find_staged_labels,
     find_staged_run,
+    initial_identity,
+    recording_batches,
     remove_plan,
     write_plan,
 )
@@ -296,7 +299,8 @@ def write_imageset(
                 "resize": list(resize) if resize else None, "encoded": encoded,
                 "encode_type": encode_type, "check_size": check_size, "seed": seed,
                 "width": None if targets is None else targets.width,
-                "targets": None if targets is None else targets.digest()}  # fmt: skip
+                "targets": None if targets is None else targets.digest(),
+                "staged": None}  # fmt: skip
         run = find_staged_run(out) if resume else None
         if resume and run is None:
             raise Mnist2dbError(
@@ -307,7 +311,7 @@ def write_imageset(
         adopt: list[str | None] = [None if run is None else run.path, None]
         if run is not None:
             check_plan(out, run, plan)
-            done = committed(run.path, backend)
+            done = check_staged_database(run, backend)
             if targets is not None:  # the label database the killed run began beside, if any
                 adopt[1] = find_staged_labels(out, outs[1], run.path)
                 if adopt[1] is not None:
@@ -346,11 +350,13 @@ def write_imageset(
         with staged as staged_paths:
             stagings = [staged_paths] if targets is None else staged_paths
             staging = stagings[0]
+            plan["staged"] = initial_identity(staging, backend, done)
             write_plan(staging, plan)
             batches = record_batches(decoded.runs(), check_size, batch_size, state, skip,
                                      where, first, decoded.release)  # fmt: skip
             if backend == "lmdb":
                 batches = _unmapping(batches, os.path.join(staging, "data.mdb"))
+            batches = recording_batches(batches, staging, plan, backend, done)
 
             def report(written: int, total: int) -> None:
                 progress(done.records + written, total)

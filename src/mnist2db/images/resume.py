@@ -22,8 +22,11 @@ import contextlib
 import hashlib
 import json
 import os
+import re
+import stat
+from collections.abc import Callable, Iterator
 
-from mnist2db.errors import Mnist2dbError, printable
+from mnist2db.errors import BackendError, Mnist2dbError, printable
 from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.storage.db_staging import stale_staging
@@ -63,6 +66,7 @@ class Committed(NamedTuple):
     last_line: int
     first_key: bytes | None
     last_key: bytes | None = None
+    last_digest: str | None = None  # SHA-256 of the last record's value
 
 
 class EntryDigest:
@@ -92,16 +96,147 @@ _DIGEST_BATCH = 4096
 
 
 def find_staged_run(out: str) -> StagedRun | None:
-    """The newest staged run for ``out`` left by a killed process, with a plan; None if none."""
+    """The newest staged run for ``out`` left by a killed process, with a plan; None if none.
+
+    Raises:
+        Mnist2dbError: the newest plan is not one mnist2db writes (:func:`read_plan`).
+    """
     for path in reversed(stale_staging(out)):
-        try:
-            with open(os.path.join(path, PLAN_FILE), encoding="utf-8") as stream:
-                plan = json.load(stream)
-        except (OSError, ValueError):
-            continue
-        if isinstance(plan, dict):
+        plan = read_plan(os.path.join(path, PLAN_FILE))
+        if plan is not None:
             return StagedRun(path, plan)
     return None
+
+
+#: The largest plan read (bytes): a plan is a few hundred bytes.
+PLAN_LIMIT = 1 << 20
+#: A digest as the plan records it (SHA-256, in hex).
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+#: Caffe's key, as a staged database must hold it: the line's ``%08d_``, then the path.
+CAFFE_KEY = re.compile(rb"[0-9]{8}_", re.ASCII)
+
+
+def read_plan(path: str) -> dict[str, Any] | None:
+    """The plan at ``path``, read as a stranger's file (no link followed, nothing but a
+    regular file of at most :data:`PLAN_LIMIT` bytes) and checked by :func:`check_plan_schema`;
+    None when there is none (a run killed before it wrote one).
+
+    Raises:
+        Mnist2dbError: one line naming the file and what is wrong.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _plan_refusal(path, f"cannot be read ({exc.strerror}; a link?)") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _plan_refusal(path, "is not a regular file")
+        if info.st_size > PLAN_LIMIT:
+            raise _plan_refusal(
+                path, f"holds {info.st_size} bytes, more than a plan's {PLAN_LIMIT}"
+            )
+        data = os.read(fd, PLAN_LIMIT + 1)
+    except OSError as exc:
+        raise _plan_refusal(path, f"cannot be read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    try:
+        plan = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        raise _plan_refusal(path, "is not JSON (UTF-8)") from None
+    check_plan_schema(path, plan)
+    return plan  # type: ignore[no-any-return]
+
+
+def _plan_refusal(path: str, what: str) -> Mnist2dbError:
+    return Mnist2dbError(
+        f"{printable(path)}: --resume refused: the staged run's plan {what}: not a plan mnist2db "
+        "wrote; the staged run was kept (run without --resume to start again)"
+    )
+
+
+def _is_int(value: Any, low: int = 0) -> bool:
+    return type(value) is int and low <= value < 1 << 63
+
+
+def _is_key(value: Any) -> bool:
+    if not isinstance(value, str) or len(value) > 2 * 511 or len(value) % 2:
+        return False
+    try:
+        return CAFFE_KEY.match(bytes.fromhex(value)) is not None
+    except ValueError:
+        return False
+
+
+def _is_state(value: Any) -> bool:
+    """``[records, last key in hex, SHA-256 of the last value]`` (``[0, null, null]``)."""
+    if not isinstance(value, list) or len(value) != 3 or not _is_int(value[0]):
+        return False
+    if value[0] == 0:
+        return value[1] is None and value[2] is None
+    return _is_key(value[1]) and isinstance(value[2], str) and bool(_HEX_DIGEST.fullmatch(value[2]))
+
+
+def _is_staged(value: Any) -> bool:
+    if value is None:
+        return True
+    if not isinstance(value, dict) or set(value) != {"device", "inode", "states"}:
+        return False
+    states = value["states"]
+    return (
+        _is_int(value["device"])
+        and _is_int(value["inode"])
+        and isinstance(states, list)
+        and 1 <= len(states) <= 2
+        and all(_is_state(state) for state in states)
+    )
+
+
+#: Each field of a plan and what it must hold: ``(test, what)``.
+_SCHEMA: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "root": (lambda v: isinstance(v, str), "a text"),
+    "list": (lambda v: isinstance(v, str), "a text"),
+    "entries": (lambda v: isinstance(v, str) and bool(_HEX_DIGEST.fullmatch(v)), "a digest"),
+    "lines": (lambda v: _is_int(v) and v <= 10**8, "a count of lines"),
+    "backend": (lambda v: v in ("lmdb", "leveldb"), "lmdb or leveldb"),
+    "gray": (lambda v: type(v) is bool, "true or false"),
+    "resize": (
+        lambda v: v is None or (isinstance(v, list) and len(v) == 2
+                                and all(_is_int(n, 1) for n in v)),
+        "null or [width, height]",
+    ),
+    "encoded": (lambda v: type(v) is bool, "true or false"),
+    "encode_type": (lambda v: v is None or isinstance(v, str), "null or a text"),
+    "check_size": (lambda v: type(v) is bool, "true or false"),
+    "seed": (lambda v: v is None or _is_int(v), "null or a seed"),
+    "width": (lambda v: v is None or (_is_int(v, 1) and v <= 1 << 20), "null or a width"),
+    "targets": (
+        lambda v: v is None or (isinstance(v, str) and bool(_HEX_DIGEST.fullmatch(v))),
+        "null or a digest",
+    ),
+    "staged": (_is_staged, "null or the staged database's identity"),
+}  # fmt: skip
+
+
+def check_plan_schema(path: str, plan: Any) -> None:
+    """Raise unless ``plan`` (read from ``path``) holds every field of :data:`_SCHEMA`, each
+    of its type (fields it does not name are never read).
+
+    Raises:
+        Mnist2dbError: one line naming the file and the field.
+    """
+    if not isinstance(plan, dict):
+        raise _plan_refusal(path, f"is a JSON {type(plan).__name__}, not an object")
+    for field, (test, what) in _SCHEMA.items():
+        if field not in plan:
+            raise _plan_refusal(path, f"has no field {field!r}")
+        if not test(plan[field]):
+            shown = printable(json.dumps(plan[field])[:40])
+            raise _plan_refusal(path, f"field {field!r} holds {shown}, not {what}")
 
 
 def find_staged_labels(out: str, labels_out: str, images_staging: str) -> str | None:
@@ -127,14 +262,59 @@ def staged_seed(out: str) -> int:
     return seed if isinstance(seed, int) else -1
 
 
-def write_plan(staging: str, plan: dict[str, Any]) -> None:
-    """The plan, written whole (a kill leaves it complete or absent)."""
+def write_plan(staging: str, plan: dict[str, Any], *, sync: bool = True) -> None:
+    """The plan, written whole (a kill leaves it complete or absent; without ``sync``, a
+    power cut may leave it older, or damaged: a resume then refuses it)."""
     temporary = os.path.join(staging, PLAN_FILE + ".tmp")
     with open(temporary, "w", encoding="utf-8") as stream:
         json.dump(plan, stream, sort_keys=True)
         stream.flush()
-        os.fsync(stream.fileno())
+        if sync:
+            os.fsync(stream.fileno())
     os.replace(temporary, os.path.join(staging, PLAN_FILE))
+
+
+def recording_batches(
+    batches: Iterator[list[tuple[bytes, bytes]]],
+    staging: str,
+    plan: dict[str, Any],
+    backend: str,
+    done: Committed,
+) -> Iterator[list[tuple[bytes, bytes]]]:
+    """``batches``, each one's outcome recorded in the plan before it is committed: the
+    staged database's identity and the two states it may then hold (the records and last
+    key before the batch, and after), which a resume checks (:func:`check_staged_database`).
+    The writer asks for a batch once the one before is committed, and has opened the
+    database by then (its file exists when the first batch is asked for)."""
+    state = _state(done)
+    for batch in batches:
+        if batch:
+            key, value = batch[-1]
+            after = [state[0] + len(batch), bytes(key).hex(), hashlib.sha256(value).hexdigest()]
+            plan["staged"] = _staged_identity(staging, backend, [state, after])
+            write_plan(staging, plan, sync=False)  # per batch: a flush would cost more
+            state = after
+        yield batch
+
+
+def _staged_identity(staging: str, backend: str, states: list[list[Any]]) -> dict[str, Any]:
+    """What names the staged database: its file's device and inode (LMDB's ``data.mdb``;
+    LevelDB's directory, whose files a compaction replaces), and ``states``."""
+    info = os.lstat(os.path.join(staging, "data.mdb") if backend == "lmdb" else staging)
+    return {"device": info.st_dev, "inode": info.st_ino, "states": states}
+
+
+def initial_identity(staging: str, backend: str, done: Committed) -> dict[str, Any] | None:
+    """A resumed run's ``staged`` field before its first batch: what it adopted."""
+    if not done.records or done.last_key is None:
+        return None
+    return _staged_identity(staging, backend, [_state(done)] * 2)
+
+
+def _state(done: Committed) -> list[Any]:
+    if done.last_key is None:
+        return [done.records, None, None]
+    return [done.records, done.last_key.hex(), done.last_digest]
 
 
 def remove_plan(staging: str) -> None:
@@ -185,7 +365,7 @@ def _show(value: Any) -> str:
 _MADE = {"lmdb": "data.mdb", "leveldb": "CURRENT"}
 
 
-def _lmdb_keys(path: str) -> tuple[int, bytes | None, bytes | None]:
+def _lmdb_keys(path: str) -> tuple[int, bytes | None, bytes | None, str | None]:
     import lmdb
 
     env = lmdb.open(
@@ -196,23 +376,26 @@ def _lmdb_keys(path: str) -> tuple[int, bytes | None, bytes | None]:
             cursor = txn.cursor()
             first = cursor.key() if cursor.first() else None
             last = cursor.key() if cursor.last() else None
-            return int(env.stat()["entries"]), first, last
+            value = None if last is None else hashlib.sha256(cursor.value()).hexdigest()
+            return int(env.stat()["entries"]), first, last, value
     finally:
         env.close()
 
 
-def _leveldb_keys(path: str) -> tuple[int, bytes | None, bytes | None]:
+def _leveldb_keys(path: str) -> tuple[int, bytes | None, bytes | None, str | None]:
     import plyvel
 
     db = plyvel.DB(os.fsencode(path), create_if_missing=False)
     try:
-        first = last = None
+        first = last = value = None
         records = 0
         for key in db.iterator(include_value=False):
             first = first or key
             last = key
             records += 1
-        return records, first, last
+        if last is not None:
+            value = hashlib.sha256(db.get(last) or b"").hexdigest()
+        return records, first, last, value
     finally:
         db.close()
 
@@ -222,18 +405,118 @@ _KEYS = {"lmdb": _lmdb_keys, "leveldb": _leveldb_keys}
 
 
 def committed(path: str, backend: str) -> Committed:
-    """What the staged database at ``path`` holds (its committed batches).
+    """What the staged database at ``path`` holds (its committed batches), checked as any
+    database is before its backend maps it (:func:`check_staged_files`), its keys Caffe's.
 
     Raises:
-        Mnist2dbError: it cannot be read.
+        Mnist2dbError: one line naming the file and what is wrong (the run is kept).
     """
-    if not os.path.exists(os.path.join(path, _MADE[backend])):
+    check_staged_files(path, backend)
+    if not os.path.lexists(os.path.join(path, _MADE[backend])):
         return Committed(0, -1, None)
     try:
-        records, first, last = _KEYS[backend](path)
+        records, first, last, digest = _KEYS[backend](path)
     except Exception as exc:  # the backends' own errors: one line
-        raise Mnist2dbError(
-            f"{path}: --resume: the staged database cannot be read: {exc}; run without "
-            "--resume to start again"
-        ) from None
-    return Committed(records, -1 if last is None else int(last[:8]), first, last)
+        raise _staged_refusal(path, f"cannot be read: {printable(str(exc))}") from None
+    for key in (first, last):
+        if key is not None and CAFFE_KEY.match(key) is None:
+            raise _staged_refusal(
+                path, f"holds the key {printable(repr(key[:40]))}, not Caffe's %08d_PATH"
+            )
+    return Committed(records, -1 if last is None else int(last[:8]), first, last, digest)
+
+
+def _staged_refusal(path: str, what: str) -> Mnist2dbError:
+    return Mnist2dbError(
+        f"{printable(path)}: --resume refused: the staged database {what}; the staged run "
+        "was kept (run without --resume to start again)"
+    )
+
+
+def check_staged_files(path: str, backend: str) -> None:
+    """Raise unless the staging directory ``path`` holds only regular files a run of
+    mnist2db makes there, none linked elsewhere, and a database that passes the checks
+    every database passes before its backend opens it (:mod:`mnist2db.storage.db_checks`:
+    LMDB's pages, a ``data.mdb`` cut short; LevelDB's ``CURRENT`` and logs): a link would
+    send the resumed writes into another database, a cut file end the process with SIGBUS.
+
+    Raises:
+        Mnist2dbError: one line naming the file and what is wrong.
+    """
+    from mnist2db.storage.db_checks import (
+        check_leveldb_current,
+        check_leveldb_logs,
+        check_lmdb_file,
+    )
+    from mnist2db.storage.targets import is_owned_file
+
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        dir_fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise _staged_refusal(path, f"cannot be opened ({exc.strerror})") from None
+    try:
+        names = os.listdir(dir_fd)
+        for name in names:
+            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            ours = name in (PLAN_FILE, PLAN_FILE + ".tmp") or is_owned_file(backend, name)
+            where = os.path.join(path, name)
+            if not ours:
+                raise _staged_refusal(
+                    path, f"holds {printable(name)}, which mnist2db never writes there"
+                )
+            if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
+                kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+                raise _staged_refusal(path, f"file {printable(where)} is {kind}")
+            if info.st_nlink != 1:
+                raise _staged_refusal(
+                    path, f"file {printable(where)} has {info.st_nlink} names (a hard link)"
+                )
+        made = _MADE[backend] in names
+        if made and backend == "lmdb":
+            check_lmdb_file(path, dir_fd)
+        elif made:
+            check_leveldb_current(path, dir_fd)
+            check_leveldb_logs(path, dir_fd)
+    except OSError as exc:
+        raise _staged_refusal(path, f"cannot be read ({exc.strerror})") from None
+    except BackendError as exc:  # the checks of every database's open
+        raise _staged_refusal(path, f"is damaged: {exc}") from None
+    finally:
+        os.close(dir_fd)
+
+
+def check_staged_database(run: StagedRun, backend: str) -> Committed:
+    """What the staged database of ``run`` holds (:func:`committed`), checked to be the
+    one its plan made: the same file (device and inode), and the records and last key the
+    plan recorded before or after the batch being committed when the run was killed.
+
+    Raises:
+        Mnist2dbError: one line naming what differs (the staged run is kept).
+    """
+    done = committed(run.path, backend)
+    staged = run.plan["staged"]
+    state = _state(done)
+    if staged is None:
+        if done.records:
+            raise _staged_refusal(
+                run.path, f"holds {done.records} records, its plan none: not the database it made"
+            )
+        return done
+    info = os.lstat(os.path.join(run.path, "data.mdb") if backend == "lmdb" else run.path)
+    if (info.st_dev, info.st_ino) != (staged["device"], staged["inode"]):
+        raise _staged_refusal(run.path, "is another file than the one its plan made (replaced)")
+    if state not in staged["states"]:
+        planned = " or ".join(f"{n} records up to {_shown_key(k)}" for n, k, _ in staged["states"])
+        raise _staged_refusal(
+            run.path,
+            f"holds {done.records} records up to {_shown_key(state[1])}"
+            + (" (another last value)" if state[:2] in [s[:2] for s in staged["states"]] else "")
+            + f", its plan {planned} (another database, or one a power cut left behind: "
+            "staged writes are not flushed)",
+        )
+    return done
+
+
+def _shown_key(key: str | None) -> str:
+    return "no key" if key is None else printable(repr(bytes.fromhex(key)[:40])[2:-1])
