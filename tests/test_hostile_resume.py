@@ -269,3 +269,21 @@ def test_the_command_refuses_a_replaced_staged_database_in_one_line(
     # Same keys and count (its inode may even be the freed one's): its last value differs.
     refused(done, "holds 15 records up to 00000014_14.png (another last value), its plan")
     assert not out.exists()
+
+
+def test_the_drop_in_refuses_a_replaced_staged_database_in_one_line(
+    photos: Path, tmp_path: Path, runs: dict[str, object]
+) -> None:
+    out = tmp_path / "db"
+    copy = stage_copy(runs, out)
+    other = runs["other"]
+    assert isinstance(other, Path)
+    shutil.copyfile(other / "data.mdb", copy / "new")
+    os.replace(copy / "new", copy / "data.mdb")
+    drop_in = Path(sys.executable).with_name("convert_imageset")
+    done = subprocess.run([drop_in, "--resume", "--jobs=1", f"{photos}/", photos / "list.txt",
+                           out], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if "--resume refused" in x]
+    assert "is another file than the one its plan made" in line
+    assert not out.exists() and staged(out) == [copy]

@@ -43,7 +43,7 @@ from mnist2db.images.resume import (
     EntryDigest,
     check_plan,
     check_staged_database,
-    committed,
+    check_staged_labels,
     find_staged_labels,
     find_staged_run,
     initial_identity,
@@ -315,7 +315,7 @@ def write_imageset(
             if targets is not None:  # the label database the killed run began beside, if any
                 adopt[1] = find_staged_labels(out, outs[1], run.path)
                 if adopt[1] is not None:
-                    labels_done = committed(adopt[1], backend)
+                    labels_done = check_staged_labels(adopt[1], backend)
         elif on_stale is not None:
             for stale in stale_staging(out):
                 on_stale(stale)

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import stat
+import struct
 from collections.abc import Callable, Iterator
 
 from mnist2db.errors import BackendError, Mnist2dbError, printable
@@ -486,6 +487,42 @@ def check_staged_files(path: str, backend: str) -> None:
         os.close(dir_fd)
 
 
+#: The free-page database's record in each meta page (MDB_meta: mm_magic, mm_version,
+#: mm_address, mm_mapsize, then mm_dbs[FREE_DBI]): md_pad, md_flags, md_depth, the branch,
+#: leaf and overflow pages, the entries and the root (liblmdb mdb.c), after the page header.
+_FREE_DB = struct.Struct("@IHH5N")
+_FREE_DB_AT = struct.calcsize("N") + 8 + struct.calcsize("@IINN")
+_INTEGER_KEY = 0x08  # MDB_INTEGERKEY: the free database's keys are transaction ids
+_NO_PAGE = (1 << (8 * struct.calcsize("N"))) - 1
+
+
+def forget_free_pages(path: str) -> None:
+    """Empty the free-page database of the staged LMDB ``path`` (both meta pages), and
+    remove its lock file, before a writer opens it again: the page checks walk the tree a
+    reader reaches, and a writer also reads the free pages and trusts the page numbers
+    they list (a damaged one ends it with SIGBUS, or has it write over live pages). The
+    pages the killed run freed are then never reused: a few pages a batch, left in the file.
+
+    Raises:
+        Mnist2dbError: the file cannot be written.
+    """
+    name = os.path.join(path, "data.mdb")
+    flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(name, flags)
+        try:
+            page = _FREE_DB.unpack(os.pread(fd, _FREE_DB.size, _FREE_DB_AT))[0]
+            empty = _FREE_DB.pack(page, _INTEGER_KEY, 0, 0, 0, 0, 0, _NO_PAGE)
+            for meta in (0, page):
+                os.pwrite(fd, empty, meta + _FREE_DB_AT)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(path, "lock.mdb"))
+    except (OSError, struct.error) as exc:
+        raise _staged_refusal(path, f"cannot be written ({exc})") from None
+
+
 def check_staged_database(run: StagedRun, backend: str) -> Committed:
     """What the staged database of ``run`` holds (:func:`committed`), checked to be the
     one its plan made: the same file (device and inode), and the records and last key the
@@ -502,7 +539,7 @@ def check_staged_database(run: StagedRun, backend: str) -> Committed:
             raise _staged_refusal(
                 run.path, f"holds {done.records} records, its plan none: not the database it made"
             )
-        return done
+        return writable(run.path, backend, done)
     info = os.lstat(os.path.join(run.path, "data.mdb") if backend == "lmdb" else run.path)
     if (info.st_dev, info.st_ino) != (staged["device"], staged["inode"]):
         raise _staged_refusal(run.path, "is another file than the one its plan made (replaced)")
@@ -515,6 +552,19 @@ def check_staged_database(run: StagedRun, backend: str) -> Committed:
             + f", its plan {planned} (another database, or one a power cut left behind: "
             "staged writes are not flushed)",
         )
+    return writable(run.path, backend, done)
+
+
+def check_staged_labels(path: str, backend: str) -> Committed:
+    """What the staged label database at ``path`` holds, checked as :func:`committed`
+    checks it and made ready to be written again (:func:`forget_free_pages`)."""
+    return writable(path, backend, committed(path, backend))
+
+
+def writable(path: str, backend: str, done: Committed) -> Committed:
+    """``done``, once the staged database at ``path`` is ready for a writer."""
+    if backend == "lmdb" and os.path.lexists(os.path.join(path, "data.mdb")):
+        forget_free_pages(path)
     return done
 
 
