@@ -300,7 +300,7 @@ def write_imageset(
                 "encode_type": encode_type, "check_size": check_size, "seed": seed,
                 "width": None if targets is None else targets.width,
                 "targets": None if targets is None else targets.digest(),
-                "staged": None}  # fmt: skip
+                "staged": None, "labels_staged": None}  # fmt: skip
         run = find_staged_run(out) if resume else None
         if resume and run is None:
             raise Mnist2dbError(
@@ -315,7 +315,7 @@ def write_imageset(
             if targets is not None:  # the label database the killed run began beside, if any
                 adopt[1] = find_staged_labels(out, outs[1], run.path)
                 if adopt[1] is not None:
-                    labels_done = check_staged_labels(adopt[1], backend)
+                    labels_done = check_staged_labels(run, adopt[1], backend)
         elif on_stale is not None:
             for stale in stale_staging(out):
                 on_stale(stale)
@@ -351,6 +351,8 @@ def write_imageset(
             stagings = [staged_paths] if targets is None else staged_paths
             staging = stagings[0]
             plan["staged"] = initial_identity(staging, backend, done)
+            if targets is not None:
+                plan["labels_staged"] = initial_identity(stagings[1], backend, labels_done)
             write_plan(staging, plan)
             batches = record_batches(decoded.runs(), check_size, batch_size, state, skip,
                                      where, first, decoded.release)  # fmt: skip
@@ -375,7 +377,10 @@ def write_imageset(
                 labels = write_label_database(backend, staging, stagings[1], targets, outs[1],
                                               batch_size=batch_size,
                                               committed=labels_done.records,
-                                              last_key=labels_done.last_key)  # fmt: skip
+                                              last_key=labels_done.last_key,
+                                              recorded=lambda batches: recording_batches(
+                                                  batches, staging, plan, backend, labels_done,
+                                                  field="labels_staged", database=stagings[1]))  # fmt: skip
             if metadata is not None:
                 source = {**metadata.get("source", {}), "items": total}
                 write_metadata(staging, {**metadata, "source": source,

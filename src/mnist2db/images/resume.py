@@ -220,6 +220,7 @@ _SCHEMA: dict[str, tuple[Callable[[Any], bool], str]] = {
         "null or a digest",
     ),
     "staged": (_is_staged, "null or the staged database's identity"),
+    "labels_staged": (_is_staged, "null or the staged label database's identity"),
 }  # fmt: skip
 
 
@@ -281,18 +282,23 @@ def recording_batches(
     plan: dict[str, Any],
     backend: str,
     done: Committed,
+    *,
+    field: str = "staged",
+    database: str | None = None,
 ) -> Iterator[list[tuple[bytes, bytes]]]:
-    """``batches``, each one's outcome recorded in the plan before it is committed: the
-    staged database's identity and the two states it may then hold (the records and last
-    key before the batch, and after), which a resume checks (:func:`check_staged_database`).
-    The writer asks for a batch once the one before is committed, and has opened the
-    database by then (its file exists when the first batch is asked for)."""
+    """``batches``, each one's outcome recorded in the plan (in ``staging``, under
+    ``field``) before it is committed: the identity of the staged database (``database``,
+    default ``staging``; ``labels_staged``: the label database's) and the two states it may
+    then hold (records, last key and last value's digest before the batch, and after),
+    which a resume checks (:func:`check_staged_database`). The writer asks for a batch
+    once the one before is committed, and has opened the database by then (its file
+    exists when the first batch is asked for)."""
     state = _state(done)
     for batch in batches:
         if batch:
             key, value = batch[-1]
             after = [state[0] + len(batch), bytes(key).hex(), hashlib.sha256(value).hexdigest()]
-            plan["staged"] = _staged_identity(staging, backend, [state, after])
+            plan[field] = _staged_identity(database or staging, backend, [state, after])
             write_plan(staging, plan, sync=False)  # per batch: a flush would cost more
             state = after
         yield batch
@@ -525,40 +531,44 @@ def forget_free_pages(path: str) -> None:
 
 def check_staged_database(run: StagedRun, backend: str) -> Committed:
     """What the staged database of ``run`` holds (:func:`committed`), checked to be the
-    one its plan made: the same file (device and inode), and the records and last key the
-    plan recorded before or after the batch being committed when the run was killed.
+    one its plan made: the same file (device and inode), and the records, last key and last
+    value the plan recorded before or after the batch being committed when the run was
+    killed; then made ready to be written again (:func:`writable`).
 
     Raises:
         Mnist2dbError: one line naming what differs (the staged run is kept).
     """
-    done = committed(run.path, backend)
-    staged = run.plan["staged"]
+    return _check_identity(run.path, backend, run.plan["staged"])
+
+
+def check_staged_labels(run: StagedRun, path: str, backend: str) -> Committed:
+    """:func:`check_staged_database` for the label database the killed run staged at
+    ``path`` (the plan's ``labels_staged``)."""
+    return _check_identity(path, backend, run.plan["labels_staged"])
+
+
+def _check_identity(path: str, backend: str, staged: dict[str, Any] | None) -> Committed:
+    done = committed(path, backend)
     state = _state(done)
     if staged is None:
         if done.records:
             raise _staged_refusal(
-                run.path, f"holds {done.records} records, its plan none: not the database it made"
+                path, f"holds {done.records} records, its plan none: not the database it made"
             )
-        return writable(run.path, backend, done)
-    info = os.lstat(os.path.join(run.path, "data.mdb") if backend == "lmdb" else run.path)
+        return writable(path, backend, done)
+    info = os.lstat(os.path.join(path, "data.mdb") if backend == "lmdb" else path)
     if (info.st_dev, info.st_ino) != (staged["device"], staged["inode"]):
-        raise _staged_refusal(run.path, "is another file than the one its plan made (replaced)")
+        raise _staged_refusal(path, "is another file than the one its plan made (replaced)")
     if state not in staged["states"]:
         planned = " or ".join(f"{n} records up to {_shown_key(k)}" for n, k, _ in staged["states"])
         raise _staged_refusal(
-            run.path,
+            path,
             f"holds {done.records} records up to {_shown_key(state[1])}"
             + (" (another last value)" if state[:2] in [s[:2] for s in staged["states"]] else "")
             + f", its plan {planned} (another database, or one a power cut left behind: "
             "staged writes are not flushed)",
         )
-    return writable(run.path, backend, done)
-
-
-def check_staged_labels(path: str, backend: str) -> Committed:
-    """What the staged label database at ``path`` holds, checked as :func:`committed`
-    checks it and made ready to be written again (:func:`forget_free_pages`)."""
-    return writable(path, backend, committed(path, backend))
+    return writable(path, backend, done)
 
 
 def writable(path: str, backend: str, done: Committed) -> Committed:
