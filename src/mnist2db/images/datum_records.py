@@ -42,8 +42,6 @@ from mnist2db.images.resume import (
     Committed,
     EntryDigest,
     check_plan,
-    check_staged_database,
-    check_staged_labels,
     find_staged_labels,
     find_staged_run,
     initial_identity,
@@ -310,6 +308,8 @@ def write_imageset(
         outs = [out] if targets is None else [out, labels_path(out)]
         adopt: list[str | None] = [None if run is None else run.path, None]
         if run is not None:
+            from mnist2db.images.staged_checks import check_staged_database, check_staged_labels
+
             check_plan(out, run, plan)
             done = check_staged_database(run, backend)
             if targets is not None:  # the label database the killed run began beside, if any
