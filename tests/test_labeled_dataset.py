@@ -142,10 +142,10 @@ def test_not_its_label_database(pair) -> None:
     with pytest.raises(MissingKeyError) as missing:
         db[10]
     assert str(missing.value) == f"{gap}: no label record under the image key 00000010"
-    # An image database given as the labels.
+    # An image database given as the labels: refused on opening, at its first record.
     with pytest.raises(DatumError) as caught:
-        open_db(images, labels=paths["lmdb"][0])[4]
+        open_db(images, labels=paths["lmdb"][0])
     assert str(caught.value) == (
-        f"{images}: key 00000004: not a label record: a Datum of float_data values "
+        f"{images}: key 00000000: not a label record: a Datum of float_data values "
         "(this one holds image data)"
     )

@@ -578,12 +578,18 @@ LAZY_IMPORTS = {
     "mnist2db.caffe_tools.convert_imageset": (6, "--help and flag errors before numpy, Pillow"),
     "mnist2db.cli.imageset_commands": (2, "imageset --help without the pipeline loaded"),
     "mnist2db.cli.export_commands": (3, "each --to's modules only for its own export"),
-    "mnist2db.imageset.resume": (2, "each backend's library only for the staged run it reads"),
+    "mnist2db.imageset.staged_checks": (
+        2,
+        "each backend's library only for the staged run it reads",
+    ),
     "mnist2db.imageset.workers.pool": (
         2,
         "numpy and Pillow loaded before the workers fork, shared",
     ),
-    "mnist2db.imageset.to_database": (2, "the label database's modules for a run with targets"),
+    "mnist2db.imageset.to_database": (
+        3,
+        "the label database's modules for a run with targets; a staged run's checks on --resume",
+    ),
     "mnist2db.imageset.own_images": (3, "numpy's label tables and the IDX pair only when asked"),
     "mnist2db.imageset.work": (3, "numpy, Pillow, OpenCV for what plain_png does not read"),
 }

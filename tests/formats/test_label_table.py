@@ -45,10 +45,10 @@ def test_value_list_width_given_path_ending_in_numbers(tmp_path: Path) -> None:
 
 
 def test_csv_whitespace_and_celeba(tmp_path: Path) -> None:
-    csv = write(tmp_path, b"path,smiling,young\na.jpg,1,0\nb, c.jpg , -1 ,1e3\n", "a.csv")
+    csv = write(tmp_path, b"path,smiling,young\na.jpg,1,0\nb  c.jpg , -1 ,1e3\n", "a.csv")
     table = open_label_table(csv)
     assert (table.layout, table.names, table.skip) == ("csv", ("smiling", "young"), 1)
-    assert rows(csv) == [(0, b"a.jpg", [1, 0]), (1, b"b, c.jpg", [-1, 1000])]
+    assert rows(csv) == [(0, b"a.jpg", [1, 0]), (1, b"b  c.jpg", [-1, 1000])]
     spaced = write(tmp_path, b"image x y\nf.png 0.5 0.25\n", "b.txt")
     assert open_label_table(spaced).layout == "whitespace"
     assert rows(spaced) == [(0, b"f.png", [0.5, 0.25])]

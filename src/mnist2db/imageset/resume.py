@@ -22,10 +22,14 @@ import contextlib
 import hashlib
 import json
 import os
+import re
+import stat
+from collections.abc import Callable, Iterator
 
 from mnist2db.errors import Mnist2dbError, printable
 from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
 from mnist2db.formats.lists.image_list import ListEntry
+from mnist2db.storage.databases.backends import BACKEND
 from mnist2db.storage.db_staging import stale_staging
 from mnist2db.storage.files import owner_pid, temp_prefix
 
@@ -63,6 +67,7 @@ class Committed(NamedTuple):
     last_line: int
     first_key: bytes | None
     last_key: bytes | None = None
+    last_digest: str | None = None  # SHA-256 of the last record's value
 
 
 class EntryDigest:
@@ -92,16 +97,148 @@ _DIGEST_BATCH = 4096
 
 
 def find_staged_run(out: str) -> StagedRun | None:
-    """The newest staged run for ``out`` left by a killed process, with a plan; None if none."""
+    """The newest staged run for ``out`` left by a killed process, with a plan; None if none.
+
+    Raises:
+        Mnist2dbError: the newest plan is not one mnist2db writes (:func:`read_plan`).
+    """
     for path in reversed(stale_staging(out)):
-        try:
-            with open(os.path.join(path, PLAN_FILE), encoding="utf-8") as stream:
-                plan = json.load(stream)
-        except (OSError, ValueError):
-            continue
-        if isinstance(plan, dict):
+        plan = read_plan(os.path.join(path, PLAN_FILE))
+        if plan is not None:
             return StagedRun(path, plan)
     return None
+
+
+#: The largest plan read (bytes): a plan is a few hundred bytes.
+PLAN_LIMIT = 1 << 20
+#: A digest as the plan records it (SHA-256, in hex).
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+#: Caffe's key, as a staged database must hold it: the line's ``%08d_``, then the path.
+CAFFE_KEY = re.compile(rb"[0-9]{8}_", re.ASCII)
+
+
+def read_plan(path: str) -> dict[str, Any] | None:
+    """The plan at ``path``, read as a stranger's file (no link followed, nothing but a
+    regular file of at most :data:`PLAN_LIMIT` bytes) and checked by :func:`check_plan_schema`;
+    None when there is none (a run killed before it wrote one).
+
+    Raises:
+        Mnist2dbError: one line naming the file and what is wrong.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _plan_refusal(path, f"cannot be read ({exc.strerror}; a link?)") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _plan_refusal(path, "is not a regular file")
+        if info.st_size > PLAN_LIMIT:
+            raise _plan_refusal(
+                path, f"holds {info.st_size} bytes, more than a plan's {PLAN_LIMIT}"
+            )
+        data = os.read(fd, PLAN_LIMIT + 1)
+    except OSError as exc:
+        raise _plan_refusal(path, f"cannot be read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    try:
+        plan = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        raise _plan_refusal(path, "is not JSON (UTF-8)") from None
+    check_plan_schema(path, plan)
+    return plan  # type: ignore[no-any-return]
+
+
+def _plan_refusal(path: str, what: str) -> Mnist2dbError:
+    return Mnist2dbError(
+        f"{printable(path)}: --resume refused: the staged run's plan {what}: not a plan mnist2db "
+        "wrote; the staged run was kept (run without --resume to start again)"
+    )
+
+
+def _is_int(value: Any, low: int = 0) -> bool:
+    return type(value) is int and low <= value < 1 << 63
+
+
+def _is_key(value: Any) -> bool:
+    if not isinstance(value, str) or len(value) > 2 * 511 or len(value) % 2:
+        return False
+    try:
+        return CAFFE_KEY.match(bytes.fromhex(value)) is not None
+    except ValueError:
+        return False
+
+
+def _is_state(value: Any) -> bool:
+    """``[records, last key in hex, SHA-256 of the last value]`` (``[0, null, null]``)."""
+    if not isinstance(value, list) or len(value) != 3 or not _is_int(value[0]):
+        return False
+    if value[0] == 0:
+        return value[1] is None and value[2] is None
+    return _is_key(value[1]) and isinstance(value[2], str) and bool(_HEX_DIGEST.fullmatch(value[2]))
+
+
+def _is_staged(value: Any) -> bool:
+    if value is None:
+        return True
+    if not isinstance(value, dict) or set(value) != {"device", "inode", "states"}:
+        return False
+    states = value["states"]
+    return (
+        _is_int(value["device"])
+        and _is_int(value["inode"])
+        and isinstance(states, list)
+        and 1 <= len(states) <= 2
+        and all(_is_state(state) for state in states)
+    )
+
+
+#: Each field of a plan and what it must hold: ``(test, what)``.
+_SCHEMA: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "root": (lambda v: isinstance(v, str), "a text"),
+    "list": (lambda v: isinstance(v, str), "a text"),
+    "entries": (lambda v: isinstance(v, str) and bool(_HEX_DIGEST.fullmatch(v)), "a digest"),
+    "lines": (lambda v: _is_int(v) and v <= 10**8, "a count of lines"),
+    "backend": (lambda v: isinstance(v, str) and v in BACKEND, "lmdb or leveldb"),
+    "gray": (lambda v: type(v) is bool, "true or false"),
+    "resize": (
+        lambda v: v is None or (isinstance(v, list) and len(v) == 2
+                                and all(_is_int(n, 1) for n in v)),
+        "null or [width, height]",
+    ),
+    "encoded": (lambda v: type(v) is bool, "true or false"),
+    "encode_type": (lambda v: v is None or isinstance(v, str), "null or a text"),
+    "check_size": (lambda v: type(v) is bool, "true or false"),
+    "seed": (lambda v: v is None or _is_int(v), "null or a seed"),
+    "width": (lambda v: v is None or (_is_int(v, 1) and v <= 1 << 20), "null or a width"),
+    "targets": (
+        lambda v: v is None or (isinstance(v, str) and bool(_HEX_DIGEST.fullmatch(v))),
+        "null or a digest",
+    ),
+    "staged": (_is_staged, "null or the staged database's identity"),
+    "labels_staged": (_is_staged, "null or the staged label database's identity"),
+}  # fmt: skip
+
+
+def check_plan_schema(path: str, plan: Any) -> None:
+    """Raise unless ``plan`` (read from ``path``) holds every field of :data:`_SCHEMA`, each
+    of its type (fields it does not name are never read).
+
+    Raises:
+        Mnist2dbError: one line naming the file and the field.
+    """
+    if not isinstance(plan, dict):
+        raise _plan_refusal(path, f"is a JSON {type(plan).__name__}, not an object")
+    for field, (test, what) in _SCHEMA.items():
+        if field not in plan:
+            raise _plan_refusal(path, f"has no field {field!r}")
+        if not test(plan[field]):
+            shown = printable(json.dumps(plan[field])[:40])
+            raise _plan_refusal(path, f"field {field!r} holds {shown}, not {what}")
 
 
 def find_staged_labels(out: str, labels_out: str, images_staging: str) -> str | None:
@@ -127,14 +264,69 @@ def staged_seed(out: str) -> int:
     return seed if isinstance(seed, int) else -1
 
 
-def write_plan(staging: str, plan: dict[str, Any]) -> None:
-    """The plan, written whole (a kill leaves it complete or absent)."""
+def write_plan(staging: str, plan: dict[str, Any], *, sync: bool = True) -> None:
+    """The plan, written whole (a kill leaves it complete or absent; without ``sync``, a
+    power cut may leave it older, or damaged: a resume then refuses it)."""
     temporary = os.path.join(staging, PLAN_FILE + ".tmp")
     with open(temporary, "w", encoding="utf-8") as stream:
         json.dump(plan, stream, sort_keys=True)
         stream.flush()
-        os.fsync(stream.fileno())
+        if sync:
+            os.fsync(stream.fileno())
     os.replace(temporary, os.path.join(staging, PLAN_FILE))
+
+
+def recording_batches(
+    batches: Iterator[list[tuple[bytes, bytes]]],
+    staging: str,
+    plan: dict[str, Any],
+    backend: str,
+    done: Committed,
+    *,
+    field: str = "staged",
+    database: str | None = None,
+) -> Iterator[list[tuple[bytes, bytes]]]:
+    """``batches``, each one's outcome recorded in the plan (in ``staging``, under
+    ``field``) before it is committed: the identity of the staged database (``database``,
+    default ``staging``; ``labels_staged``: the label database's) and the two states it may
+    then hold (records, last key and last value's digest before the batch, and after),
+    which a resume checks (:func:`check_staged_database`). The writer asks for a batch
+    once the one before is committed, and has opened the database by then (its file
+    exists when the first batch is asked for)."""
+    state = committed_state(done)
+    for batch in batches:
+        if batch:
+            key, value = batch[-1]
+            after = [state[0] + len(batch), bytes(key).hex(), hashlib.sha256(value).hexdigest()]
+            plan[field] = _staged_identity(database or staging, backend, [state, after])
+            write_plan(staging, plan, sync=False)  # per batch: a flush would cost more
+            state = after
+        yield batch
+
+
+#: The file whose device and inode name a staged database: LMDB's ``data.mdb``; LevelDB's
+#: directory (a compaction replaces its files).
+IDENTITY_FILE = {"lmdb": "data.mdb", "leveldb": os.curdir}
+
+
+def _staged_identity(staging: str, backend: str, states: list[list[Any]]) -> dict[str, Any]:
+    """What names the staged database: its file's device and inode (LMDB's ``data.mdb``;
+    LevelDB's directory, whose files a compaction replaces), and ``states``."""
+    info = os.lstat(os.path.join(staging, IDENTITY_FILE[backend]))
+    return {"device": info.st_dev, "inode": info.st_ino, "states": states}
+
+
+def initial_identity(staging: str, backend: str, done: Committed) -> dict[str, Any] | None:
+    """A resumed run's ``staged`` field before its first batch: what it adopted."""
+    if not done.records or done.last_key is None:
+        return None
+    return _staged_identity(staging, backend, [committed_state(done)] * 2)
+
+
+def committed_state(done: Committed) -> list[Any]:
+    if done.last_key is None:
+        return [done.records, None, None]
+    return [done.records, done.last_key.hex(), done.last_digest]
 
 
 def remove_plan(staging: str) -> None:
@@ -178,62 +370,3 @@ def _show(value: Any) -> str:
     if isinstance(value, list):
         return " × ".join(map(str, value))
     return printable(str(value))
-
-
-#: The file that says a staged directory holds a database yet (a label database is staged
-#: empty until the images are all written).
-_MADE = {"lmdb": "data.mdb", "leveldb": "CURRENT"}
-
-
-def _lmdb_keys(path: str) -> tuple[int, bytes | None, bytes | None]:
-    import lmdb
-
-    env = lmdb.open(
-        os.fsencode(os.path.join(path, "data.mdb")), readonly=True, lock=False, subdir=False
-    )
-    try:
-        with env.begin() as txn:
-            cursor = txn.cursor()
-            first = cursor.key() if cursor.first() else None
-            last = cursor.key() if cursor.last() else None
-            return int(env.stat()["entries"]), first, last
-    finally:
-        env.close()
-
-
-def _leveldb_keys(path: str) -> tuple[int, bytes | None, bytes | None]:
-    import plyvel
-
-    db = plyvel.DB(os.fsencode(path), create_if_missing=False)
-    try:
-        first = last = None
-        records = 0
-        for key in db.iterator(include_value=False):
-            first = first or key
-            last = key
-            records += 1
-        return records, first, last
-    finally:
-        db.close()
-
-
-#: How each backend's committed keys are counted (its own reader, read-only).
-_KEYS = {"lmdb": _lmdb_keys, "leveldb": _leveldb_keys}
-
-
-def committed(path: str, backend: str) -> Committed:
-    """What the staged database at ``path`` holds (its committed batches).
-
-    Raises:
-        Mnist2dbError: it cannot be read.
-    """
-    if not os.path.exists(os.path.join(path, _MADE[backend])):
-        return Committed(0, -1, None)
-    try:
-        records, first, last = _KEYS[backend](path)
-    except Exception as exc:  # the backends' own errors: one line
-        raise Mnist2dbError(
-            f"{path}: --resume: the staged database cannot be read: {exc}; run without "
-            "--resume to start again"
-        ) from None
-    return Committed(records, -1 if last is None else int(last[:8]), first, last)

@@ -41,9 +41,10 @@ from mnist2db.imageset.resume import (
     Committed,
     EntryDigest,
     check_plan,
-    committed,
     find_staged_labels,
     find_staged_run,
+    initial_identity,
+    recording_batches,
     remove_plan,
     write_plan,
 )
@@ -301,7 +302,8 @@ def write_imageset(
                 "resize": list(resize) if resize else None, "encoded": encoded,
                 "encode_type": encode_type, "check_size": check_size, "seed": seed,
                 "width": None if targets is None else targets.width,
-                "targets": None if targets is None else targets.digest()}  # fmt: skip
+                "targets": None if targets is None else targets.digest(),
+                "staged": None, "labels_staged": None}  # fmt: skip
         run = find_staged_run(out) if resume else None
         if resume and run is None:
             raise Mnist2dbError(
@@ -311,12 +313,14 @@ def write_imageset(
         outs = [out] if targets is None else [out, labels_path(out)]
         adopt: list[str | None] = [None if run is None else run.path, None]
         if run is not None:
+            from mnist2db.imageset.staged_checks import check_staged_database, check_staged_labels
+
             check_plan(out, run, plan)
-            done = committed(run.path, backend)
+            done = check_staged_database(run, backend)
             if targets is not None:  # the label database the killed run began beside, if any
                 adopt[1] = find_staged_labels(out, outs[1], run.path)
                 if adopt[1] is not None:
-                    labels_done = committed(adopt[1], backend)
+                    labels_done = check_staged_labels(run, adopt[1], backend)
         elif on_stale is not None:
             for stale in stale_staging(out):
                 on_stale(stale)
@@ -351,11 +355,15 @@ def write_imageset(
         with staged as staged_paths:
             stagings = [staged_paths] if targets is None else staged_paths
             staging = stagings[0]
+            plan["staged"] = initial_identity(staging, backend, done)
+            if targets is not None:
+                plan["labels_staged"] = initial_identity(stagings[1], backend, labels_done)
             write_plan(staging, plan)
             batches = record_batches(decoded.runs(), check_size, batch_size, state, skip,
                                      where, first, decoded.release)  # fmt: skip
             if backend == "lmdb":
                 batches = _unmapping(batches, os.path.join(staging, "data.mdb"))
+            batches = recording_batches(batches, staging, plan, backend, done)
 
             def report(written: int, total: int) -> None:
                 progress(done.records + written, total)
@@ -374,7 +382,10 @@ def write_imageset(
                 labels = write_label_database(backend, staging, stagings[1], targets, outs[1],
                                               batch_size=batch_size,
                                               committed=labels_done.records,
-                                              last_key=labels_done.last_key)  # fmt: skip
+                                              last_key=labels_done.last_key,
+                                              recorded=lambda batches: recording_batches(
+                                                  batches, staging, plan, backend, labels_done,
+                                                  field="labels_staged", database=stagings[1]))  # fmt: skip
             if metadata is not None:
                 source = {**metadata.get("source", {}), "items": total}
                 write_metadata(staging, {**metadata, "source": source,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import zip_longest
 from typing import Any, NamedTuple
 
@@ -39,6 +39,9 @@ from mnist2db.recipe import write_target_names
 from mnist2db.storage.databases.backends import batch_records
 from mnist2db.storage.databases.readers import open_reader
 from mnist2db.storage.spill import spill_to_map
+
+#: A batch of label records: ``(key, value)`` pairs in key order.
+Batch = list[tuple[bytes, bytes]]
 
 
 class TargetSource:
@@ -130,6 +133,7 @@ def write_label_database(
     batch_size: int = 1000,
     committed: int = 0,
     last_key: bytes | None = None,
+    recorded: Callable[[Iterator[Batch]], Iterator[Batch]] | None = None,
 ) -> LabelsResult:
     """Write, into ``labels_staging``, one label record under each key of the image
     database staged in ``images_staging`` (``%08d_PATH``, the number naming the entry),
@@ -137,7 +141,8 @@ def write_label_database(
 
     ``committed``, ``last_key``: a resumed run's label database, already in
     ``labels_staging``, holds the records of the first ``committed`` image keys, the last
-    of them ``last_key``: they stay, and the records after them are added.
+    of them ``last_key``: they stay, and the records after them are added. ``recorded``:
+    wraps the batches (a resumable run records each one before it is committed).
 
     Raises:
         Mnist2dbError: an image key names no entry of ``source`` (the two did not come
@@ -196,7 +201,8 @@ def write_label_database(
 
     total = _count_keys(images_staging, backend)
     existing = bool(os.listdir(labels_staging))  # a resumed run's, begun (maybe empty)
-    write_database(backend, labels_staging, value_size, batches(), total, _no_progress,
+    made = batches() if recorded is None else recorded(batches())
+    write_database(backend, labels_staging, value_size, made, total, _no_progress,
                    keyed=True, existing=existing)  # fmt: skip
     write_target_names(labels_staging, source.table.names, out)
     return LabelsResult(out, state["count"], width, source.table.names)

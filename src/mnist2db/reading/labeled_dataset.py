@@ -54,7 +54,13 @@ class LabeledDataset:
                         f"{labels.path}: key {key_text(labels.key(index))}, where "
                         f"{images.path} holds {key_text(key)}: not its label database"
                     )
-            self.width = target_layout(labels.value(key))
+            key = images.key(0)
+            value = labels.value(key)
+            # The width every record must have: the first's (read by protobuf when it is
+            # not in pycaffe's layout: a packed one).
+            self.width = target_layout(value) or len(
+                decode_targets(value, f"{labels.path}: key {key_text(key)}")
+            )
 
     def targets(self, key: bytes) -> np.ndarray:
         """The targets stored under ``key`` in the label database.
@@ -69,7 +75,14 @@ class LabeledDataset:
             raise MissingKeyError(
                 f"{self.labels.path}: no label record under the image key {key_text(key)}"
             ) from None
-        return decode_targets(value, f"{self.labels.path}: key {key_text(key)}", self.width)
+        where = f"{self.labels.path}: key {key_text(key)}"
+        targets = decode_targets(value, where, self.width)
+        if len(targets) != self.width:
+            raise DatumError(
+                f"{where}: holds {len(targets)} values, the first record {self.width}: "
+                "every record of a label database holds as many"
+            )
+        return targets
 
     @overload
     def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]: ...

@@ -106,7 +106,10 @@ def decode_targets(value: bytes, where: str = "", width: int | None = None) -> n
         if len(value) == start + 5 * width and value.startswith(prefix) and value[start::5] == tags:
             return np.ndarray((width,), _FLOAT32, value, start + 1, (5,)).copy()
     prefix_where = f"{where}: " if where else ""
-    datum = decode_datum(value)
+    try:
+        datum = decode_datum(value)
+    except DatumError as exc:  # named by the database and the key
+        raise DatumError(f"{prefix_where}not a label record: {exc}") from None
     if datum.encoded or len(datum.data) or not len(datum.float_data):
         raise DatumError(
             f"{prefix_where}not a label record: a Datum of float_data values "

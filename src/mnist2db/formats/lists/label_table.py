@@ -41,8 +41,12 @@ from mnist2db.formats.lists.text_lines import BLANKS, bounded_lines, shown
 MAX_VALUES = 1 << 20
 #: The longest line read (bytes): a full-width row of long decimals fits.
 MAX_LINE = 64 << 20
-#: The largest float32 (a value above it would be stored as infinity).
+#: The largest float32.
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+#: The smallest magnitude a double rounds to float32's infinity (halfway from FLT_MAX to
+#: 2^128, rounded to even): below it, a value (``3.4028235e+38``, as ``export`` prints
+#: FLT_MAX) is stored as the nearest float32.
+FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
 
 LAYOUTS = ("list", "csv", "whitespace", "celeba")
 
@@ -226,18 +230,26 @@ def iter_rows(table: LabelTable) -> Iterator[TargetRow]:
         if not text:
             continue
         place = f"{where}:{number + skip + 1}"
+        # A table's fields are counted before a path is taken (a row of one value too
+        # many would otherwise give a path with the value glued to it); a value list's
+        # path is what precedes its last ``width`` fields (a path may hold spaces).
         if comma:
-            parts = text.rsplit(b",", width)
-            path = parts[0].strip(BLANKS)
-            fields = [field.strip(BLANKS) for field in parts[1:]]
-        else:
+            parts = [field.strip(BLANKS) for field in text.split(b",")]
+        elif table.layout == "list":
             parts = text.rsplit(None, width)
-            path = parts[0]
-            fields = parts[1:]
+        else:
+            parts = text.split()
+        path, fields = parts[0], parts[1:]
         if len(fields) != width:
+            split = {"csv": "a comma", "list": ""}.get(table.layout, "a space")
+            hint = (
+                f" (a path holding {split} cannot be told from a value in this layout)"
+                if split and len(fields) > width
+                else ""
+            )
             raise ImageError(
                 f"{place}: {len(fields)} values after the path, expected {width}: every "
-                "line holds a path and the same number of values"
+                f"line holds a path and the same number of values{hint}"
             )
         if not path:
             raise ImageError(f"{place}: no path before the values")
@@ -263,7 +275,7 @@ def _values(fields: list[bytes], place: str) -> np.ndarray:
         bad = not np.isfinite(values).all() or any(b"_" in f for f in fields)
     except ValueError:
         bad = True
-    if bad or (len(values) and float(np.abs(values).max()) > FLOAT32_MAX):
+    if bad or (len(values) and float(np.abs(values).max()) >= FLOAT32_OVERFLOW):
         for i, field in enumerate(fields):
             try:
                 value = float(field)
@@ -275,7 +287,7 @@ def _values(fields: list[bytes], place: str) -> np.ndarray:
                 what = "is NaN"
             elif math.isinf(value):
                 what = "is infinite"
-            elif abs(value) > FLOAT32_MAX:
+            elif abs(value) >= FLOAT32_OVERFLOW:
                 what = "does not fit a float32 (at most ±3.4e38)"
             else:
                 continue
