@@ -28,6 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from mnist2db.errors import OutputExistsError
 from mnist2db.exporting.tar_members import END_OF_ARCHIVE, VIEW_SIZE
 from mnist2db.storage.direct_writes import DirectWriter
 from mnist2db.storage.files import AtomicFile
@@ -121,9 +122,10 @@ class Workers:
 class ShardFile:
     """One shard being written: an :class:`AtomicFile`, its SHA-256, its count and keys."""
 
-    def __init__(self, path: str, workers: Workers) -> None:
+    def __init__(self, path: str, workers: Workers, replace: bool = False) -> None:
         self.path = path
         self.workers = workers
+        self.replace = replace  # True: over a shard of ours; else nothing may be there
         self.file = AtomicFile(path).create()
         workers.files.append(self.file)
         self.fd = self.file.stream.fileno()  # written by workers.direct, never through the stream
@@ -194,7 +196,13 @@ class ShardFile:
     ) -> None:
         written.result()  # the other threads never wait for this one
         sha256 = hashed.result()
-        self.file.commit()
+        try:
+            self.file.commit(replace=self.replace)
+        except FileExistsError:
+            raise OutputExistsError(
+                f"{self.path}: appeared while exporting, not a shard of this export; "
+                "refusing to replace it"
+            ) from None
         done(
             {
                 "name": os.path.basename(self.path),

@@ -212,11 +212,15 @@ class AtomicFile:
             raise OSError(exc.errno, exc.strerror, self.path) from None
         self.finished = True
 
-    def commit(self) -> None:
-        """:meth:`finish`, then rename the temporary to ``path`` and flush the directory."""
+    def commit(self, replace: bool = True) -> None:
+        """:meth:`finish`, then rename the temporary to ``path`` and flush the directory;
+        unless ``replace``, never over anything already there (FileExistsError naming it)."""
         self.finish()
         try:
-            os.replace(self.temp, self.path)
+            if replace:
+                os.replace(self.temp, self.path)
+            else:
+                move_noreplace(self.temp, self.path)
             self.committed = True
             fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         except OSError as exc:
