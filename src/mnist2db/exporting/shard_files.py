@@ -336,6 +336,23 @@ def check_shard_names(out: str, manifest: dict[str, Any] | None, resume: bool,
     return sorted(ours & set(present))
 
 
+def check_shard_keys(out: str, manifest: dict[str, Any], reader: Any) -> None:
+    """Refuse shard entries whose keys and counts are not the source's records in order:
+    each shard's first key the one after the shard before it (the database's first for
+    shard 0), its last the one ``records`` keys on. One walk of the committed keys (no
+    value read): a resume goes on after the last key, and counts from the records listed."""
+    keys = reader.iter_keys()
+    for i, entry in enumerate(manifest["shards"]):
+        first, last, count = entry["first_key_hex"], entry["last_key_hex"], entry["records"]
+        seen = [bytes(key) for _, key in zip(range(count), keys, strict=False)]
+        if len(seen) < count or seen[0].hex() != first or seen[-1].hex() != last:
+            raise OutputExistsError(
+                f"{manifest_name(out)}: shards[{i}] lists {count} records from key {first} to "
+                f"{last} (hex), not the records of {manifest.get('source')} there; cannot "
+                "resume it (use --overwrite to start again)"
+            )
+
+
 def check_resume(out: str, manifest: dict[str, Any], options: dict[str, Any],
                  state: dict[str, Any], reader: Any) -> list[str]:  # fmt: skip
     """Every check of what a resume reads back, before anything is touched: the source is
@@ -343,6 +360,7 @@ def check_resume(out: str, manifest: dict[str, Any], options: dict[str, Any],
     the shards unchanged (:func:`check_resumable`), and every other shard name is ours
     (:func:`check_shard_names`). Returns the names that may be replaced."""
     check_same_source(out, manifest, state, reader)
+    check_shard_keys(out, manifest, reader)
     check_resumable(out, manifest, options)
     shards = manifest["shards"]
     if shards:
@@ -369,6 +387,12 @@ def check_resumable(out: str, manifest: dict[str, Any], options: dict[str, Any])
         try:
             if not is_regular(path):
                 raise FileNotFoundError(0, "not a regular file (a link?)")
+            size = os.lstat(path).st_size
+            if size != entry["bytes"]:
+                raise OutputExistsError(
+                    f"{path}: {size} bytes, the manifest lists {entry['bytes']}; cannot "
+                    "resume (use --overwrite to start again)"
+                )
             found = file_sha256(path)
         except OSError as exc:
             raise OutputExistsError(
