@@ -20,7 +20,6 @@ from test_hostile_export_shards import snapshot
 from mnist2db import convert
 from mnist2db.cli.app import cli
 from mnist2db.errors import OutputExistsError
-from mnist2db.exporting.shard_files import read_manifest, shard_name_pattern
 
 TOP = ["format", "version", "source", "shard_size", "shard_bytes", "label_db", "records",
        "classes", "targets", "complete", "shards", "replacing", "source_state", "extra"]  # fmt: skip
@@ -117,6 +116,8 @@ def bases(tmp_path_factory) -> dict[str, object]:
 
 
 def test_manifest_loader_fuzz(bases, tmp_path: Path) -> None:
+    from mnist2db.exporting.shard_files import read_manifest, shard_name_pattern
+
     rng = random.Random(20261208)
     out = tmp_path / "s"
     path = Path(f"{out}.shards.json")

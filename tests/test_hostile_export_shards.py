@@ -261,8 +261,8 @@ def test_a_file_appearing_at_a_shard_name_is_not_replaced(tmp_path: Path, monkey
     planted = out.parent / "s-000002.tar"
     real = shard_writer.ShardFile.__init__
 
-    def plant(self, path, workers, replace=False):
-        real(self, path, workers, replace)
+    def plant(self, path, *args):
+        real(self, path, *args)
         if path == str(planted):
             planted.write_bytes(b"the user's")
 
@@ -321,3 +321,30 @@ def test_a_stopped_png_worker_never_holds_up_an_interruption(tmp_path: Path, sig
             child.wait()
         if worker is not None and Path(f"/proc/{worker}").exists():
             os.kill(worker, signal.SIGKILL)
+
+
+def test_shards_never_go_through_a_link_put_in_place_of_their_folder(tmp_path: Path,
+                                                                     monkeypatch) -> None:  # fmt: skip
+    """The folder the export made for the shards, moved away and replaced by a link to
+    another folder between two shards: the next shard is refused, nothing lands there."""
+    from mnist2db.exporting import shards
+
+    db = fashion_db(tmp_path / "db", 7)
+    out = tmp_path / "new" / "s"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    real = shards.shard_name
+
+    def swap_before_shard_2(prefix: str, index: int) -> str:
+        if index == 2:
+            deadline = time.monotonic() + 30
+            while not Path(real(prefix, 1)).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)  # shard 1 committed (on its thread)
+            out.parent.rename(tmp_path / "moved")
+            out.parent.symlink_to(elsewhere)
+        return real(prefix, index)
+
+    monkeypatch.setattr(shards, "shard_name", swap_before_shard_2)
+    result = run("export", "--to", "webdataset", "--shard-size", 2, db, out)
+    one_line_refusal(result, f"{out.parent}: cannot write: no longer the folder it was")
+    assert list(elsewhere.iterdir()) == []

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,12 +45,12 @@ from mnist2db.exporting.shard_files import (
     source_state,
     write_manifest,
 )
-from mnist2db.exporting.shard_writer import ShardFile, Workers
+from mnist2db.exporting.shard_writer import ShardFile, Workers, folder_identity
 from mnist2db.exporting.tar_members import batch_tars
 from mnist2db.exporting.targets import TargetStream
 from mnist2db.interrupt import deferred
 from mnist2db.progress import Progress, reporting
-from mnist2db.storage.files import make_parents, remove_made
+from mnist2db.storage.files import check_made, make_parents, remove_made
 from mnist2db.storage.readers import DbReader, shared_reader
 
 DEFAULT_SHARD_SIZE = 10000
@@ -124,6 +125,7 @@ def export_webdataset(
     except OSError as exc:
         raise OutputError(f"{out_path}: cannot create its directory: {exc.strerror}") from None
     try:
+        check_made(made)  # the shards go inside them, never through a link
         with contextlib.ExitStack() as stack:
             reader = stack.enter_context(shared_reader(db_path))
             pair = None
@@ -216,6 +218,8 @@ def _write_shards(
     worker: PngWorker | None = None
     workers = Workers()  # its threads start with its first task
     replaceable = set(replacing)
+    parent = os.path.dirname(out)
+    folder = folder_identity(parent or os.curdir)  # each shard goes into this folder, not a link's
     try:
         # Forked here, before this export's threads: a process to encode raw records' PNGs;
         # a signal meanwhile is raised once it is made (os.fork runs handlers of its own,
@@ -238,8 +242,11 @@ def _write_shards(
                     progress(count, total)
                 if shard is None:
                     path = shard_name(out, made)
+                    if folder_identity(parent or os.curdir) != folder:
+                        raise OSError(errno.ELOOP, "no longer the folder it was (a link?)",
+                                      parent or os.curdir)  # fmt: skip
                     # Over a shard of ours only: any other file there is refused, not replaced.
-                    shard = ShardFile(path, workers, os.path.basename(path) in replaceable)
+                    shard = ShardFile(path, workers, os.path.basename(path) in replaceable, folder)
                     made += 1
                 # The samples from i that fit (the first one does: the shard is empty, or
                 # was checked above).
@@ -268,7 +275,6 @@ def _write_shards(
         if worker is not None:
             worker.close()
     written = {entry["name"] for entry in shards}
-    parent = os.path.dirname(out)
     for name in replacing:  # an earlier export's shards beyond this one's (names checked)
         path = os.path.join(parent, name)
         if name not in written and is_regular(path):

@@ -21,6 +21,7 @@ from typing import Any
 
 from mnist2db.errors import ArgumentError, OutputError, OutputExistsError
 from mnist2db.storage.files import (
+    check_made,
     fsync_dir,
     make_parents,
     mkdtemp_beside,
@@ -136,6 +137,10 @@ def staged_tree(out: str, inputs: list[str], overwrite: bool) -> Iterator[str]:
         raise OutputError(f"{out}: cannot create its parent directory: {exc.strerror}") from None
     staging = ""
     try:
+        try:
+            check_made(made)  # the staging directory goes inside them, never through a link
+        except OSError as exc:
+            raise OutputError(f"{exc.filename}: cannot write in it: {exc.strerror}") from None
         parent = os.path.realpath(written)
         prefix = temp_prefix(name)
         remove_stale(parent, prefix, directories=True)
@@ -147,6 +152,7 @@ def staged_tree(out: str, inputs: list[str], overwrite: bool) -> Iterator[str]:
         yield staging
         try:
             _syncfs(staging)
+            check_made(made)
             try:
                 move_noreplace(staging, bare)
             except FileExistsError:
