@@ -124,3 +124,37 @@ def test_idx_export_never_writes_through_a_link_put_in_place_of_a_directory_it_m
     assert list(elsewhere.iterdir()) == []
     before = snapshot(tmp_path / "elsewhere")
     assert before == {}
+
+
+def test_a_hand_edited_export_json_is_refused_in_one_line(tmp_path: Path) -> None:
+    """export.json read back by --overwrite is a stranger's input: every field checked (a
+    string of two lines among the counts gives one line), a seeded fuzz of its fields."""
+    import json
+    import random
+
+    from test_hostile_export_fuzz import random_value
+
+    db = fashion_db(tmp_path / "db", 5)
+    out = tmp_path / "out"
+    assert run("export", "--to", "files", db, out).exit_code == 0
+    marker = json.loads((out / "export.json").read_text())
+    rng = random.Random(7)
+    counts = {"cases": 0, "refused": 0, "correct": 0}
+    for case in range(120):
+        edited = dict(marker)
+        field = rng.choice([*marker, "extra"])
+        edited[field] = "1\n2" if case == 0 else random_value(rng)
+        (out / "export.json").write_text(json.dumps(edited))
+        before = snapshot(tmp_path)
+        result = run("export", "--to", "files", "--overwrite", db, out)
+        counts["cases"] += 1
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+        if result.exit_code == 0:
+            assert json.loads((out / "export.json").read_text()) == marker
+            counts["correct"] += 1
+            continue
+        one_line_refusal(result, f"{out}: ", "refusing to replace it")
+        assert snapshot(tmp_path) == before
+        counts["refused"] += 1
+    print(f"export.json fuzz: {counts}")
+    assert counts["refused"] > 50 and counts["correct"] > 0
