@@ -7,6 +7,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -158,3 +162,41 @@ def test_a_hand_edited_export_json_is_refused_in_one_line(tmp_path: Path) -> Non
         counts["refused"] += 1
     print(f"export.json fuzz: {counts}")
     assert counts["refused"] > 50 and counts["correct"] > 0
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the file writer needs two CPUs")
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stopped_file_writer_never_holds_up_an_interruption(tmp_path: Path, sig, code) -> None:
+    from test_hostile_export_shards import _children
+
+    db = fashion_db(tmp_path / "db", 10000)  # small files: a file-writing process is forked
+    out = tmp_path / "out"
+    errors = tmp_path / "stderr"
+    with errors.open("wb") as stream:
+        child = subprocess.Popen([sys.executable, "-m", "mnist2db", "export", "--to", "files",
+                                  "--quiet", str(db), str(out)], stderr=stream)  # fmt: skip
+    worker = None
+    try:
+        deadline = time.monotonic() + 60
+        while worker is None and child.poll() is None and time.monotonic() < deadline:
+            workers = _children(child.pid)
+            worker = workers[0] if workers else None
+        assert worker is not None, "no file-writing process was forked"
+        os.kill(worker, signal.SIGSTOP)
+        time.sleep(0.5)  # the export now waits for its answer
+        assert child.poll() is None, "finished before it could be interrupted"
+        os.kill(child.pid, sig)
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the export hung on its stopped file writer")
+        assert child.returncode == code
+        assert errors.read_bytes() == b"Interrupted\n"
+        assert not Path(f"/proc/{worker}").exists(), "the file writer was left behind"
+        assert not out.exists() and not list(tmp_path.glob(".out.mnist2db-tmp-*"))
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if worker is not None and Path(f"/proc/{worker}").exists():
+            os.kill(worker, signal.SIGKILL)

@@ -83,7 +83,7 @@ def test_replacing_names_outside_the_shards_folder_are_refused(exported, tmp_pat
     path = edit_manifest(out, replacing=["../victim.txt"])
     before = snapshot(tmp_path)
     result = run("export", "--to", "webdataset", "--shard-size", 2, "--overwrite", db, out)
-    one_line_refusal(result, f"{path}: replacing[0]: \"../victim.txt\" is not a shard name of s")
+    one_line_refusal(result, f'{path}: replacing[0]: "../victim.txt" is not a shard name of s')
     assert snapshot(tmp_path) == before
     assert victim.read_text() == "mine"
 
@@ -95,7 +95,7 @@ def test_replacing_as_a_string_is_refused_not_iterated(exported) -> None:
     path = edit_manifest(out, replacing="ab")
     before = snapshot(out.parent)
     result = run("export", "--to", "webdataset", "--shard-size", 2, "--overwrite", db, out)
-    one_line_refusal(result, f"{path}: replacing: \"ab\", expected a list of strings")
+    one_line_refusal(result, f'{path}: replacing: "ab", expected a list of strings')
     assert snapshot(out.parent) == before
 
 
@@ -107,7 +107,7 @@ def test_replacing_as_a_string_is_refused_not_iterated(exported) -> None:
         ({"records": float("inf")}, "records: float, expected a whole number"),
         ({"records": 10**30}, "records: 1000000000000000000000000000000, expected a whole"),
         ({"records": True}, "records: true, expected a whole number"),
-        ({"complete": "yes"}, "complete: \"yes\", expected true or false"),
+        ({"complete": "yes"}, 'complete: "yes", expected true or false'),
         ({"version": 2}, "version: 2, expected a whole number 1..1"),
     ],
 )
@@ -124,10 +124,13 @@ def test_hand_edited_fields_are_refused_in_one_line(exported, fields, says, mode
 @pytest.mark.parametrize(
     ("edit", "says"),
     [
-        (lambda m: m["shards"][1].update(last_key_hex="zz"), "shards[1].last_key_hex: \"zz\""),
+        (lambda m: m["shards"][1].update(last_key_hex="zz"), 'shards[1].last_key_hex: "zz"'),
         (lambda m: m["shards"][0].update(name="../s-000000.tar"), "shards[0].name"),
         (lambda m: m["shards"][0].update(name="s-000001.tar"), "shards[0].name"),
-        (lambda m: m["shards"][2].update(records=3), "shards[2].records: 3, expected a whole number 1..2"),
+        (
+            lambda m: m["shards"][2].update(records=3),
+            "shards[2].records: 3, expected a whole number 1..2",
+        ),
         (lambda m: m["shards"][1].update(first_key_hex="00"), "shards[1]: its keys are not after"),
         (lambda m: m["shards"][0].pop("sha256"), "shards[0].sha256: missing"),
     ],
@@ -292,8 +295,18 @@ def test_a_stopped_png_worker_never_holds_up_an_interruption(tmp_path: Path, sig
     errors = tmp_path / "stderr"
     with errors.open("wb") as stream:
         child = subprocess.Popen(
-            [sys.executable, "-m", "mnist2db", "export", "--to", "webdataset", "--quiet", str(db),
-             str(out)], stderr=stream,  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "mnist2db",
+                "export",
+                "--to",
+                "webdataset",
+                "--quiet",
+                str(db),
+                str(out),
+            ],
+            stderr=stream,  # fmt: skip
         )
     worker = None
     try:

@@ -100,7 +100,7 @@ def marker_problem(marker: dict[str, Any]) -> str | None:
     if marker.get("version") != 1 or type(marker.get("version")) is not int:
         return f"version: {shown(marker.get('version'))}, expected 1"
     if marker.get("to") != "files":
-        return f"to: {shown(marker.get('to'))}, expected \"files\""
+        return f'to: {shown(marker.get("to"))}, expected "files"'
     for name in ("source", "label_db"):
         if (name in marker or name == "source") and type(marker.get(name)) is not str:
             return f"{name}: {shown(marker.get(name))}, expected a string"
