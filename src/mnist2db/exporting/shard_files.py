@@ -7,6 +7,7 @@ replaced, what a resume must find unchanged). Used by :mod:`mnist2db.exporting.s
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -344,8 +345,17 @@ def check_shard_keys(out: str, manifest: dict[str, Any], reader: Any) -> None:
     keys = reader.iter_keys()
     for i, entry in enumerate(manifest["shards"]):
         first, last, count = entry["first_key_hex"], entry["last_key_hex"], entry["records"]
-        seen = [bytes(key) for _, key in zip(range(count), keys, strict=False)]
-        if len(seen) < count or seen[0].hex() != first or seen[-1].hex() != last:
+        head = next(keys, None)
+        # The keys between, skipped without a Python step each; then the shard's last.
+        skipped = sum(1 for _ in itertools.islice(keys, count - 2)) if count > 2 else 0
+        end = head if count == 1 else next(keys, None)
+        if (
+            head is None
+            or end is None
+            or skipped != max(0, count - 2)
+            or bytes(head).hex() != first
+            or bytes(end).hex() != last
+        ):
             raise OutputExistsError(
                 f"{manifest_name(out)}: shards[{i}] lists {count} records from key {first} to "
                 f"{last} (hex), not the records of {manifest.get('source')} there; cannot "
