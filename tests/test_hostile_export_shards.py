@@ -361,3 +361,44 @@ def test_shards_never_go_through_a_link_put_in_place_of_their_folder(tmp_path: P
     result = run("export", "--to", "webdataset", "--shard-size", 2, db, out)
     one_line_refusal(result, f"{out.parent}: cannot write: no longer the folder it was")
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_shard_entry_edited_to_agree_with_the_source_but_not_its_shard_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Shard 0 holds records 0 and 1; its entry edited to list record 0 alone (keys and
+    count the source agrees with, the shard's SHA-256 unchanged): resuming from it would
+    export record 1 twice. The shard's own members are read with its SHA-256: refused."""
+    db = fashion_db(tmp_path / "db", 7)
+    out = tmp_path / "shards" / "s"
+    _killed_export(db, out, 1)
+    path = Path(f"{out}.shards.json")
+    manifest = json.loads(path.read_text())
+    entry = manifest["shards"][0]
+    entry["records"], entry["last_key_hex"] = 1, entry["first_key_hex"]
+    path.write_text(json.dumps(manifest))
+    before = snapshot(out.parent)
+    result = run("export", "--to", "webdataset", "--shard-size", 2, "--resume", db, out)
+    one_line_refusal(result, "s-000000.tar holds 2 samples, from '00000000' to '00000001'")
+    assert snapshot(out.parent) == before
+
+
+def test_an_earlier_shard_entry_edited_to_agree_with_the_source_is_refused(tmp_path) -> None:
+    """Shards 0 and 1 listed; shard 0's entry says 1 record (to key 0) and shard 1's says
+    it begins at key 1: refused (by the walk of the source's keys: shard 1 would end at key
+    2, not 3), nothing touched."""
+    db = fashion_db(tmp_path / "db", 7)
+    out = tmp_path / "shards" / "s"
+    _killed_export(db, out, 2)
+    path = Path(f"{out}.shards.json")
+    manifest = json.loads(path.read_text())
+    zero, one = manifest["shards"]
+    zero["records"], zero["last_key_hex"] = 1, zero["first_key_hex"]
+    one["first_key_hex"] = b"00000001".hex()
+    path.write_text(json.dumps(manifest))
+    before = snapshot(out.parent)
+    result = run("export", "--to", "webdataset", "--shard-size", 2, "--resume", db, out)
+    one_line_refusal(
+        result, "shards[1] lists 2 records from key 3030303030303031 to 3030303030303033"
+    )
+    assert snapshot(out.parent) == before

@@ -16,7 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 from mnist2db.errors import ArgumentError, Mnist2dbError, OutputExistsError
-from mnist2db.exporting.tar_members import BLOCK, END_OF_ARCHIVE, first_member_is_ours
+from mnist2db.exporting.samples import sample_key
+from mnist2db.exporting.tar_members import (
+    BLOCK,
+    END_OF_ARCHIVE,
+    NAME_LIMIT,
+    first_member_is_ours,
+)
 from mnist2db.storage.file_placement import check_file_target
 from mnist2db.storage.files import TEMP_MARK, AtomicFile, remove_stale, temp_prefix
 from mnist2db.storage.metadata import digest_of, load_metadata
@@ -215,12 +221,46 @@ def remove_stale_temporaries(out: str) -> None:
             remove_stale(parent, temp_prefix(target), directories=False)
 
 
-def file_sha256(path: str) -> str:
+def read_shard(path: str, walk: bool = True) -> tuple[str, int, bytes, bytes]:
+    """A shard's SHA-256, and (``walk``) what its members say, read in the same pass: the
+    number of samples (runs of members of one name before its first dot), the first's name
+    and the last's (-1 samples when a header cannot be read: not a shard of ours). Chunks
+    are whole blocks, so a header never straddles two."""
     digest = hashlib.sha256()
+    samples, first, last = 0, b"", b""
+    base = header = 0  # the chunk's offset in the file; the next header's
+    ended = not walk
     with open(path, "rb") as stream:
         while chunk := stream.read(_HASH_CHUNK):
             digest.update(chunk)
-    return digest.hexdigest()
+            end = base + len(chunk)
+            while not ended and header < end:
+                i = header - base
+                if chunk[i] == 0:  # a name never begins with NUL: the end-of-archive
+                    ended = True
+                    break
+                try:
+                    if i + BLOCK > len(chunk):
+                        raise ValueError("a header cut short")
+                    size = int(chunk[i + 124 : i + 135], 8)
+                except ValueError:
+                    return digest.hexdigest(), -1, b"", b""
+                dot = chunk.find(b".", i, i + NAME_LIMIT)
+                stem = chunk[i:dot] if dot >= 0 else chunk[i : i + NAME_LIMIT].rstrip(b"\0")
+                if stem != last or not samples:
+                    samples += 1
+                    first = first or stem
+                    last = stem
+                header += BLOCK + ((size + BLOCK - 1) // BLOCK) * BLOCK
+            base = end
+    return digest.hexdigest(), samples, first, last
+
+
+def _names_key(stem: bytes, key_hex: str) -> bool:
+    """Whether a sample named ``stem`` is the sample of the key ``key_hex``: its sample key,
+    or that key made unique (``KEY_N``)."""
+    name = sample_key(bytes.fromhex(key_hex))[0].encode("utf-8")
+    return stem == name or (stem.startswith(name + b"_") and stem[len(name) + 1 :].isdigit())
 
 
 def source_state(reader: Any) -> dict[str, Any]:
@@ -392,7 +432,8 @@ def check_resumable(out: str, manifest: dict[str, Any], options: dict[str, Any])
                 f"{value!r}; cannot resume it (use --overwrite to start again)"
             )
     parent = os.path.dirname(out)
-    for entry in manifest["shards"]:
+    shards = manifest["shards"]
+    for index, entry in enumerate(shards):
         path = os.path.join(parent, entry["name"])
         try:
             if not is_regular(path):
@@ -403,7 +444,16 @@ def check_resumable(out: str, manifest: dict[str, Any], options: dict[str, Any])
                     f"{path}: {size} bytes, the manifest lists {entry['bytes']}; cannot "
                     "resume (use --overwrite to start again)"
                 )
-            found = file_sha256(path)
+            # The last shard's members are walked (the resume goes on after its last key);
+            # the others' keys are proved by the walk of the source's keys
+            # (check_shard_keys: each shard's first the one after the last before) and their
+            # first members.
+            walked = index == len(shards) - 1
+            found, samples, first, last = read_shard(path, walk=walked)
+            if not walked:
+                samples = entry["records"] if first_member_is_ours(
+                    _first_block(path), bytes.fromhex(entry["first_key_hex"])) else -1  # fmt: skip
+                first = last = b""
         except OSError as exc:
             raise OutputExistsError(
                 f"{path}: cannot resume: {exc.strerror} (use --overwrite to start again)"
@@ -412,6 +462,24 @@ def check_resumable(out: str, manifest: dict[str, Any], options: dict[str, Any])
             raise OutputExistsError(
                 f"{path}: changed since it was written (SHA-256 {found[:16]}…, the manifest "
                 f"has {entry['sha256'][:16]}…); cannot resume (use --overwrite to start again)"
+            )
+        # Its bytes are the ones listed; its entry's count and keys must be what they hold.
+        if samples != entry["records"] or (
+            walked
+            and not (
+                _names_key(first, entry["first_key_hex"])
+                and _names_key(last, entry["last_key_hex"])
+            )
+        ):
+            held = (
+                f"holds {samples} samples, from {first.decode('utf-8', 'replace')!r} to "
+                f"{last.decode('utf-8', 'replace')!r}"
+                if walked
+                else "does not begin with the sample of its first key"
+            )
+            raise OutputExistsError(
+                f"{manifest_name(out)}: {entry['name']} {held}, not the {entry['records']} "
+                "records its entry lists; cannot resume it (use --overwrite to start again)"
             )
 
 
