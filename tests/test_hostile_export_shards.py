@@ -402,3 +402,36 @@ def test_an_earlier_shard_entry_edited_to_agree_with_the_source_is_refused(tmp_p
         result, "shards[1] lists 2 records from key 3030303030303031 to 3030303030303033"
     )
     assert snapshot(out.parent) == before
+
+
+def test_a_middle_shard_entry_shifted_to_agree_with_the_source_is_refused(tmp_path) -> None:
+    """Shards of 2 samples (--shard-bytes) where 3 are allowed (--shard-size): shard 0's
+    entry edited to hold record 0 alone and shard 1's records 1-3, as the source agrees;
+    shard 1's first member (record 2's) says otherwise: refused, nothing touched."""
+    from db_helpers import write_raw_db
+
+    from mnist2db.datum_pb2 import Datum
+
+    def encoded(label: int) -> bytes:
+        datum = Datum()
+        datum.channels, datum.height, datum.width = 1, 2, 2
+        datum.data, datum.encoded, datum.label = b"\x89PNG" + bytes(60), True, label
+        return datum.SerializeToString()
+
+    db = write_raw_db(tmp_path / "db", "lmdb", {b"%08d" % i: encoded(i) for i in range(7)})
+    out = tmp_path / "shards" / "s"
+    args = ["export", "--to", "webdataset", "--shard-size", 3, "--shard-bytes", 4096, db, out]
+    assert run(*args).exit_code == 0
+    path = Path(f"{out}.shards.json")
+    manifest = json.loads(path.read_text())
+    assert [e["records"] for e in manifest["shards"]] == [2, 2, 2, 1]
+    (out.parent / "s-000003.tar").unlink()
+    manifest["shards"], manifest["complete"] = manifest["shards"][:3], False
+    zero, one, _ = manifest["shards"]
+    zero["records"], zero["last_key_hex"] = 1, zero["first_key_hex"]
+    one["records"], one["first_key_hex"] = 3, b"00000001".hex()
+    path.write_text(json.dumps(manifest))
+    before = snapshot(out.parent)
+    result = run(*args[:-2], "--resume", db, out)
+    one_line_refusal(result, "s-000001.tar does not begin with the sample of its first key")
+    assert snapshot(out.parent) == before
