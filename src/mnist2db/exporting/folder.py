@@ -66,8 +66,9 @@ SKIPPED_LIMIT = 1_000_000
 #: The export's own files at the top of ``OUT``: a restored path may not begin with one.
 RESERVED = (LIST_NAME, CLASSES_NAME, MARKER, RENAMED_NAME, TARGETS_NAME, SKIPPED_NAME)
 _PROGRESS_EVERY = 1000
-#: Directories known to exist, remembered (a bounded number) to spare a makedirs per file.
-_DIRS_REMEMBERED = 4096
+#: Directories kept open (their descriptors, a bounded number: far below the usual limit of
+#: 1024 open files) to spare a walk from the root per file.
+_DIRS_REMEMBERED = 256
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
