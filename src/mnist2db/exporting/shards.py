@@ -31,18 +31,17 @@ from typing import Any
 
 from mnist2db.errors import ArgumentError, OutputError
 from mnist2db.exporting.png_worker import PngWorker
+from mnist2db.exporting.resume_checks import check_resume, source_state
 from mnist2db.exporting.sample_batches import iter_batches, prefetched, start_png_worker
 from mnist2db.exporting.samples import class_names
 from mnist2db.exporting.shard_files import (
     MANIFEST_FORMAT,
-    check_resume,
     check_shard_names,
     check_targets,
     is_regular,
     manifest_name,
     remove_stale_temporaries,
     shard_name,
-    source_state,
     write_manifest,
 )
 from mnist2db.exporting.shard_writer import ShardFile, Workers, folder_identity
