@@ -113,13 +113,41 @@ class PngWorker:
         ends = np.cumsum(sizes).tolist()
         return [body[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
 
-    def close(self) -> None:
-        """Wait for the request in progress, end the worker and reap it."""
-        self.pool.shutdown(wait=True)
-        os.close(self.requests)  # the worker reads the end of its pipe and exits
+    def kill(self) -> None:
+        """End the worker at once, stopped (SIGSTOP) or not, and reap it (once): a request
+        in progress then fails (its pipe ends), so no thread waits for it any more."""
+        if self.pid <= 0:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)  # a stopped process ends too
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
-        os.close(self.answers)
+        self.pid = -self.pid
+
+    def close(self, abort: bool = False) -> None:
+        """Wait for the request in progress, end the worker and reap it; with ``abort`` (the
+        export failed or was interrupted), or when waiting is interrupted, killed at once:
+        an interruption never waits for a worker that does not answer (stopped)."""
+        ended = False
+        try:
+            if not abort and self.pid > 0:
+                self.pool.shutdown(wait=True)
+                os.close(self.requests)  # the worker reads the end of its pipe and exits
+                self.requests = -1
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(self.pid, 0)
+                self.pid = -self.pid
+                ended = True
+        finally:
+            if not ended:
+                self.kill()
+                self.pool.shutdown(wait=True, cancel_futures=True)
+                if self.requests >= 0:
+                    os.close(self.requests)
+                    self.requests = -1
+            if self.answers >= 0:
+                os.close(self.answers)
+                self.answers = -1
 
 
 def _serve(requests: int, answers: int, encode: Any) -> None:

@@ -242,12 +242,15 @@ BATCHES_AHEAD = 1
 _POLL = 0.1
 
 
-def prefetched(items: Iterator[T], ahead: int = BATCHES_AHEAD) -> Iterator[T]:
+def prefetched(
+    items: Iterator[T], ahead: int = BATCHES_AHEAD, abort: Callable[[], None] | None = None
+) -> Iterator[T]:
     """``items``, made on a thread of their own at most ``ahead`` items before they are
     taken: the decoding and encoding of the next batches go on while the caller writes
     (its file creations, writes and flushes release the GIL). An exception of ``items``
     is raised here, in order; closing this iterator (a failure, an interruption) stops the
-    thread and closes ``items`` in it."""
+    thread and closes ``items`` in it, after calling ``abort`` (what ends a process the
+    thread may be waiting for: an interruption never waits for one that is stopped)."""
     queue: Queue[tuple[bool, Any]] = Queue(ahead)
     stop = threading.Event()
     end = object()
@@ -276,14 +279,18 @@ def prefetched(items: Iterator[T], ahead: int = BATCHES_AHEAD) -> Iterator[T]:
 
     thread = threading.Thread(target=produce, name="mnist2db-export", daemon=True)
     thread.start()
+    finished = False
     try:
         while True:
             made, item = queue.get()
             if not made:
                 raise item
             if item is end:
+                finished = True
                 return
             yield item
     finally:
         stop.set()
+        if not finished and abort is not None:
+            abort()
         thread.join()

@@ -40,7 +40,7 @@ from mnist2db.storage.databases.backends import DEFAULT_BATCH_SIZE as _BATCH
 from mnist2db.storage.databases.readers import shared_reader
 from mnist2db.storage.destinations import check_apart
 from mnist2db.storage.file_placement import check_file_target, place_together, recover_together
-from mnist2db.storage.files import AtomicFile, make_parents, remove_made
+from mnist2db.storage.files import AtomicFile, check_made, make_parents, remove_made
 
 #: What an empty database is exported as: it records no image size, so MNIST's.
 EMPTY_SHAPE = (28, 28)
@@ -140,6 +140,7 @@ def export_db(
         except OSError as exc:
             raise OutputError(f"{out}: cannot create directory: {exc.strerror}") from None
         try:
+            check_made(made)  # never written through a link put in place of one of them
             count = _write_pair(reader, db_path, (images_out, labels_out), total, rows, cols,
                                 progress, recipe)  # fmt: skip
         except OSError as exc:

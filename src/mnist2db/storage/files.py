@@ -106,6 +106,24 @@ def make_parents(directory: str) -> list[str]:
     return made
 
 
+def check_made(made: list[str]) -> None:
+    """Before writing inside directories :func:`make_parents` made: each still a directory,
+    not a link put in its place since (which would carry what is written out of them).
+
+    Raises:
+        OSError: ``ELOOP``, naming the first that is not.
+    """
+    import stat
+
+    for path in made:
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            mode = 0
+        if not stat.S_ISDIR(mode):
+            raise OSError(errno.ELOOP, "no longer the directory made there (a link?)", path)
+
+
 def remove_made(made: list[str]) -> None:
     """Remove the directories :func:`make_parents` created, deepest first, if still empty."""
     for path in reversed(made):
@@ -212,11 +230,15 @@ class AtomicFile:
             raise OSError(exc.errno, exc.strerror, self.path) from None
         self.finished = True
 
-    def commit(self) -> None:
-        """:meth:`finish`, then rename the temporary to ``path`` and flush the directory."""
+    def commit(self, replace: bool = True) -> None:
+        """:meth:`finish`, then rename the temporary to ``path`` and flush the directory;
+        unless ``replace``, never over anything already there (FileExistsError naming it)."""
         self.finish()
         try:
-            os.replace(self.temp, self.path)
+            if replace:
+                os.replace(self.temp, self.path)
+            else:
+                move_noreplace(self.temp, self.path)
             self.committed = True
             fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         except OSError as exc:

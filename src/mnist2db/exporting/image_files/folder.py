@@ -26,6 +26,7 @@ as text). Class names, when known (``--classes``, or the ``DB.classes.txt`` that
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -44,6 +45,7 @@ from mnist2db.exporting.png_worker import worth_a_worker
 from mnist2db.exporting.sample_batches import iter_batches, prefetched
 from mnist2db.exporting.samples import Sample, SampleBatch, caffe_path, class_names, file_stem
 from mnist2db.formats.datum.message import key_text
+from mnist2db.formats.lists.image_list import listable
 from mnist2db.interrupt import deferred
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.databases.readers import shared_reader
@@ -64,9 +66,11 @@ SKIPPED_LIMIT = 1_000_000
 #: The export's own files at the top of ``OUT``: a restored path may not begin with one.
 RESERVED = (LIST_NAME, CLASSES_NAME, MARKER, RENAMED_NAME, TARGETS_NAME, SKIPPED_NAME)
 _PROGRESS_EVERY = 1000
-#: Directories known to exist, remembered (a bounded number) to spare a makedirs per file.
-_DIRS_REMEMBERED = 4096
+#: Directories kept open (their descriptors, a bounded number: far below the usual limit of
+#: 1024 open files) to spare a walk from the root per file.
+_DIRS_REMEMBERED = 256
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -95,39 +99,78 @@ class FilesResult:
 
 
 class _Tree:
-    """Files created inside ``root`` only, each once (``O_EXCL``), counted."""
+    """Files created inside ``root`` only, each once (``O_EXCL``), counted. Every directory
+    is made and opened relative to its parent's descriptor, never through a link
+    (``O_NOFOLLOW``), and every file created relative to its directory's: a link planted
+    in the staging directory, or put in place of a directory made here, is never followed
+    out of it (a name it takes is a name taken)."""
 
     def __init__(self, root: str, shown: str) -> None:
         self.root = root
         self.shown = shown  # the name ``root`` is given when an error names it
-        self.dirs: set[str] = {root}
+        self.root_fd = os.open(root, _DIRECTORY)
+        self.dirs: dict[str, int] = {"": self.root_fd}
         self.files = 0
         self.bytes = 0
 
-    def _directory(self, path: str) -> bool:
-        if path in self.dirs:
-            return True
+    def close(self) -> None:
+        for fd in self.dirs.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.dirs = {}
+
+    def _directory(self, relative: str) -> int | None:
+        """The descriptor of directory ``relative`` (made if missing); None when its name,
+        or a parent's, is taken by something else (a file, a link)."""
+        fd = self.dirs.get(relative)
+        if fd is not None:
+            return fd
+        up, _, name = relative.rpartition("/")
+        parent = self._directory(up)
+        if parent is None:
+            return None
         try:
-            os.makedirs(path, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            return False  # a file of that name is already there
-        if len(self.dirs) >= _DIRS_REMEMBERED:
-            self.dirs = {self.root}
-        self.dirs.add(path)
-        return True
+            os.mkdir(name, 0o777, dir_fd=parent)
+        except FileExistsError:
+            pass  # ours already, or taken: the open below tells
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, f"{self.root}/{relative}") from None
+        try:
+            fd = os.open(name, _DIRECTORY, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                return None  # a link or a file of that name is already there
+            raise OSError(exc.errno, exc.strerror, f"{self.root}/{relative}") from None
+        if len(self.dirs) >= _DIRS_REMEMBERED:  # the parent's descriptor is used no more
+            for known in self.dirs.values():
+                if known != self.root_fd:
+                    os.close(known)
+            self.dirs = {"": self.root_fd}
+        self.dirs[relative] = fd
+        return fd
+
+    def open_new(self, name: str, buffering: int = -1) -> Any:
+        """A new file ``name`` at the top of the tree (``O_EXCL``, never through a link),
+        open for writing."""
+        try:
+            fd = os.open(name, _CREATE, 0o666, dir_fd=self.root_fd)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, f"{self.root}/{name}") from None
+        return os.fdopen(fd, "wb", buffering=buffering)
 
     def create(self, relative: str, data: bytes | memoryview) -> str | None:
         """Write ``data`` at ``relative``: "new"; "shared" when an equal file is there;
         None when the name is taken (another file, or a directory)."""
-        # Joined by hand (a relative path is never absolute: caffe_path and file_stem
-        # see to it), and written at once: a few microseconds a file, 60,000 files.
-        path = f"{self.root}/{relative}"
-        if not self._directory(path.rpartition("/")[0]):
+        # A relative path is never absolute (caffe_path and file_stem see to it), and is
+        # written at once: a few microseconds a file, 60,000 files.
+        up, _, name = relative.rpartition("/")
+        directory = self._directory(up)
+        if directory is None:
             return None
         try:
-            fd = os.open(path, _CREATE, 0o666)
+            fd = os.open(name, _CREATE, 0o666, dir_fd=directory)
         except FileExistsError:
-            return "shared" if _holds(path, data) else None
+            return "shared" if _holds(name, data, directory) else None
         except (NotADirectoryError, IsADirectoryError):
             return None
         try:
@@ -137,7 +180,7 @@ class _Tree:
                 while view:
                     view = view[os.write(fd, view) :]
         except OSError as exc:
-            raise OSError(exc.errno, exc.strerror, path) from None
+            raise OSError(exc.errno, exc.strerror, f"{self.root}/{relative}") from None
         finally:
             os.close(fd)
         self.files += 1
@@ -145,12 +188,13 @@ class _Tree:
         return "new"
 
 
-def _holds(path: str, data: bytes | memoryview) -> bool:
-    """True when ``path`` is a regular file holding exactly ``data`` (a link is never
-    followed). Four system calls: a database that names one file many times (a list
-    that names it again and again) checks it as often."""
+def _holds(path: str, data: bytes | memoryview, directory: int | None = None) -> bool:
+    """True when ``path`` (in ``directory``, a descriptor, when given) is a regular file
+    holding exactly ``data`` (a link is never followed). Four system calls: a database that names one file
+    many times (a list that names it again and again) checks it as often."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=directory)  # fmt: skip
     except OSError:
         return False
     try:
@@ -177,7 +221,8 @@ def _place(tree: _Tree, sample: Sample, index: int) -> tuple[str, str]:
     if path is not None:
         if not sample.encoded and not path.lower().endswith(".png"):
             path += ".png"
-        made = tree.create(path, sample.data)
+        # A path no list line reads back (a blank at an end) is not restored: mapped below.
+        made = tree.create(path, sample.data) if listable(path.encode()) else None
         if made is not None:
             return path, "restored" if made == "new" else "shared"
     stem, mapped = file_stem(sample.key)
@@ -250,13 +295,16 @@ def export_files(
             targets = TargetStream(db_path, labels_path, reader, label_reader)
             records = targets.records(records, label_reader)
         with staged_tree(out_path, inputs, overwrite) as staging:
-            tree = _Tree(staging, out_path)
+            try:
+                tree = _Tree(staging, out_path)
+            except OSError as exc:
+                raise OutputError(f"{out_path}: cannot write: {exc.strerror or exc}") from None
             try:
                 count = _write_tree(records, db_path, tree, counts, examples, total, progress,
                                     targets)  # fmt: skip
                 if names:
                     text = "".join(f"{name}\n" for name in names).encode("utf-8")
-                    _write_file(os.path.join(staging, CLASSES_NAME), text, tree)
+                    _write_file(CLASSES_NAME, text, tree)
                 marker = {
                     "format": MARKER_FORMAT,
                     "version": 1,
@@ -269,13 +317,15 @@ def export_files(
                     "bytes": tree.bytes,
                 }
                 data = (json.dumps(marker, indent=1) + "\n").encode()
-                with open(os.path.join(staging, MARKER), "wb") as stream:
+                with tree.open_new(MARKER) as stream:
                     stream.write(data)
             except OSError as exc:
                 where = exc.filename or out_path
                 if isinstance(where, str) and where.startswith(staging):
                     where = out_path + where[len(staging) :]
                 raise OutputError(f"{where}: cannot write: {exc.strerror or exc}") from None
+            finally:
+                tree.close()
     progress(count, total)
     return FilesResult(
         out_path, count, counts["restored"], counts["named"], counts["mapped"], counts["shared"],
@@ -284,8 +334,8 @@ def export_files(
     )  # fmt: skip
 
 
-def _write_file(path: str, data: bytes, tree: _Tree) -> None:
-    with open(path, "wb") as stream:
+def _write_file(name: str, data: bytes, tree: _Tree) -> None:
+    with tree.open_new(name) as stream:
         stream.write(data)
     tree.files += 1
     tree.bytes += len(data)
@@ -356,11 +406,11 @@ def _write_listed(
     targets: TargetStream | None,
     writer: FileWriter | None,
 ) -> int:
-    listing = open(os.path.join(tree.root, LIST_NAME), "wb", buffering=1 << 20)  # noqa: SIM115
+    listing = tree.open_new(LIST_NAME, buffering=1 << 20)
     renamed = None
     table = None
     if targets is not None:
-        table = open(os.path.join(tree.root, TARGETS_NAME), "wb", buffering=1 << 20)  # noqa: SIM115
+        table = tree.open_new(TARGETS_NAME, buffering=1 << 20)
         names = [csv_field(name) for name in ["path", *targets.names]]
         head = ",".join(names).encode("utf-8", "surrogateescape") + b"\n"
         table.write(head)
@@ -393,7 +443,7 @@ def _write_listed(
                 tree.bytes += len(row)
             if how == "mapped":
                 if renamed is None:
-                    renamed = open(os.path.join(tree.root, RENAMED_NAME), "wb")  # noqa: SIM115
+                    renamed = tree.open_new(RENAMED_NAME)
                     renamed.write(b"path\tkey_hex\tkey\n")
                     tree.files += 1
                     tree.bytes += len(b"path\tkey_hex\tkey\n")
@@ -436,7 +486,7 @@ def _write_listed(
             table.close()
     except OSError as exc:
         # A buffered write names no file: the list's (the image files name theirs).
-        raise OSError(exc.errno, exc.strerror, exc.filename or listing.name) from None
+        raise OSError(exc.errno, exc.strerror, exc.filename or f"{tree.root}/{LIST_NAME}") from None
     finally:
         for stream in (listing, table):
             if stream is not None and not stream.closed:

@@ -22,6 +22,7 @@ from typing import Any
 from mnist2db.errors import ArgumentError, OutputError, OutputExistsError
 from mnist2db.storage.destinations import check_directory_target
 from mnist2db.storage.files import (
+    check_made,
     fsync_dir,
     make_parents,
     mkdtemp_beside,
@@ -57,18 +58,57 @@ def _syncfs(path: str) -> None:
 
 
 def read_marker(out: str) -> dict[str, Any] | None:
-    """``out``'s marker, when it is a regular file holding an export's marker; else None."""
+    """``out``'s marker, when it is a regular file holding an export's marker; else None.
+    Read never through a link, nor from anything but a regular file (a FIFO would hang)."""
     path = os.path.join(out, MARKER)
     try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        with open(path, "rb") as stream:
-            found = json.loads(stream.read(_MARKER_LIMIT))
-    except (OSError, ValueError):
+        data = os.read(fd, _MARKER_LIMIT + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        found = json.loads(data) if len(data) <= _MARKER_LIMIT else None
+    except (ValueError, RecursionError):
         return None
     if not isinstance(found, dict) or found.get("format") != MARKER_FORMAT:
         return None
     return found
+
+
+#: The counts a marker holds (whole numbers), beside its files and bytes.
+_MARKER_COUNTS = ("records", "restored", "shared", "named", "mapped", "encoded", "raw",
+                  "files", "bytes")  # fmt: skip
+
+
+def marker_problem(marker: dict[str, Any]) -> str | None:
+    """What is not as mnist2db writes it in an export's marker (read back: a stranger's
+    input), the field named; None when every field is."""
+
+    def shown(value: Any) -> str:
+        try:
+            return json.dumps(value, allow_nan=False)[:60]
+        except (ValueError, TypeError, RecursionError):
+            return type(value).__name__
+
+    if marker.get("version") != 1 or type(marker.get("version")) is not int:
+        return f"version: {shown(marker.get('version'))}, expected 1"
+    if marker.get("to") != "files":
+        return f'to: {shown(marker.get("to"))}, expected "files"'
+    for name in ("source", "label_db"):
+        if (name in marker or name == "source") and type(marker.get(name)) is not str:
+            return f"{name}: {shown(marker.get(name))}, expected a string"
+    for name in _MARKER_COUNTS:
+        value = marker.get(name)
+        if type(value) is not int or not 0 <= value < 1 << 63:
+            return f"{name}: {shown(value)}, expected a whole number"
+    return None
 
 
 def not_ours(out: str) -> str | None:
@@ -76,6 +116,9 @@ def not_ours(out: str) -> str | None:
     marker = read_marker(out)
     if marker is None:
         return f"holds no {MARKER} of an export"
+    problem = marker_problem(marker)
+    if problem is not None:
+        return f"its {MARKER} is not as mnist2db writes it ({problem})"
     files = size = 0
     for folder, subfolders, names in os.walk(out):
         for name in subfolders + names:
@@ -89,10 +132,10 @@ def not_ours(out: str) -> str | None:
                 continue
             files += 1
             size += info.st_size
-    if (files, size) != (marker.get("files"), marker.get("bytes")):
+    if (files, size) != (marker["files"], marker["bytes"]):
         return (
-            f"holds {files} files of {size} bytes, its {MARKER} counts {marker.get('files')} "
-            f"of {marker.get('bytes')} (files added or changed since)"
+            f"holds {files} files of {size} bytes, its {MARKER} counts {marker['files']} "
+            f"of {marker['bytes']} (files added or changed since)"
         )
     return None
 
@@ -136,6 +179,10 @@ def staged_tree(out: str, inputs: list[str], overwrite: bool) -> Iterator[str]:
         raise OutputError(f"{out}: cannot create its parent directory: {exc.strerror}") from None
     staging = ""
     try:
+        try:
+            check_made(made)  # the staging directory goes inside them, never through a link
+        except OSError as exc:
+            raise OutputError(f"{exc.filename}: cannot write in it: {exc.strerror}") from None
         parent = os.path.realpath(written)
         prefix = temp_prefix(name)
         remove_stale(parent, prefix, directories=True)
@@ -147,6 +194,7 @@ def staged_tree(out: str, inputs: list[str], overwrite: bool) -> Iterator[str]:
         yield staging
         try:
             _syncfs(staging)
+            check_made(made)
             try:
                 move_noreplace(staging, bare)
             except FileExistsError:

@@ -21,13 +21,16 @@ every write before its commit was made and hashed."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from mnist2db.errors import OutputExistsError
 from mnist2db.exporting.webdataset.tar_members import END_OF_ARCHIVE, VIEW_SIZE
 from mnist2db.storage.direct_writes import DirectWriter
 from mnist2db.storage.files import AtomicFile
@@ -118,12 +121,30 @@ class Workers:
         self.direct.close()
 
 
+def folder_identity(path: str) -> tuple[int, int] | None:
+    """The device and inode of directory ``path`` (not through a link); None if it is not
+    one (a link the user named as OUT's folder: theirs)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino) if stat.S_ISDIR(info.st_mode) else None
+
+
 class ShardFile:
     """One shard being written: an :class:`AtomicFile`, its SHA-256, its count and keys."""
 
-    def __init__(self, path: str, workers: Workers) -> None:
+    def __init__(
+        self,
+        path: str,
+        workers: Workers,
+        replace: bool = False,
+        folder: tuple[int, int] | None = None,
+    ) -> None:
         self.path = path
         self.workers = workers
+        self.replace = replace  # True: over a shard of ours; else nothing may be there
+        self.folder = folder  # the folder's identity (folder_identity) it is renamed within
         self.file = AtomicFile(path).create()
         workers.files.append(self.file)
         self.fd = self.file.stream.fileno()  # written by workers.direct, never through the stream
@@ -194,7 +215,16 @@ class ShardFile:
     ) -> None:
         written.result()  # the other threads never wait for this one
         sha256 = hashed.result()
-        self.file.commit()
+        where = os.path.dirname(self.path) or os.curdir
+        if folder_identity(where) != self.folder:  # a link put in the folder's place
+            raise OSError(errno.ELOOP, "no longer the folder it was (a link?)", where)
+        try:
+            self.file.commit(replace=self.replace)
+        except FileExistsError:
+            raise OutputExistsError(
+                f"{self.path}: appeared while exporting, not a shard of this export; "
+                "refusing to replace it"
+            ) from None
         done(
             {
                 "name": os.path.basename(self.path),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,24 +32,25 @@ from typing import Any
 from mnist2db.errors import ArgumentError, OutputError
 from mnist2db.exporting.float_labels import TargetStream
 from mnist2db.exporting.png_worker import PngWorker
+from mnist2db.exporting.resume_checks import check_resume, source_state
 from mnist2db.exporting.sample_batches import iter_batches, prefetched, start_png_worker
 from mnist2db.exporting.samples import class_names
 from mnist2db.exporting.webdataset.shard_files import (
     MANIFEST_FORMAT,
-    check_resumable,
+    check_shard_names,
     check_targets,
-    listed_shards,
+    is_regular,
     manifest_name,
     remove_stale_temporaries,
     shard_name,
     write_manifest,
 )
-from mnist2db.exporting.webdataset.shard_writer import ShardFile, Workers
+from mnist2db.exporting.webdataset.shard_writer import ShardFile, Workers, folder_identity
 from mnist2db.exporting.webdataset.tar_members import batch_tars
 from mnist2db.interrupt import deferred
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.databases.readers import DbReader, shared_reader
-from mnist2db.storage.files import make_parents, remove_made
+from mnist2db.storage.files import check_made, make_parents, remove_made
 
 DEFAULT_SHARD_SIZE = 10000
 
@@ -122,18 +124,22 @@ def export_webdataset(
     except OSError as exc:
         raise OutputError(f"{out_path}: cannot create its directory: {exc.strerror}") from None
     try:
-        remove_stale_temporaries(out_path)
+        check_made(made)  # the shards go inside them, never through a link
         with contextlib.ExitStack() as stack:
             reader = stack.enter_context(shared_reader(db_path))
             pair = None
             if labels_path is not None:
                 label_reader = stack.enter_context(shared_reader(labels_path))
                 pair = (TargetStream(db_path, labels_path, reader, label_reader), label_reader)
-            if resume and found is not None:
-                check_resumable(out_path, found, options)
+            state = source_state(reader)
+            if resume and found is not None:  # before anything is touched
+                replacing = check_resume(out_path, found, options, state, reader)
+            else:
+                replacing = check_shard_names(out_path, found, resume=False)
+            remove_stale_temporaries(out_path)
+            options["source_state"] = state
             return _write_shards(reader, db_path, out_path, found if resume else None,
-                                 sorted(listed_shards(out_path, found)), options, names, progress,
-                                 pair)  # fmt: skip
+                                 replacing, options, names, progress, pair)  # fmt: skip
     except OSError as exc:
         remove_made(made)
         raise OutputError(
@@ -198,7 +204,7 @@ def _write_shards(
     def list_placed() -> None:
         # Here, not on the committing thread (a manifest's AtomicFile defers signals, which is
         # the main thread's business), before the next shard is committed: at most one
-        # shard is ever placed and not listed (what listed_shards counts as ours).
+        # shard is ever placed and not listed (what check_shard_names proves ours).
         workers.wait_commits()
         if committed:
             shards.extend(committed)
@@ -210,13 +216,17 @@ def _write_shards(
     first = reader.first_key()
     worker: PngWorker | None = None
     workers = Workers()  # its threads start with its first task
+    replaceable = set(replacing)
+    parent = os.path.dirname(out)
+    folder = folder_identity(parent or os.curdir)  # each shard goes into this folder, not a link's
     try:
         # Forked here, before this export's threads: a process to encode raw records' PNGs;
         # a signal meanwhile is raised once it is made (os.fork runs handlers of its own,
         # which would swallow the exception), and it is closed below.
         with deferred():
             worker = start_png_worker(reader.get(first) if first is not None else None)
-        for batch in prefetched(iter_batches(db_path, records, worker)):
+        abort = worker.kill if worker is not None else None
+        for batch in prefetched(iter_batches(db_path, records, worker), abort=abort):
             framed = batch_tars(batch, previous, count, targets)
             previous, offsets = framed.last, framed.offsets
             i, n = 0, len(batch.keys)
@@ -230,7 +240,12 @@ def _write_shards(
                     shard = None
                     progress(count, total)
                 if shard is None:
-                    shard = ShardFile(shard_name(out, made), workers)
+                    path = shard_name(out, made)
+                    if folder_identity(parent or os.curdir) != folder:
+                        raise OSError(errno.ELOOP, "no longer the folder it was (a link?)",
+                                      parent or os.curdir)  # fmt: skip
+                    # Over a shard of ours only: any other file there is refused, not replaced.
+                    shard = ShardFile(path, workers, os.path.basename(path) in replaceable, folder)
                     made += 1
                 # The samples from i that fit (the first one does: the shard is empty, or
                 # was checked above).
@@ -249,16 +264,21 @@ def _write_shards(
             shard = None
         workers.drain()
         shards.extend(committed)  # listed by the manifest written below
+    except BaseException:
+        if worker is not None:
+            worker.close(abort=True)  # at once: a stopped worker never answers
+            worker = None
+        raise
     finally:
         workers.close()  # and the temporary of a shard not committed
         if worker is not None:
             worker.close()
     written = {entry["name"] for entry in shards}
-    parent = os.path.dirname(out)
-    for name in replacing:  # an earlier export's shards beyond this one's
-        if name not in written:
+    for name in replacing:  # an earlier export's shards beyond this one's (names checked)
+        path = os.path.join(parent, name)
+        if name not in written and is_regular(path):
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(parent, name))
+                os.unlink(path)
     manifest["complete"] = True
     manifest["replacing"] = []
     manifest["records"] = count

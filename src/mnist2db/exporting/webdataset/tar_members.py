@@ -39,6 +39,22 @@ _TEMPLATE = _ustar_template()
 _TEMPLATE_SUM = sum(_TEMPLATE) + 8 * ord(" ")
 
 
+def first_member_is_ours(block: bytes, key: bytes | None = None) -> bool:
+    """Whether ``block`` (a shard's first) is a header as :func:`ustar_headers` makes them
+    (the template's mode, owner, time and type: a user's ``tar`` records its own), of a
+    member of the sample of ``key`` when given: what proves a shard found under a name
+    an export was writing to be that export's."""
+    if len(block) != BLOCK or any(
+        block[start:end] != _TEMPLATE[start:end]
+        for start, end in ((100, 124), (136, 148), (156, BLOCK))
+    ):
+        return False
+    if key is None:
+        return True
+    stem = sample_key(key)[0].encode("utf-8")  # then ".EXT", or "_N.EXT" (made unique)
+    return block.startswith(stem) and block[len(stem) : len(stem) + 1] in (b".", b"_")
+
+
 #: The padding after a member's data, by its length modulo a block.
 PADDING = [b"\0" * (-n % BLOCK) for n in range(BLOCK)]
 NAME_LIMIT = 100
