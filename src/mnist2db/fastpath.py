@@ -93,6 +93,7 @@ IMAGESET_PATH = frozenset(
         "mnist2db.images.worker_loop",
         "mnist2db.images.worker_messages",
         "mnist2db.images.workers",
+        "mnist2db.storage.digest_state",
     }
 )
 

@@ -45,6 +45,7 @@ from mnist2db.images.resume import (
     committed,
     find_staged_labels,
     find_staged_run,
+    owner_fields,
     remove_plan,
     write_plan,
 )
@@ -53,6 +54,7 @@ from mnist2db.images.workers import OrderedDecoding, default_jobs
 from mnist2db.progress import Progress, reporting
 from mnist2db.storage.backends import BACKEND, DEFAULT_BATCH_SIZE, check_backend, check_batch_size
 from mnist2db.storage.db_staging import staged_database, staged_databases, stale_staging
+from mnist2db.storage.digest_state import remove_saved_states
 from mnist2db.storage.files import temp_prefix
 from mnist2db.storage.metadata import write_metadata
 from mnist2db.storage.targets import labels_path
@@ -296,7 +298,8 @@ def write_imageset(
                 "resize": list(resize) if resize else None, "encoded": encoded,
                 "encode_type": encode_type, "check_size": check_size, "seed": seed,
                 "width": None if targets is None else targets.width,
-                "targets": None if targets is None else targets.digest()}  # fmt: skip
+                "targets": None if targets is None else targets.digest(),
+                **owner_fields()}  # fmt: skip
         run = find_staged_run(out) if resume else None
         if resume and run is None:
             raise Mnist2dbError(
@@ -356,7 +359,8 @@ def write_imageset(
                 progress(done.records + written, total)
 
             write_database(backend, staging, 4096, batches, total, report, keyed=True,
-                           existing=run is not None)  # fmt: skip
+                           existing=run is not None, resumable=True,
+                           committed=(done.records, done.last_key))  # fmt: skip
             if not state["count"]:
                 raise ImageError(
                     f"{where}: no image could be read"
@@ -375,6 +379,7 @@ def write_imageset(
                 write_metadata(staging, {**metadata, "source": source,
                                          "records": state["count"]}, out)  # fmt: skip
             remove_plan(staging)
+            remove_saved_states(stagings)
     return ImagesetResult(
         path=out,
         backend=backend,

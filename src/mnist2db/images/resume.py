@@ -27,7 +27,7 @@ from mnist2db.errors import Mnist2dbError, printable
 from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.storage.db_staging import stale_staging
-from mnist2db.storage.files import owner_pid, temp_prefix
+from mnist2db.storage.files import owner_pid, process_start, temp_prefix
 
 if TYPE_CHECKING:
     from typing import Any
@@ -91,9 +91,29 @@ class EntryDigest:
 _DIGEST_BATCH = 4096
 
 
+def owner_fields() -> dict[str, Any]:
+    """What the plan records of the process that writes it: its start time, so that a
+    live process that got the pid of a killed owner is not taken for it."""
+    return {"owner": [os.getpid(), process_start(os.getpid())]}
+
+
+def _owner_start(staging: str, pid: int) -> int | None:
+    """The start time the plan in ``staging`` records of its owner when that is process
+    ``pid`` (None: none, or another's: an adopted run's plan before it is written again)."""
+    try:
+        with open(os.path.join(staging, PLAN_FILE), encoding="utf-8") as stream:
+            owner = json.load(stream).get("owner")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(owner, list) or len(owner) != 2 or owner[0] != pid:
+        return None
+    return owner[1] if isinstance(owner[1], int) else None
+
+
 def find_staged_run(out: str) -> StagedRun | None:
-    """The newest staged run for ``out`` left by a killed process, with a plan; None if none."""
-    for path in reversed(stale_staging(out)):
+    """The newest staged run for ``out`` left by a killed process, with a plan; None if none
+    (a process gone: exited, exiting or a zombie, or its pid now another process's)."""
+    for path in reversed(stale_staging(out, _owner_start)):
         try:
             with open(os.path.join(path, PLAN_FILE), encoding="utf-8") as stream:
                 plan = json.load(stream)
@@ -114,7 +134,7 @@ def find_staged_labels(out: str, labels_out: str, images_staging: str) -> str | 
         return owner_pid(os.path.basename(path)[len(prefix) :])
 
     pid = pid_of(images_staging, out)
-    for path in stale_staging(labels_out):
+    for path in stale_staging(labels_out, lambda _, owner: _owner_start(images_staging, owner)):
         if pid is not None and pid_of(path, labels_out) == pid:
             return path
     return None

@@ -13,6 +13,7 @@ records again (:func:`mnist2db.conversion.write_database`).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -204,3 +205,10 @@ def resumed_digest(staging: str, records: int, last_key: bytes | None) -> Record
             digest.mark_unordered()
         return digest
     return None
+
+
+def remove_saved_states(stagings: list[str]) -> None:
+    """The saved states out of the staging directories, before they are placed."""
+    for staging in stagings:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(staging, STATE_FILE))
