@@ -386,6 +386,7 @@ def write_database(
     existing: bool = False,
     resumable: bool = False,
     committed: tuple[int, bytes | None] = (0, None),
+    before_commit: Callable[[Sequence[tuple[bytes, bytes]]], None] | None = None,
 ) -> None:
     """Write ``total`` records, a batch of values at a time, under Caffe's keys into a new
     database in ``staging``: one transaction per batch, the writer aborted on any failure
@@ -400,7 +401,8 @@ def write_database(
     which holds ``committed`` records, the last under ``committed[1]``.
     ``resumable``: the digest's state is saved before each commit
     (:mod:`mnist2db.storage.digest_state`), and a resumed run's digest continues from the
-    state saved with the records it finds committed.
+    state saved with the records it finds committed. ``before_commit(items)``: called with
+    each batch once it is in its transaction, before the commit (what a resume checks).
 
     The records' digest is written beside them (``mnist2db.json``, which the caller's
     :func:`~mnist2db.storage.metadata.write_metadata` keeps): ``verify DB`` checks it.
@@ -413,7 +415,7 @@ def write_database(
         backend, staging, size_hint=hint, append=total <= KEY_LIMIT, existing=existing
     )
     digest, states = _run_digest(staging, existing, resumable, committed)
-    before_commit = None if states is None else states.save
+    hooks = [hook for hook in (before_commit, None if states is None else states.save) if hook]
     try:
         try:
             done = 0
@@ -421,7 +423,7 @@ def write_database(
                 n = len(values)
                 items = values if keyed else list(zip(record_keys(done, n), values, strict=True))
                 digest.add(items)  # type: ignore[arg-type]  # hashed on its thread meanwhile
-                writer.write_batch(items, before_commit)  # type: ignore[arg-type]
+                writer.write_batch(items, _before(hooks, items))  # type: ignore[arg-type]
                 digest.done_reading()
                 done += n
                 progress(done, total)
@@ -435,6 +437,18 @@ def write_database(
         write_digest(staging, digest, staging)
     finally:
         digest.close()
+
+
+def _before(hooks: list[Any], items: Any) -> Callable[[], None] | None:
+    """One call before a batch's commit: each hook given the batch."""
+    if not hooks:
+        return None
+
+    def call() -> None:
+        for hook in hooks:
+            hook(items)
+
+    return call
 
 
 def _run_digest(

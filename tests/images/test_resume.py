@@ -167,3 +167,26 @@ def test_mnist2db_imageset_resumes_too(photos: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert digests(out, "lmdb") == digests(tmp_path / "whole", "lmdb")
+
+
+def test_an_image_changed_since_the_kill_is_refused_naming_it(photos: Path, tmp_path: Path) -> None:
+    out = tmp_path / "db"
+    changed = tmp_path / "photos"
+    import shutil
+
+    shutil.copytree(photos, changed)
+    killed = convert(changed, out, "lmdb", resume=False, kill_after=4)
+    assert killed.returncode == -signal.SIGKILL and len(staged(out)) == 1
+    image = changed / "004.png"  # in the first batch, committed
+    Image.fromarray(np.zeros((9, 24, 3), np.uint8)).save(image)
+    os.utime(image, ns=(1, 1))
+    done = convert(changed, out, "lmdb", resume=True)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1].endswith(
+        f"{image}: --resume refused: the image changed since the staged run read it (its "
+        f"record is committed in the staged run of {out}); run without --resume to start again"
+    )
+    assert len(staged(out)) == 1 and not out.exists()  # the staged run kept
+    image.unlink()
+    gone = convert(changed, out, "lmdb", resume=True)
+    assert gone.returncode == 1 and "the image is gone" in gone.stderr.splitlines()[-1]

@@ -41,6 +41,8 @@ from mnist2db.images.record_work import RecordWork
 from mnist2db.images.resume import (
     Committed,
     EntryDigest,
+    InputRecorder,
+    check_inputs,
     check_plan,
     committed,
     find_staged_labels,
@@ -311,6 +313,7 @@ def write_imageset(
         if run is not None:
             check_plan(out, run, plan)
             done = committed(run.path, backend)
+            check_inputs(out, run, root_bytes, entries() if kept is None else kept, done.records)
             if targets is not None:  # the label database the killed run began beside, if any
                 adopt[1] = find_staged_labels(out, outs[1], run.path)
                 if adopt[1] is not None:
@@ -360,7 +363,8 @@ def write_imageset(
 
             write_database(backend, staging, 4096, batches, total, report, keyed=True,
                            existing=run is not None, resumable=True,
-                           committed=(done.records, done.last_key))  # fmt: skip
+                           committed=(done.records, done.last_key),
+                           before_commit=InputRecorder(staging, root_bytes, done.records))  # fmt: skip
             if not state["count"]:
                 raise ImageError(
                     f"{where}: no image could be read"

@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import json
 import os
+import struct
 
 from mnist2db.errors import Mnist2dbError, printable
 from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
@@ -158,8 +159,9 @@ def write_plan(staging: str, plan: dict[str, Any]) -> None:
 
 
 def remove_plan(staging: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(staging, PLAN_FILE))
+    for name in (PLAN_FILE, INPUTS_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(staging, name))
 
 
 def check_plan(out: str, run: StagedRun, plan: dict[str, Any]) -> None:
@@ -257,3 +259,80 @@ def committed(path: str, backend: str) -> Committed:
             "--resume to start again"
         ) from None
     return Committed(records, -1 if last is None else int(last[:8]), first, last)
+
+
+# -- the images a resume keeps -----------------------------------------------------------
+
+#: The size and modification time of each committed record's image, in key order, appended
+#: before each commit (line, size, mtime_ns: 24 bytes a record; removed with the plan).
+INPUTS_FILE = "mnist2db-resume-inputs.bin"
+_INPUT = struct.Struct(">qqq")
+
+
+class InputRecorder:
+    """Appends the size and mtime of each record's image before its batch commits (a
+    writer's ``before_commit``): what a resume proves unchanged before it keeps the record."""
+
+    def __init__(self, staging: str, root: bytes, committed: int) -> None:
+        self.root = root
+        self.path = os.path.join(staging, INPUTS_FILE)
+        # A resumed run's file: cut to the records committed (a kill may have left the
+        # batch that did not commit).
+        with open(self.path, "ab") as stream:
+            stream.truncate(min(os.fstat(stream.fileno()).st_size, committed * _INPUT.size))
+
+    def __call__(self, items: Any) -> None:
+        pack, root = _INPUT.pack, self.root
+        parts = []
+        for key, _ in items:
+            stat = os.stat(root + bytes(key[9:]))
+            parts.append(pack(int(key[:8]), stat.st_size, stat.st_mtime_ns))
+        with open(self.path, "ab") as stream:
+            stream.write(b"".join(parts))
+
+
+def check_inputs(out: str, run: StagedRun, root: bytes, entries: Any, records: int) -> None:
+    """Refuse a resume whose committed records' images changed since the staged run read
+    them (their size or modification time), naming the first; the staged run is kept.
+
+    Raises:
+        Mnist2dbError: an image changed or is gone, or the run recorded fewer records than
+            it committed (a run of an earlier version: nothing to prove them by).
+    """
+    path = os.path.join(run.path, INPUTS_FILE)
+    try:
+        with open(path, "rb") as stream:
+            recorded = stream.read(records * _INPUT.size)
+    except OSError:
+        recorded = b""
+    if len(recorded) < records * _INPUT.size:
+        raise Mnist2dbError(
+            f"{out}: --resume refused: the staged run recorded no size and time of "
+            f"{records - len(recorded) // _INPUT.size} of its images (an earlier version's "
+            "run); run without --resume to start again"
+        )
+    listed = iter(entries)
+    entry = None
+    for line, size, mtime in _INPUT.iter_unpack(recorded):
+        while entry is None or entry.line < line:
+            entry = next(listed, None)
+            if entry is None:
+                break
+        if entry is None or entry.line != line:
+            raise Mnist2dbError(
+                f"{out}: --resume refused: the staged run's record of line {line + 1} names "
+                "no entry of the list; run without --resume to start again"
+            )
+        name = root + entry.path
+        try:
+            stat = os.stat(name)
+            found: tuple[int, int] | None = (stat.st_size, stat.st_mtime_ns)
+        except OSError:
+            found = None
+        if found != (size, mtime):
+            what = "is gone" if found is None else "changed since the staged run read it"
+            raise Mnist2dbError(
+                f"{printable(os.fsdecode(name))}: --resume refused: the image {what} (its "
+                f"record is committed in the staged run of {out}); run without --resume to "
+                "start again"
+            )

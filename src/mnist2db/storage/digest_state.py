@@ -160,7 +160,8 @@ class StateFile:
             self._states = [first]
             self._write()
 
-    def save(self) -> None:
+    def save(self, batch: object = None) -> None:
+        """Save the state after the batch just added (``batch``: it, unused)."""
         state = saved_state(self.digest)
         if state is None:
             return
