@@ -6,6 +6,7 @@ run without --resume reports the stale staged run it removes."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -87,6 +88,10 @@ def convert(photos: Path, out: Path, backend: str, *, resume: bool, kill_after: 
                           capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
+def record_digest(db: Path) -> object:
+    return json.loads((db / "mnist2db.json").read_text())["digest"]
+
+
 def staged(out: Path) -> list[str]:
     return [n for n in os.listdir(out.parent) if n.startswith(f".{out.name}.mnist2db-tmp-")]
 
@@ -108,6 +113,9 @@ def test_killed_runs_resume_to_the_uninterrupted_records(
         assert done.returncode == 0, done.stderr
         assert digests(out, backend) == expected
         assert staged(out) == [] and "mnist2db-resume.json" not in os.listdir(out)
+        # The records' digest continued from the state saved at the commit: the whole run's.
+        assert record_digest(out) == record_digest(tmp_path / "whole")
+        assert [n for n in os.listdir(out) if n.startswith("mnist2db")] == ["mnist2db.json"]
 
 
 def test_a_kill_in_the_middle_of_a_batch_and_a_shuffle(photos: Path, tmp_path: Path) -> None:

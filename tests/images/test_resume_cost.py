@@ -45,12 +45,13 @@ SCRIPT = """
     from mnist2db.formats.image_list import ImageList
     from mnist2db.images.datum_records import write_imageset
     root, out, resume, kill_after = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
+    backend = sys.argv[5]
     batches = [0]
     def progress(done, total):
         batches[0] += 1
         if batches[0] == kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
-    result = write_imageset(root + "/", ImageList(root + "/list.txt"), out, "lmdb", jobs=2,
+    result = write_imageset(root + "/", ImageList(root + "/list.txt"), out, backend, jobs=2,
                             where=root + "/list.txt", resume=resume, progress=progress)
     with open("/proc/self/io") as io:
         read = dict(line.split(": ") for line in io.read().splitlines())
@@ -59,9 +60,10 @@ SCRIPT = """
 """
 
 
-def start(photos: Path, out: Path, *, resume: bool, kill_after: int = -1) -> subprocess.Popen[str]:
+def start(photos: Path, out: Path, *, resume: bool, kill_after: int = -1,
+          backend: str = "lmdb") -> subprocess.Popen[str]:  # fmt: skip
     argv = [sys.executable, "-c", textwrap.dedent(SCRIPT), str(photos), str(out),
-            "1" if resume else "0", str(kill_after)]  # fmt: skip
+            "1" if resume else "0", str(kill_after), backend]  # fmt: skip
     pipe = subprocess.PIPE if kill_after < 0 else subprocess.DEVNULL  # a killed one prints nothing
     return subprocess.Popen(argv, stdout=pipe, stderr=pipe, text=True)
 
@@ -91,21 +93,28 @@ def record_digest(db: Path) -> dict[str, object]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="reads counted by /proc/self/io")
-def test_a_resume_reads_back_no_committed_record(photos: Path, tmp_path: Path) -> None:
-    whole = finish(start(photos, tmp_path / "whole", resume=False))
+# LMDB only: LevelDB's own open replays its log, the memtable's writes since its last
+# table (at most LEVELDB_MEMTABLE_MAX): its read, not mnist2db's.
+@pytest.mark.parametrize("backend", ["lmdb"])
+def test_a_resume_reads_back_no_committed_record(
+    photos: Path, tmp_path: Path, backend: str
+) -> None:
+    whole = finish(start(photos, tmp_path / "whole", resume=False, backend=backend))
     assert whole["count"] == COUNT
     out = tmp_path / "db"
-    killed = start(photos, out, resume=False, kill_after=KILL_AFTER)
+    killed = start(photos, out, resume=False, kill_after=KILL_AFTER, backend=backend)
     killed.communicate(timeout=300)
     assert killed.returncode == -signal.SIGKILL and not out.exists()
     (staging,) = staged(out)
-    committed = (staging / "data.mdb").stat().st_size
+    files = [p for p in staging.iterdir() if p.is_file()]
+    committed = sum(p.stat().st_size for p in files)
     assert committed > 100 << 20  # 150 MiB of records
-    evict(staging / "data.mdb")
-    done = finish(start(photos, out, resume=True))
+    for path in files:
+        evict(path)
+    done = finish(start(photos, out, resume=True, backend=backend))
     assert done["count"] == COUNT
-    # The batch redone and LMDB's own pages (its tree's right edge) at most: the records
-    # committed stay where they are, unread (read again, they are 150 MiB).
+    # The batch redone and LMDB's own pages (its tree's right edge) at most: the records committed stay where they are, unread
+    # (read again, they are 150 MiB).
     assert done["read_bytes"] < 24 << 20, done
     assert done["peak_kib"] * 1024 < committed // 2, done
     assert record_digest(out) == record_digest(tmp_path / "whole")

@@ -28,6 +28,7 @@ from mnist2db.errors import Mnist2dbError, printable
 from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
 from mnist2db.formats.image_list import ListEntry
 from mnist2db.storage.db_staging import stale_staging
+from mnist2db.storage.digest_state import saved_count
 from mnist2db.storage.files import owner_pid, process_start, temp_prefix
 
 if TYPE_CHECKING:
@@ -228,12 +229,13 @@ def _leveldb_keys(path: str) -> tuple[int, bytes | None, bytes | None]:
 
     db = plyvel.DB(os.fsencode(path), create_if_missing=False)
     try:
-        first = last = None
-        records = 0
-        for key in db.iterator(include_value=False):
-            first = first or key
-            last = key
-            records += 1
+        first = next(db.iterator(include_value=False), None)
+        last = next(db.iterator(include_value=False, reverse=True), None)
+        # LevelDB keeps no count: the one saved with the digest's state at that last key
+        # (every commit saves one), else counted key by key (a run of an earlier version).
+        records = saved_count(path, last)
+        if records is None:
+            records = sum(1 for _ in db.iterator(include_value=False))
         return records, first, last
     finally:
         db.close()

@@ -176,6 +176,26 @@ class StateFile:
         os.replace(temporary, self.path)
 
 
+def _saved_states(staging: str) -> list[Any]:
+    try:
+        with open(os.path.join(staging, STATE_FILE), "rb") as stream:
+            states = json.loads(stream.read(_STATE_LIMIT))["states"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
+    return [s for s in states if isinstance(s, dict)] if isinstance(states, list) else []
+
+
+def saved_count(staging: str, last_key: bytes | None) -> int | None:
+    """The record count saved with the state whose last key is ``last_key`` (None: none)."""
+    if last_key is None:
+        return 0
+    for state in _saved_states(staging):
+        records = state.get("records")
+        if state.get("last_key_hex") == last_key.hex() and isinstance(records, int):
+            return records
+    return None
+
+
 def resumed_digest(staging: str, records: int, last_key: bytes | None) -> RecordDigest | None:
     """The digest of the ``records`` records a staged database committed, the last of them
     ``last_key``, from the state saved at its commit; None if none was saved for it (a run
@@ -183,16 +203,8 @@ def resumed_digest(staging: str, records: int, last_key: bytes | None) -> Record
     library = libcrypto()
     if library is None:
         return None
-    try:
-        with open(os.path.join(staging, STATE_FILE), "rb") as stream:
-            saved = json.loads(stream.read(_STATE_LIMIT))
-        states = saved["states"]
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
     wanted = None if last_key is None else last_key.hex()
-    for state in reversed(states if isinstance(states, list) else []):
-        if not isinstance(state, dict):
-            continue
+    for state in reversed(_saved_states(staging)):
         if state.get("records") != records or state.get("last_key_hex") != wanted:
             continue
         try:
