@@ -20,9 +20,9 @@ from mnist2db.formats.datum import (
     check_record_count,
     datum_prefix,
     encode_raw_batch,
-    encode_raw_framed,
     record_keys,
 )
+from mnist2db.formats.datum_frames import encode_raw_framed
 from mnist2db.formats.idx import LABELS_MAGIC, check_pair
 from mnist2db.formats.idx_reader import IdxReader, open_idx
 from mnist2db.formats.png import DEFAULT_PNG_COMPRESSION, check_encoding, check_png_compression

@@ -51,6 +51,7 @@ FAST_PATH = frozenset(
         "mnist2db.fastpath",
         "mnist2db.formats",
         "mnist2db.formats.datum",
+        "mnist2db.formats.datum_frames",
         "mnist2db.formats.deflate",
         "mnist2db.formats.idx",
         "mnist2db.formats.idx_reader",

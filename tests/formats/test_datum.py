@@ -12,7 +12,8 @@ from hypothesis.extra import numpy as hnp
 
 from mnist2db import DatumError, array_to_datum, datum_to_array, decode_datum, encode_datum
 from mnist2db.datum_pb2 import Datum
-from mnist2db.formats.datum import encode_batch, encode_raw_batch, encode_raw_framed, record_keys
+from mnist2db.formats.datum import encode_batch, encode_raw_batch, record_keys
+from mnist2db.formats.datum_frames import encode_raw_framed
 from mnist2db.formats.protowire import encode_varint
 
 INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)

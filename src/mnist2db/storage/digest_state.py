@@ -13,8 +13,10 @@ records again (:func:`mnist2db.conversion.write_database`).
 
 from __future__ import annotations
 
+import _hashlib  # noqa: F401  (loads the libcrypto hashlib links: found in the maps)
 import contextlib
 import ctypes
+import hashlib
 import json
 import os
 
@@ -94,9 +96,6 @@ def libcrypto() -> Any:
 
 
 def _load() -> Any:
-    import _hashlib  # noqa: F401  (loads the libcrypto hashlib links)
-    import hashlib
-
     names = []
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
