@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from mnist2db.errors import ArgumentError, BackendError, printable
 from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
+from mnist2db.formats.datum.frames import encode_raw_framed
 from mnist2db.formats.datum.message import (
     KEY_LIMIT,
     check_record_count,
@@ -49,7 +50,7 @@ from mnist2db.storage.databases.backends import (
 from mnist2db.storage.db_staging import staged_database, staged_databases
 from mnist2db.storage.destinations import labels_path
 from mnist2db.storage.files import TEMP_MARK
-from mnist2db.storage.record_digest import RecordDigest, digest_items
+from mnist2db.storage.record_digest import FramedItems, RecordDigest, digest_items
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -218,10 +219,11 @@ def convert(
                 backend,
                 staging,
                 value_size,
-                (encode_raw_batch(images, labels, rows, cols) for images, labels in batches),
+                _framed_batches(batches, rows, cols),
                 count,
                 progress,
                 streaming=image_reader.streaming,
+                keyed=True,
             )
     return ConvertResult(
         path=out,
@@ -231,6 +233,26 @@ def convert(
         cols=cols,
         seconds=time.perf_counter() - start,
     )
+
+
+def _framed_batches(
+    batches: Iterable[tuple[Any, Any]], rows: int, cols: int
+) -> Iterable[list[tuple[bytes, bytes]]]:
+    """The records of raw IDX batches under Caffe's keys, each batch laid out as the
+    records' digest frames it (:func:`~mnist2db.formats.datum.message.encode_raw_framed`): the
+    digest hashes the encoder's own buffer."""
+    done = 0
+    for images, labels in batches:
+        encoded = encode_raw_framed(images, labels, rows, cols, done)
+        if encoded is None:  # a label of 128 or more: records of two lengths
+            values = encode_raw_batch(images, labels, rows, cols)
+            yield list(zip(record_keys(done, len(values)), values, strict=True))
+        else:
+            layout, pairs = encoded
+            items = FramedItems(pairs)
+            items.framed = [layout]
+            yield items
+        done += len(labels)
 
 
 def raw_value_size(rows: int, cols: int) -> int:
@@ -366,6 +388,9 @@ def write_database(
     streaming: bool = False,
     keyed: bool = False,
     existing: bool = False,
+    resumable: bool = False,
+    committed: tuple[int, bytes | None] = (0, None),
+    before_commit: Callable[[Sequence[tuple[bytes, bytes]]], None] | None = None,
 ) -> None:
     """Write ``total`` records, a batch of values at a time, under Caffe's keys into a new
     database in ``staging``: one transaction per batch, the writer aborted on any failure
@@ -376,7 +401,12 @@ def write_database(
     LMDB's map (:func:`mnist2db.storage.databases.backends.size_hint`). ``keyed``: the batches hold
     ``(key, value)`` pairs in increasing key order (``convert_imageset``'s keys name the
     files) instead of values; ``total`` is then at most the number of records.
-    ``existing``: add to the database already in ``staging`` (a resumed conversion's).
+    ``existing``: add to the database already in ``staging`` (a resumed conversion's),
+    which holds ``committed`` records, the last under ``committed[1]``.
+    ``resumable``: the digest's state is saved before each commit
+    (:mod:`mnist2db.storage.digest_state`), and a resumed run's digest continues from the
+    state saved with the records it finds committed. ``before_commit(items)``: called with
+    each batch once it is in its transaction, before the commit (what a resume checks).
 
     The records' digest is written beside them (``mnist2db.json``, which the caller's
     :func:`~mnist2db.recipe.write_metadata` keeps): ``verify DB`` checks it.
@@ -388,26 +418,62 @@ def write_database(
     writer = open_writer(
         backend, staging, size_hint=hint, append=total <= KEY_LIMIT, existing=existing
     )
-    digest = RecordDigest()
+    digest, states = _run_digest(staging, existing, resumable, committed)
+    hooks = [hook for hook in (before_commit, None if states is None else states.save) if hook]
     try:
-        done = 0
-        for values in batches:
-            n = len(values)
-            items = values if keyed else list(zip(record_keys(done, n), values, strict=True))
-            digest.add(items)  # type: ignore[arg-type]  # hashed on its thread meanwhile
-            writer.write_batch(items)  # type: ignore[arg-type]
-            digest.done_reading()
-            done += n
-            progress(done, total)
-    except BaseException:
-        writer.abort()
-        raise
-    writer.close()
-    if existing:
-        # A resumed run's digest covers the batches committed before it too: read them all
-        # again, in key order, from the finished staged database.
-        from mnist2db.storage.databases.readers import DbReader  # a resumed run only
+        try:
+            done = 0
+            for values in batches:
+                n = len(values)
+                items = values if keyed else list(zip(record_keys(done, n), values, strict=True))
+                digest.add(items)  # type: ignore[arg-type]  # hashed on its thread meanwhile
+                writer.write_batch(items, _before(hooks, items))  # type: ignore[arg-type]
+                digest.done_reading()
+                done += n
+                progress(done, total)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close()
+        if existing and states is None:  # no saved state: the records read again
+            digest.close()
+            digest = _read_digest(backend, staging)
+        write_digest(staging, digest, staging)
+    finally:
+        digest.close()
 
-        with DbReader(staging, backend) as reader:
-            digest = digest_items(reader)
-    write_digest(staging, digest, staging)
+
+def _before(hooks: list[Any], items: Any) -> Callable[[], None] | None:
+    """One call before a batch's commit: each hook given the batch."""
+    if not hooks:
+        return None
+
+    def call() -> None:
+        for hook in hooks:
+            hook(items)
+
+    return call
+
+
+def _run_digest(
+    staging: str, existing: bool, resumable: bool, committed: tuple[int, bytes | None]
+) -> tuple[RecordDigest, Any]:
+    """The run's digest, and the file its states are saved in (None: not resumable, or a
+    resumed run without a saved state, whose finished database is then read again)."""
+    if not resumable:
+        return RecordDigest(), None
+    from mnist2db.storage.digest_state import StateFile, resumable_digest, resumed_digest
+
+    digest = resumed_digest(staging, *committed) if existing else resumable_digest()
+    if digest is None:
+        return RecordDigest(), None
+    return digest, StateFile(staging, digest)
+
+
+def _read_digest(backend: str, staging: str) -> RecordDigest:
+    # A resumed run's digest without a saved state covers the batches committed before
+    # it too: read them all again, in key order, from the finished staged database.
+    from mnist2db.storage.databases.readers import DbReader  # a resumed run only
+
+    with DbReader(staging, backend) as reader:
+        return digest_items(reader)

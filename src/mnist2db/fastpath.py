@@ -52,6 +52,7 @@ FAST_PATH = frozenset(
         "mnist2db.formats",
         "mnist2db.formats.datum",
         "mnist2db.formats.datum.message",
+        "mnist2db.formats.datum.frames",
         "mnist2db.formats.idx",
         "mnist2db.formats.idx.header",
         "mnist2db.formats.idx.reader",
@@ -101,6 +102,7 @@ IMAGESET_PATH = frozenset(
         "mnist2db.imageset.workers.pool",
         "mnist2db.imageset.workers.result_ring",
         "mnist2db.process_setup",
+        "mnist2db.storage.digest_state",
     }
 )
 

@@ -12,6 +12,7 @@ from hypothesis.extra import numpy as hnp
 
 from mnist2db import DatumError, array_to_datum, datum_to_array, decode_datum, encode_datum
 from mnist2db.datum_pb2 import Datum
+from mnist2db.formats.datum.frames import encode_raw_framed
 from mnist2db.formats.datum.message import encode_batch, encode_raw_batch, record_keys
 from mnist2db.formats.protowire import encode_varint
 
@@ -156,6 +157,39 @@ def test_encode_raw_batch_both_label_paths(labels: bytes) -> None:
         np.frombuffer(pixels, np.uint8).reshape(-1, 3, 5), np.frombuffer(labels, np.uint8)
     )
     assert values == numpy_values
+
+
+@given(
+    n=st.integers(1, 12),
+    rows=st.integers(0, 30),
+    cols=st.integers(0, 30),
+    labels=st.lists(st.integers(0, 127), min_size=12, max_size=12),
+    start=st.sampled_from([0, 7, 998, 99_999_988]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_encode_raw_framed_is_the_records_framed_as_the_digest_frames_them(
+    n: int, rows: int, cols: int, labels: list[int], start: int, seed: int
+) -> None:
+    """The layout is each record's digest frame in order; the pairs are the records."""
+    pixels = np.random.default_rng(seed).integers(0, 256, size=n * rows * cols, dtype=np.uint8)
+    raw_labels = bytes(labels[:n])
+    encoded = encode_raw_framed(pixels.tobytes(), raw_labels, rows, cols, start)
+    assert encoded is not None
+    layout, pairs = encoded
+    values = encode_raw_batch(pixels.tobytes(), raw_labels, rows, cols)
+    keys = list(record_keys(start, n))
+    assert pairs == list(zip(keys, values, strict=True))
+    frame = b"".join(
+        len(k).to_bytes(4, "big") + k + len(v).to_bytes(4, "big") + v for k, v in pairs
+    )
+    assert bytes(layout) == frame
+
+
+def test_encode_raw_framed_leaves_two_byte_labels_and_long_keys_to_encode_raw_batch() -> None:
+    pixels = make_images(3, 2, 2).tobytes()
+    assert encode_raw_framed(pixels, b"\x01\x80\x02", 2, 2, 0) is None
+    assert encode_raw_framed(pixels, b"\x01\x02\x03", 2, 2, 10**8 - 2) is None
+    assert encode_raw_framed(pixels, b"\x01\x02\x03", 2, 2, 10**8 - 3) is not None
 
 
 def test_encode_raw_batch_rejects_a_size_mismatch() -> None:

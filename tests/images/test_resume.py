@@ -6,6 +6,7 @@ run without --resume reports the stale staged run it removes."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -87,6 +88,10 @@ def convert(photos: Path, out: Path, backend: str, *, resume: bool, kill_after: 
                           capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
+def record_digest(db: Path) -> object:
+    return json.loads((db / "mnist2db.json").read_text())["digest"]
+
+
 def staged(out: Path) -> list[str]:
     return [n for n in os.listdir(out.parent) if n.startswith(f".{out.name}.mnist2db-tmp-")]
 
@@ -108,6 +113,9 @@ def test_killed_runs_resume_to_the_uninterrupted_records(
         assert done.returncode == 0, done.stderr
         assert digests(out, backend) == expected
         assert staged(out) == [] and "mnist2db-resume.json" not in os.listdir(out)
+        # The records' digest continued from the state saved at the commit: the whole run's.
+        assert record_digest(out) == record_digest(tmp_path / "whole")
+        assert [n for n in os.listdir(out) if n.startswith("mnist2db")] == ["mnist2db.json"]
 
 
 def test_a_kill_in_the_middle_of_a_batch_and_a_shuffle(photos: Path, tmp_path: Path) -> None:
@@ -167,3 +175,26 @@ def test_mnist2db_imageset_resumes_too(photos: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert digests(out, "lmdb") == digests(tmp_path / "whole", "lmdb")
+
+
+def test_an_image_changed_since_the_kill_is_refused_naming_it(photos: Path, tmp_path: Path) -> None:
+    out = tmp_path / "db"
+    changed = tmp_path / "photos"
+    import shutil
+
+    shutil.copytree(photos, changed)
+    killed = convert(changed, out, "lmdb", resume=False, kill_after=4)
+    assert killed.returncode == -signal.SIGKILL and len(staged(out)) == 1
+    image = changed / "004.png"  # in the first batch, committed
+    Image.fromarray(np.zeros((9, 24, 3), np.uint8)).save(image)
+    os.utime(image, ns=(1, 1))
+    done = convert(changed, out, "lmdb", resume=True)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1].endswith(
+        f"{image}: --resume refused: the image changed since the staged run read it (its "
+        f"record is committed in the staged run of {out}); run without --resume to start again"
+    )
+    assert len(staged(out)) == 1 and not out.exists()  # the staged run kept
+    image.unlink()
+    gone = convert(changed, out, "lmdb", resume=True)
+    assert gone.returncode == 1 and "the image is gone" in gone.stderr.splitlines()[-1]

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import stat
+import struct
 from collections.abc import Callable, Iterator
 
 from mnist2db.errors import Mnist2dbError, printable
@@ -31,7 +32,8 @@ from mnist2db.fastpath import TYPE_CHECKING, NamedTuple, named_tuple
 from mnist2db.formats.lists.image_list import ListEntry
 from mnist2db.storage.databases.backends import BACKEND
 from mnist2db.storage.db_staging import stale_staging
-from mnist2db.storage.files import owner_pid, temp_prefix
+from mnist2db.storage.digest_state import STATE_FILE
+from mnist2db.storage.files import owner_pid, process_start, temp_prefix
 
 if TYPE_CHECKING:
     from typing import Any
@@ -96,13 +98,33 @@ class EntryDigest:
 _DIGEST_BATCH = 4096
 
 
+def owner_fields() -> dict[str, Any]:
+    """What the plan records of the process that writes it: its start time, so that a
+    live process that got the pid of a killed owner is not taken for it."""
+    return {"owner": [os.getpid(), process_start(os.getpid())]}
+
+
+def _owner_start(staging: str, pid: int) -> int | None:
+    """The start time the plan in ``staging`` records of its owner when that is process
+    ``pid`` (None: none, or another's: an adopted run's plan before it is written again)."""
+    try:
+        plan = read_plan(os.path.join(staging, PLAN_FILE))
+    except Mnist2dbError:
+        return None
+    owner = plan.get("owner") if isinstance(plan, dict) else None
+    if not isinstance(owner, list) or len(owner) != 2 or owner[0] != pid:
+        return None
+    return owner[1] if isinstance(owner[1], int) and not isinstance(owner[1], bool) else None
+
+
 def find_staged_run(out: str) -> StagedRun | None:
-    """The newest staged run for ``out`` left by a killed process, with a plan; None if none.
+    """The newest staged run for ``out`` left by a killed process, with a plan; None if none
+    (a process gone: exited, exiting or a zombie, or its pid now another process's).
 
     Raises:
         Mnist2dbError: the newest plan is not one mnist2db writes (:func:`read_plan`).
     """
-    for path in reversed(stale_staging(out)):
+    for path in reversed(stale_staging(out, _owner_start)):
         plan = read_plan(os.path.join(path, PLAN_FILE))
         if plan is not None:
             return StagedRun(path, plan)
@@ -251,7 +273,7 @@ def find_staged_labels(out: str, labels_out: str, images_staging: str) -> str | 
         return owner_pid(os.path.basename(path)[len(prefix) :])
 
     pid = pid_of(images_staging, out)
-    for path in stale_staging(labels_out):
+    for path in stale_staging(labels_out, lambda _, owner: _owner_start(images_staging, owner)):
         if pid is not None and pid_of(path, labels_out) == pid:
             return path
     return None
@@ -330,8 +352,9 @@ def committed_state(done: Committed) -> list[Any]:
 
 
 def remove_plan(staging: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(staging, PLAN_FILE))
+    for name in (PLAN_FILE, INPUTS_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(staging, name))
 
 
 def check_plan(out: str, run: StagedRun, plan: dict[str, Any]) -> None:
@@ -370,3 +393,85 @@ def _show(value: Any) -> str:
     if isinstance(value, list):
         return " × ".join(map(str, value))
     return printable(str(value))
+
+
+# -- the images a resume keeps -----------------------------------------------------------
+
+#: The size and modification time of each committed record's image, in key order, appended
+#: before each commit (line, size, mtime_ns: 24 bytes a record; removed with the plan).
+INPUTS_FILE = "mnist2db-resume-inputs.bin"
+_INPUT = struct.Struct(">qqq")
+#: Every file mnist2db writes in a staged run besides the database's own (what a resume
+#: accepts there: anything else is a stranger's).
+STAGED_RUN_FILES = frozenset(
+    {PLAN_FILE, PLAN_FILE + ".tmp", INPUTS_FILE, STATE_FILE, STATE_FILE + ".tmp"}
+)
+
+
+class InputRecorder:
+    """Appends the size and mtime of each record's image before its batch commits (a
+    writer's ``before_commit``): what a resume proves unchanged before it keeps the record."""
+
+    def __init__(self, staging: str, root: bytes, committed: int) -> None:
+        self.root = root
+        self.path = os.path.join(staging, INPUTS_FILE)
+        # A resumed run's file: cut to the records committed (a kill may have left the
+        # batch that did not commit).
+        with open(self.path, "ab") as stream:
+            stream.truncate(min(os.fstat(stream.fileno()).st_size, committed * _INPUT.size))
+
+    def __call__(self, items: Any) -> None:
+        pack, root = _INPUT.pack, self.root
+        parts = []
+        for key, _ in items:
+            stat = os.stat(root + bytes(key[9:]))
+            parts.append(pack(int(key[:8]), stat.st_size, stat.st_mtime_ns))
+        with open(self.path, "ab") as stream:
+            stream.write(b"".join(parts))
+
+
+def check_inputs(out: str, run: StagedRun, root: bytes, entries: Any, records: int) -> None:
+    """Refuse a resume whose committed records' images changed since the staged run read
+    them (their size or modification time), naming the first; the staged run is kept.
+
+    Raises:
+        Mnist2dbError: an image changed or is gone, or the run recorded fewer records than
+            it committed (a run of an earlier version: nothing to prove them by).
+    """
+    path = os.path.join(run.path, INPUTS_FILE)
+    try:
+        with open(path, "rb") as stream:
+            recorded = stream.read(records * _INPUT.size)
+    except OSError:
+        recorded = b""
+    if len(recorded) < records * _INPUT.size:
+        raise Mnist2dbError(
+            f"{out}: --resume refused: the staged run recorded no size and time of "
+            f"{records - len(recorded) // _INPUT.size} of its images (an earlier version's "
+            "run); run without --resume to start again"
+        )
+    listed = iter(entries)
+    entry = None
+    for line, size, mtime in _INPUT.iter_unpack(recorded):
+        while entry is None or entry.line < line:
+            entry = next(listed, None)
+            if entry is None:
+                break
+        if entry is None or entry.line != line:
+            raise Mnist2dbError(
+                f"{out}: --resume refused: the staged run's record of line {line + 1} names "
+                "no entry of the list; run without --resume to start again"
+            )
+        name = root + entry.path
+        try:
+            stat = os.stat(name)
+            found: tuple[int, int] | None = (stat.st_size, stat.st_mtime_ns)
+        except OSError:
+            found = None
+        if found != (size, mtime):
+            what = "is gone" if found is None else "changed since the staged run read it"
+            raise Mnist2dbError(
+                f"{printable(os.fsdecode(name))}: --resume refused: the image {what} (its "
+                f"record is committed in the staged run of {out}); run without --resume to "
+                "start again"
+            )

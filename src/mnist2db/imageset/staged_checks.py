@@ -20,7 +20,7 @@ from mnist2db.errors import BackendError, Mnist2dbError, printable
 from mnist2db.imageset.resume import (
     CAFFE_KEY,
     IDENTITY_FILE,
-    PLAN_FILE,
+    STAGED_RUN_FILES,
     Committed,
     StagedRun,
     committed_state,
@@ -31,6 +31,7 @@ from mnist2db.storage.databases.checks import (
     check_lmdb_file,
 )
 from mnist2db.storage.destinations import is_owned_file
+from mnist2db.storage.digest_state import saved_count
 
 #: The file that says a staged directory holds a database yet (a label database is staged
 #: empty until the images are all written).
@@ -59,12 +60,14 @@ def _leveldb_keys(path: str) -> tuple[int, bytes | None, bytes | None, str | Non
 
     db = plyvel.DB(os.fsencode(path), create_if_missing=False)
     try:
-        first = last = value = None
-        records = 0
-        for key in db.iterator(include_value=False):
-            first = first or key
-            last = key
-            records += 1
+        first = next(db.iterator(include_value=False), None)
+        last = next(db.iterator(include_value=False, reverse=True), None)
+        value = None
+        # LevelDB keeps no count: the one saved with the digest's state at that last key
+        # (every commit saves one), else counted key by key (a run of an earlier version).
+        records = saved_count(path, last)
+        if records is None:
+            records = sum(1 for _ in db.iterator(include_value=False))
         if last is not None:
             value = hashlib.sha256(db.get(last) or b"").hexdigest()
         return records, first, last, value
@@ -124,7 +127,7 @@ def check_staged_files(path: str, backend: str) -> None:
         names = os.listdir(dir_fd)
         for name in names:
             info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            ours = name in (PLAN_FILE, PLAN_FILE + ".tmp") or is_owned_file(backend, name)
+            ours = name in STAGED_RUN_FILES or is_owned_file(backend, name)
             where = os.path.join(path, name)
             if not ours:
                 raise _staged_refusal(

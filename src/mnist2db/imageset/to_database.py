@@ -40,10 +40,13 @@ from mnist2db.imageset.batches import record_batches
 from mnist2db.imageset.resume import (
     Committed,
     EntryDigest,
+    InputRecorder,
+    check_inputs,
     check_plan,
     find_staged_labels,
     find_staged_run,
     initial_identity,
+    owner_fields,
     recording_batches,
     remove_plan,
     write_plan,
@@ -61,6 +64,7 @@ from mnist2db.storage.databases.backends import (
 )
 from mnist2db.storage.db_staging import staged_database, staged_databases, stale_staging
 from mnist2db.storage.destinations import labels_path
+from mnist2db.storage.digest_state import remove_saved_states
 from mnist2db.storage.files import temp_prefix
 
 if TYPE_CHECKING:
@@ -303,7 +307,7 @@ def write_imageset(
                 "encode_type": encode_type, "check_size": check_size, "seed": seed,
                 "width": None if targets is None else targets.width,
                 "targets": None if targets is None else targets.digest(),
-                "staged": None, "labels_staged": None}  # fmt: skip
+                "staged": None, "labels_staged": None, **owner_fields()}  # fmt: skip
         run = find_staged_run(out) if resume else None
         if resume and run is None:
             raise Mnist2dbError(
@@ -317,6 +321,7 @@ def write_imageset(
 
             check_plan(out, run, plan)
             done = check_staged_database(run, backend)
+            check_inputs(out, run, root_bytes, entries() if kept is None else kept, done.records)
             if targets is not None:  # the label database the killed run began beside, if any
                 adopt[1] = find_staged_labels(out, outs[1], run.path)
                 if adopt[1] is not None:
@@ -369,7 +374,9 @@ def write_imageset(
                 progress(done.records + written, total)
 
             write_database(backend, staging, 4096, batches, total, report, keyed=True,
-                           existing=run is not None)  # fmt: skip
+                           existing=run is not None, resumable=True,
+                           committed=(done.records, done.last_key),
+                           before_commit=InputRecorder(staging, root_bytes, done.records))  # fmt: skip
             if not state["count"]:
                 raise ImageError(
                     f"{where}: no image could be read"
@@ -391,6 +398,7 @@ def write_imageset(
                 write_metadata(staging, {**metadata, "source": source,
                                          "records": state["count"]}, out)  # fmt: skip
             remove_plan(staging)
+            remove_saved_states(stagings)
     return ImagesetResult(
         path=out,
         backend=backend,

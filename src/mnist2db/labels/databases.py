@@ -203,7 +203,8 @@ def write_label_database(
     existing = bool(os.listdir(labels_staging))  # a resumed run's, begun (maybe empty)
     made = batches() if recorded is None else recorded(batches())
     write_database(backend, labels_staging, value_size, made, total, _no_progress,
-                   keyed=True, existing=existing)  # fmt: skip
+                   keyed=True, existing=existing, resumable=True,
+                   committed=(committed, last_key))  # fmt: skip
     write_target_names(labels_staging, source.table.names, out)
     return LabelsResult(out, state["count"], width, source.table.names)
 

@@ -62,9 +62,14 @@ def remove_stale_staging(out: str | os.PathLike[str]) -> list[str]:
     return remove_stale(parent, prefix, directories=True)
 
 
-def stale_staging(out: str | os.PathLike[str]) -> list[str]:
+def stale_staging(
+    out: str | os.PathLike[str], started: Callable[[str, int], int | None] | None = None
+) -> list[str]:
     """The staging directories :func:`remove_stale_staging` would remove (named for ``out``,
-    their process gone), oldest first: what a resumed conversion may adopt."""
+    their process gone), oldest first: what a resumed conversion may adopt. ``started(path,
+    pid)``: the start time process ``pid`` recorded in the directory as its owner (None:
+    none), which a live process of that pid must have to be it
+    (:func:`~mnist2db.storage.files.pid_alive`)."""
     out = os.fspath(out)
     parent = os.path.dirname(os.path.abspath(out))
     prefix = temp_prefix(os.path.basename(os.path.normpath(out)))
@@ -74,7 +79,8 @@ def stale_staging(out: str | os.PathLike[str]) -> list[str]:
             if not entry.name.startswith(prefix) or not entry.is_dir(follow_symlinks=False):
                 continue
             pid = owner_pid(entry.name[len(prefix) :])
-            if pid is not None and pid != os.getpid() and not pid_alive(pid):
+            recorded = None if started is None or pid is None else started(entry.path, pid)
+            if pid is not None and pid != os.getpid() and not pid_alive(pid, recorded):
                 found.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.path))
     return [path for _, path in sorted(found)]
 

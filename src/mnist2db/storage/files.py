@@ -290,8 +290,15 @@ def owner_pid(rest: str, extensions: tuple[str, ...] = ()) -> int | None:
     return int(pid)
 
 
-def pid_alive(pid: int) -> bool:
-    """True unless process ``pid`` certainly does not exist (when unsure, assume it does)."""
+def pid_alive(pid: int, started: int | None = None) -> bool:
+    """True unless process ``pid`` certainly does not exist (when unsure, assume it does).
+
+    A process that is exiting (``PF_EXITING`` in ``/proc/PID/stat``: a killed writer whose
+    large mapping is still being torn down) or has exited and is not yet reaped (a zombie,
+    'Z', or dead, 'X': its parent has not waited for it) is gone: it writes nothing more. With ``started``
+    (:func:`process_start` recorded by the owner), a process of that pid started at
+    another time is another process.
+    """
     if pid <= 0:
         return True
     try:
@@ -300,7 +307,38 @@ def pid_alive(pid: int) -> bool:
         return False
     except OSError:
         return True
-    return True
+    stat = _proc_stat(pid)
+    if stat is None:
+        return True  # no /proc (not Linux): the signal's answer
+    state, flags, start = stat
+    if state in ("Z", "X", "x") or flags & _PF_EXITING:
+        return False
+    return started is None or start == started
+
+
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot, ``/proc/PID/stat``), or None."""
+    stat = _proc_stat(pid)
+    return None if stat is None else stat[2]
+
+
+#: A task's flag (include/linux/sched.h): set as it begins to exit, before its memory goes.
+_PF_EXITING = 0x4
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """``(state, flags, start time)`` of process ``pid`` (``/proc/PID/stat``), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stream:
+            text = stream.read(4096)
+    except OSError:
+        return None
+    # The command name, in parentheses, may hold spaces and parentheses: split after it.
+    fields = text[text.rfind(b")") + 2 :].split()
+    try:
+        return fields[0].decode("ascii", "replace"), int(fields[6]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
 
 
 def remove_stale(

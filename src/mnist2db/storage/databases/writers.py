@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from mnist2db.errors import BackendError, backend_message
 from mnist2db.fastpath import TYPE_CHECKING, Protocol
@@ -53,7 +53,12 @@ def _drain(iterator: Iterator[object]) -> None:
 class Writer(Protocol):
     """Receives records in increasing key order, one batch per transaction."""
 
-    def write_batch(self, items: Sequence[tuple[bytes, bytes]]) -> None: ...
+    def write_batch(
+        self,
+        items: Sequence[tuple[bytes, bytes]],
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        """Write ``items`` in one transaction; ``before_commit()`` once they are in it."""
 
     def close(self) -> None:
         """Flush everything to disk and close; the database is then complete."""
@@ -93,17 +98,25 @@ class LmdbWriter:
             raise BackendError(f"{path}: cannot create LMDB environment: {exc}") from exc
         self._writeback = _Writeback(path, "data.mdb", keep=LMDB_CACHE_KEPT)
 
-    def write_batch(self, items: Sequence[tuple[bytes, bytes]]) -> None:
-        self._write(items)
+    def write_batch(
+        self,
+        items: Sequence[tuple[bytes, bytes]],
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        self._write(items, before_commit)
         if items:
             self._writeback.wrote(len(items) * (len(items[0][0]) + len(items[0][1]) + 16))
 
-    def _write(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+    def _write(
+        self, items: Sequence[tuple[bytes, bytes]], before_commit: Callable[[], None] | None
+    ) -> None:
         lmdb = self._lmdb
         while True:
             try:
                 with self._env.begin(write=True) as txn:
                     consumed, added = txn.cursor().putmulti(items, append=self._append)
+                    if before_commit is not None and added == len(items):
+                        before_commit()
                 if added != len(items):
                     raise BackendError(
                         f"{self.path}: LMDB stored {added} of {len(items)} records "
@@ -273,11 +286,17 @@ class LeveldbWriter:
             ) from exc
         self._writeback = _Writeback(path, ".log")
 
-    def write_batch(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+    def write_batch(
+        self,
+        items: Sequence[tuple[bytes, bytes]],
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
         try:
             with self._db.write_batch() as batch:
                 # starmap drained by a zero-length deque: the loop runs in C.
                 _drain(itertools.starmap(batch.put, items))
+                if before_commit is not None:
+                    before_commit()
         except self._plyvel.Error as exc:
             raise BackendError(
                 f"{self.path}: LevelDB write failed: {backend_message(exc)}"
