@@ -72,6 +72,7 @@ FAST_PATH = frozenset(
         "mnist2db.storage.db_staging",
         "mnist2db.storage.destinations",
         "mnist2db.storage.files",
+        "mnist2db.storage.owners",
         "mnist2db.storage.record_digest",
         "mnist2db.version",
     }

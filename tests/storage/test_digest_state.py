@@ -24,7 +24,7 @@ from mnist2db.storage.digest_state import (
     resumed_digest,
     saved_count,
 )
-from mnist2db.storage.files import pid_alive, process_start
+from mnist2db.storage.owners import pid_alive, process_start
 from mnist2db.storage.record_digest import RecordDigest
 
 needs_libcrypto = pytest.mark.skipif(libcrypto() is None, reason="no libcrypto to load")

@@ -33,7 +33,8 @@ from mnist2db.formats.lists.image_list import ListEntry
 from mnist2db.storage.databases.backends import BACKEND
 from mnist2db.storage.db_staging import stale_staging
 from mnist2db.storage.digest_state import STATE_FILE
-from mnist2db.storage.files import owner_pid, process_start, temp_prefix
+from mnist2db.storage.files import temp_prefix
+from mnist2db.storage.owners import owner_pid, process_start
 
 if TYPE_CHECKING:
     from typing import Any

@@ -33,8 +33,6 @@ from mnist2db.storage.files import (
     make_parents,
     mkdtemp_beside,
     move_noreplace,
-    owner_pid,
-    pid_alive,
     remove_made,
     remove_stale,
     rmtree,
@@ -42,6 +40,7 @@ from mnist2db.storage.files import (
     temp_prefix,
     umask,
 )
+from mnist2db.storage.owners import owner_pid, pid_alive
 
 #: Free space (bytes) below which a failed write is blamed on a full file system.
 _LOW_SPACE = 1 << 20
@@ -69,7 +68,7 @@ def stale_staging(
     their process gone), oldest first: what a resumed conversion may adopt. ``started(path,
     pid)``: the start time process ``pid`` recorded in the directory as its owner (None:
     none), which a live process of that pid must have to be it
-    (:func:`~mnist2db.storage.files.pid_alive`)."""
+    (:func:`~mnist2db.storage.owners.pid_alive`)."""
     out = os.fspath(out)
     parent = os.path.dirname(os.path.abspath(out))
     prefix = temp_prefix(os.path.basename(os.path.normpath(out)))

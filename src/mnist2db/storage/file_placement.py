@@ -24,14 +24,13 @@ from mnist2db.storage.files import (
     TEMP_MARK,
     AtomicFile,
     fsync_dir,
-    owner_pid,
-    pid_alive,
     read_journal,
     remove_stale,
     swap,
     temp_prefix,
     write_journal,
 )
+from mnist2db.storage.owners import owner_pid, pid_alive
 
 if TYPE_CHECKING:
     from typing import Any

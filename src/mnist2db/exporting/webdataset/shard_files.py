@@ -1,7 +1,7 @@
 """The files of a WebDataset export beside ``OUT``: the shards' names (``OUT-000000.tar``),
 the manifest (``OUT.shards.json``: read, proven ours, written atomically), the temporaries
 a killed export left, and the checks made before any work (what exists, what may be
-replaced; what a resume must find unchanged: :mod:`mnist2db.exporting.resume_checks`). Used by
+replaced; what a resume must find unchanged: :mod:`mnist2db.exporting.webdataset.resume_checks`). Used by
 :mod:`mnist2db.exporting.webdataset.shards`.
 """
 

@@ -32,9 +32,9 @@ from typing import Any
 from mnist2db.errors import ArgumentError, OutputError
 from mnist2db.exporting.float_labels import TargetStream
 from mnist2db.exporting.png_worker import PngWorker
-from mnist2db.exporting.resume_checks import check_resume, source_state
 from mnist2db.exporting.sample_batches import iter_batches, prefetched, start_png_worker
 from mnist2db.exporting.samples import class_names
+from mnist2db.exporting.webdataset.resume_checks import check_resume, source_state
 from mnist2db.exporting.webdataset.shard_files import (
     MANIFEST_FORMAT,
     check_shard_names,
