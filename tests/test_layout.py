@@ -395,7 +395,7 @@ LAZY_IMPORTS = {
     ),
     "mnist2db.formats.opencv": (
         2,
-        "cv2: an optional extra; numpy for its probe (the PNG path loads none)",
+        "cv2: never for a plain PNG list; numpy for its probe (the PNG path loads none)",
     ),
     "mnist2db.formats.image_encode": (1, "Pillow, for --encoded jpg only"),
     "mnist2db.formats.image": (2, "Pillow, only for an image OpenCV does not decode"),

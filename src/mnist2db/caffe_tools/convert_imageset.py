@@ -108,6 +108,7 @@ FLAGS: dict[str, Flag] = {
 
 
 def _convert(parsed: ParsedArgs, logger: Logger) -> None:
+    from mnist2db.formats.opencv import decoder_note
     from mnist2db.images.datum_records import Skipped, write_imageset
     from mnist2db.images.resume import staged_seed
 
@@ -210,6 +211,7 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
             f"Skipped {len(result.skipped)} of {result.lines} images that could not be read "
             "(their keys are left out, as Caffe leaves them).",
         )
+    logger.log("I", log_here(), decoder_note())
     rate = result.count / max(result.seconds, 1e-9)
     logger.log(
         "I",
