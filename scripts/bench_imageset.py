@@ -1,5 +1,6 @@
-"""The imageset rows of the benchmark (issue 26): your own images, ours against Caffe's
-``convert_imageset`` and a decode-only floor, ratios from alternating runs of the same call.
+"""The imageset rows of the benchmark: your own images, ours against Caffe's
+``convert_imageset``, a decode-only floor and, for the resize, the floor of its work (the
+decode and resize in one loop, LMDB's writes, over the cores), ratios from alternating runs.
 
 Inputs: 2,000 JPEGs cut from scikit-image's photographs (scripts/make_photos.py; the rows
 are skipped, saying so, where scikit-image is not installed) and Fashion-MNIST's test set as
@@ -9,7 +10,10 @@ the Caffe columns say so. Each run is a whole process; CPU is user + system of i
 children (the workers); peak memory is the largest sum of the resident sets of the process
 and its children, sampled every 10 ms.
 
-    python scripts/bench_imageset.py [--repeat 5] [--count 2000] [--markdown FILE]
+    python scripts/bench_imageset.py [--repeat 5] [--count 2000] [--rows all|resize] [--markdown FILE]
+
+The decoders are those the run's environment gives (``MNIST2DB_NO_OPENCV=1``: the pure path,
+for ours and for the floor alike). ``--rows resize``: only the photos' resize rows and floor.
 """
 
 from __future__ import annotations
@@ -43,7 +47,51 @@ with open(listing) as f:
 """
 
 
-#: The Python floor of the 10,000 PNGs (issue 26's ≤ 0.5× row): what any Python process
+#: The floor of a resize's work: the CPU of decoding and resizing every listed photo, in one
+#: loop in one process, with the decoders the run uses (OpenCV's imdecode and INTER_LINEAR
+#: resize, or Pillow and mnist2db's numpy resize); prints the CPU seconds and the library.
+RESIZE_FLOOR = """
+import io, sys, time
+import numpy as np
+from mnist2db.formats.imread.cv2_wheel import opencv
+root, listing, width, height = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+with open(listing) as f:
+    paths = [root + line.rsplit(" ", 1)[0] for line in f if line.strip()]
+cv2 = opencv()
+if cv2 is None:
+    from PIL import Image
+    from mnist2db.formats.imread.resize import resize_numpy
+started = time.process_time()
+for path in paths:
+    with open(path, "rb") as f:
+        data = f.read()
+    if cv2 is not None:
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR)
+    else:
+        with Image.open(io.BytesIO(data)) as opened:
+            image = np.asarray(opened.convert("RGB"))
+        resize_numpy(image, width, height)
+print(time.process_time() - started, f"OpenCV {cv2.__version__}" if cv2 else "Pillow and numpy")
+"""
+
+#: The other part of that floor: py-lmdb writing that many records of a record's size,
+#: a thousand a transaction, each committed as Caffe's and ours are (synced).
+LMDB_FLOOR = """
+import os, sys
+import lmdb
+out, count, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+value = os.urandom(size)
+env = lmdb.open(out, map_size=count * (size + 8192) + (64 << 20))
+for start in range(0, count, 1000):
+    with env.begin(write=True) as txn:
+        cursor = txn.cursor()
+        for i in range(start, min(count, start + 1000)):
+            cursor.put(b"%08d_%06d.jpg" % (i, i), value, append=True)
+env.close()
+"""
+
+#: The Python floor of the 10,000 PNGs (the ≤ 0.5× row): what any Python process
 #: must spend on convert_imageset's job, with none of the work that makes it safe (no checks
 #: of the list or the files, no staging, no digest, no error handling): the interpreter's
 #: start, the list read once, a worker forked per core decoding with Pillow's own zlib
@@ -110,6 +158,11 @@ env.close()
 for _ in range(jobs):
     os.wait()
 """
+
+
+#: The resize of the photo rows (and of the floor of its work).
+RESIZE = (256, 256)
+RESIZE_FLAGS = [f"--resize_height={RESIZE[1]}", f"--resize_width={RESIZE[0]}"]
 
 
 def caffe_tool() -> Path | None:
@@ -207,22 +260,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--count", type=int, default=2000)
+    parser.add_argument("--rows", choices=("all", "resize"), default="all")
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
     byte_compile()
-    text = "\n".join(imageset_table(args.repeat, args.count)) + "\n"
+    text = "\n".join(imageset_table(args.repeat, args.count, args.rows == "resize")) + "\n"
     print(text)
     if args.markdown:
         args.markdown.write_text(text)
 
 
-def imageset_table(repeat: int = 5, count: int = 2000) -> list[str]:
-    """The rows, as Markdown lines."""
+def imageset_table(repeat: int = 5, count: int = 2000, resize_only: bool = False) -> list[str]:
+    """The rows, as Markdown lines (``resize_only``: the photos' resize rows alone)."""
     caffe = caffe_tool()
     ours = str(BIN / "convert_imageset")
     work = Path(tempfile.mkdtemp(prefix="mnist2db-bench-imageset-"))
     lines = [
-        f"Your own images (issue 26): medians of {repeat} alternating runs; CPU is user + "
+        f"Your own images: medians of {repeat} alternating runs; CPU is user + "
         "system of the process and its workers; peak is the sum of their resident sets (RSS: "
         "a page shared by the workers counts in each) and of their proportional sets (PSS).",
         "",
@@ -240,13 +294,13 @@ def imageset_table(repeat: int = 5, count: int = 2000) -> list[str]:
             from make_photos import make_photos
 
             listing = make_photos(work / "photos", count)
-            resize = ["--resize_height=256", "--resize_width=256"]
-            sets.append((f"{count} photos", work / "photos" / "images", listing,
-                         [resize, resize + ["-j=1"], [], ["--encoded"]]))  # fmt: skip
+            resize = RESIZE_FLAGS
+            flag_sets = [resize, resize + ["-j=1"]] + ([] if resize_only else [[], ["--encoded"]])
+            sets.append((f"{count} photos", work / "photos" / "images", listing, flag_sets))
         except ImportError:
             lines.insert(1, "(scikit-image is not installed: no photo rows; "
                             "pip install scikit-image)")  # fmt: skip
-        fashion = fashion_pngs(work)
+        fashion = None if resize_only else fashion_pngs(work)
         if fashion is not None:
             sets.append(("Fashion test, 10,000 PNG", fashion[0], fashion[1], [[]]))
         floors: list[str] = []
@@ -276,6 +330,8 @@ def imageset_table(repeat: int = 5, count: int = 2000) -> list[str]:
                     c_peak_text = f"{c_peak:.0f}"
                 else:
                     caffe_cols, c_peak_text = f"– | {wall:.2f} | –", "–"
+                if flags == RESIZE_FLAGS:
+                    floors.append(_resize_floor(name, root, listing, work, wall, repeat))
                 shown = " ".join(flags) or "(none)"
                 lines.append(f"| {name} | `{shown}` | {caffe_cols} | {cpu:.2f} "
                              f"| {peak:.0f} | {pss:.0f} | {c_peak_text} |")  # fmt: skip
@@ -289,6 +345,31 @@ def imageset_table(repeat: int = 5, count: int = 2000) -> list[str]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return lines
+
+
+def _resize_floor(name: str, root: Path, listing: Path, work: Path, wall: float,
+                  repeat: int) -> str:  # fmt: skip
+    """The line of :data:`RESIZE_FLOOR` + :data:`LMDB_FLOOR` over the cores, and ours (the
+    resize row's median ``wall``) against it."""
+    count = sum(1 for line in listing.read_text().splitlines() if line.strip())
+    size = 3 * RESIZE[0] * RESIZE[1] + 16  # a colour Datum's pixels and its fields
+    cpus, library = [], ""
+    for _ in range(repeat):
+        done = subprocess.run(
+            [sys.executable, "-c", RESIZE_FLOOR, str(root) + "/", str(listing), *map(str, RESIZE)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        cpu, library = done.stdout.split(" ", 1)
+        cpus.append(float(cpu))
+    lmdb_run = [sys.executable, "-c", LMDB_FLOOR, str(work / "floor_lmdb"), str(count), str(size)]
+    writes = [run_once(lmdb_run, work / "floor_lmdb")[0] for _ in range(repeat)]
+    cores = len(os.sched_getaffinity(0))
+    cpu, write = statistics.median(cpus), statistics.median(writes)
+    floor = (cpu + write) / cores
+    return (f"- resize floor, {name} to {RESIZE[0]} × {RESIZE[1]}: ({cpu:.2f} s of CPU decoding "
+            f"and resizing in one loop with {library.strip()} + {write:.2f} s of py-lmdb writing "
+            f"{count} records of {size} bytes, 1000 a transaction) / {cores} cores = {floor:.2f} s; "
+            f"ours with `{' '.join(RESIZE_FLAGS)}`: {wall:.2f} s, {wall / floor:.2f}× the floor")  # fmt: skip
 
 
 def _python_floor(root: str, listing: Path, out: Path, caffe: Path | None, repeat: int) -> str:

@@ -567,7 +567,7 @@ LAZY_IMPORTS = {
     ),
     "mnist2db.formats.imread.cv2_wheel": (
         2,
-        "cv2: an optional extra; numpy for its probe (the PNG path loads none)",
+        "cv2: never for a plain PNG list; numpy for its probe (the PNG path loads none)",
     ),
     "mnist2db.formats.imread.imencode": (1, "Pillow, for --encoded jpg only"),
     "mnist2db.formats.imread.reader": (2, "Pillow, only for an image OpenCV does not decode"),
@@ -575,8 +575,8 @@ LAZY_IMPORTS = {
         2,
         "Pillow's core and, for RGB, its Image module: by the worker that decodes",
     ),
-    "mnist2db.caffe_tools.convert_imageset": (6, "--help and flag errors before numpy, Pillow"),
-    "mnist2db.cli.imageset_commands": (2, "imageset --help without the pipeline loaded"),
+    "mnist2db.caffe_tools.convert_imageset": (7, "--help and flag errors before numpy, Pillow"),
+    "mnist2db.cli.imageset_commands": (3, "imageset --help without the pipeline loaded"),
     "mnist2db.cli.export_commands": (3, "each --to's modules only for its own export"),
     "mnist2db.imageset.staged_checks": (
         2,

@@ -53,8 +53,9 @@ def test_caffe_log_lines_and_a_skipped_image(images: Path, tmp_path: Path) -> No
     (tmp_path / "list.txt").write_text("0.png 1\nnope.png 2\n1.png 3\n")
     done = run(["imgs/", "list.txt", "db"], tmp_path)
     assert done.returncode == 0, done.stderr
-    *messages, rate = [line.split("] ", 1)[1] for line in done.stderr.splitlines()]
+    *messages, decoders, rate = [line.split("] ", 1)[1] for line in done.stderr.splitlines()]
     assert re.fullmatch(r"Wrote 2 records in \d+\.\d\d s \(\d+ images/s\)\.", rate)
+    assert decoders.startswith("decoding with ")  # tests/images/test_decoder_note.py
     assert messages == [
         "A total of 3 images.",
         "Opened lmdb db",

@@ -49,7 +49,7 @@ def test_matches_caffe(
     tmp_path, capsys, monkeypatch, name: str, backend: str, jobs: str, decoder: str
 ) -> None:
     """Every run, decoded by one worker process and by two, with OpenCV's wheel (where
-    installed: the test extra has it) and without: Caffe's records every way."""
+    installed: a dependency where it has a wheel) and without: Caffe's records every way."""
     if decoder == "pure":
         monkeypatch.setenv(NO_OPENCV, "1")
     run = DIGESTS["runs"][name]

@@ -108,6 +108,7 @@ FLAGS: dict[str, Flag] = {
 
 
 def _convert(parsed: ParsedArgs, logger: Logger) -> None:
+    from mnist2db.formats.imread.cv2_wheel import decoder_note
     from mnist2db.imageset.resume import staged_seed
     from mnist2db.imageset.to_database import Skipped, write_imageset
 
@@ -210,6 +211,7 @@ def _convert(parsed: ParsedArgs, logger: Logger) -> None:
             f"Skipped {len(result.skipped)} of {result.lines} images that could not be read "
             "(their keys are left out, as Caffe leaves them).",
         )
+    logger.log("I", log_here(), decoder_note())
     rate = result.count / max(result.seconds, 1e-9)
     logger.log(
         "I",

@@ -85,6 +85,7 @@ def imageset(
       mnist2db imageset --labels list_attr_celeba.txt img_align_celeba/ celeba_lmdb
     """
     from mnist2db.formats.imdecode.image_file import ignore_decoder_warnings
+    from mnist2db.formats.imread.cv2_wheel import decoder_note
     from mnist2db.imageset.own_images import convert_images
 
     ignore_decoder_warnings()
@@ -114,6 +115,7 @@ def imageset(
         echo(f"{len(done.classes)} classes: {_names(done.classes, 10)}", err=True)
     if done.seed is not None:
         echo(seed_note(done.seed), err=True)
+    echo(decoder_note(), err=True)
     echo(done.result.summary(), err=True)
     for path in done.extra:
         echo(f"Wrote {path}.", err=True)

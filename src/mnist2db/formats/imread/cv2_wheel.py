@@ -1,4 +1,4 @@
-"""OpenCV's own Python wheel (``opencv-python-headless``, the ``opencv`` extra), where installed.
+"""OpenCV's own Python wheel (``opencv-python-headless``, a dependency where it has a wheel).
 
 Caffe reads and resizes with OpenCV; its wheel's ``cv2.imdecode`` (libjpeg-turbo) and
 ``cv2.resize`` (``INTER_LINEAR`` in 11-bit fixed point) give Caffe's bytes ~4× and ~70× faster
@@ -13,7 +13,10 @@ found once a process: :func:`reads_cut_jpegs`.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
+import sys
 from types import ModuleType
 
 #: The variable that keeps to the pure path (looked at on every call: a test or a bench sets
@@ -67,3 +70,37 @@ def reads_cut_jpegs(cv2: ModuleType) -> bool:
         cut = np.asarray(encoded, dtype=np.uint8)[: len(encoded) * 2 // 3]
         _cut_jpegs_read.append(not made or cv2.imdecode(cut, cv2.IMREAD_COLOR) is not None)
     return _cut_jpegs_read[0]
+
+
+def decoder_note() -> str:
+    """The line a run's log gives on its decoders: OpenCV's wheel or the pure path, and why.
+    It loads nothing: the workers load their decoders themselves, a list of plain PNGs never
+    loads OpenCV, and ``import cv2`` costs ~0.1 s; the version of a wheel not loaded here is
+    the one its ``cv2/version.py`` records (every opencv-python wheel has one)."""
+    if _environ.get(_key) if _environ is not None else os.environ.get(NO_OPENCV):
+        return f"decoding with Pillow and numpy ({NO_OPENCV}={os.environ.get(NO_OPENCV, '')})"
+    if _loaded or "cv2" in sys.modules:
+        cv2 = opencv()
+        version = None if cv2 is None else str(cv2.__version__)
+    else:
+        spec = importlib.util.find_spec("cv2")
+        if spec is None or spec.origin is None:
+            version = None
+        else:
+            recorded = re.search(
+                r'^opencv_version = "([0-9.]+)"',
+                _text(os.path.join(os.path.dirname(spec.origin), "version.py")),
+                re.MULTILINE,
+            )
+            version = recorded.group(1) if recorded else ""
+    if version is None:
+        return "decoding with Pillow and numpy (OpenCV not installed)"
+    return f"decoding with OpenCV {version} (cv2)" if version else "decoding with OpenCV (cv2)"
+
+
+def _text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(4096)
+    except (OSError, ValueError):
+        return ""
