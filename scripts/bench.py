@@ -29,7 +29,7 @@ from bench_read import png_read_table, read_table
 
 BIN = Path(sys.executable).parent
 
-#: The naive converter of issue 5: what most published scripts do. Run with ``python -c``.
+#: The naive converter: what most published scripts do. Run with ``python -c``.
 NAIVE = """
 import sys
 import lmdb
@@ -326,7 +326,7 @@ def main() -> None:
                 )
             lines += [
                 "",
-                "The same records written as LevelDB (issue 19: memory bounded at any size), "
+                "The same records written as LevelDB (memory bounded at any size), "
                 "alternating with the LMDB runs:",
                 "",
                 "| records | wall s | µs / record | × LMDB same size | peak RSS MB | RssAnon MB |",
@@ -342,14 +342,14 @@ def main() -> None:
 
         lines += ["", *digest_table(by)]
         lines += ["", *png_write_table(by, counts["train"])]
-        lines += ["", "Targets (issue 5):", ""]
+        lines += ["", "Targets (conversion, same run):", ""]
         lines += targets(by, naive, scale_rows, per_train)
 
         print("read side ...", file=sys.stderr)
         lines += ["", *read_table(*data["train"], work)]
         png_lines, png_rates = png_read_table(*data["test"], work)
         lines += ["", *png_lines]
-        lines += ["", "Targets (issue 19, same run):", ""]
+        lines += ["", "Targets (PNG records, LevelDB, reading; same run):", ""]
         lines += targets_19(by, leveldb_rows, png_rates)
 
         print("export ...", file=sys.stderr)

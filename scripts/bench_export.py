@@ -1,4 +1,4 @@
-"""The export side of the benchmark (issue 29): ``export --to files`` and ``--to webdataset``
+"""The export side of the benchmark: ``export --to files`` and ``--to webdataset``
 against ``cat`` and against ``convert --encoded png``, in the same run.
 
 Rows, each a whole process (start-up included), medians of ``--repeat`` alternating runs,
@@ -205,7 +205,7 @@ def export_table(
     images: Path, labels: Path, work: Path, repeat: int = 3, jpegs: int = 3000,
     large: int = 50000,
 ) -> list[str]:  # fmt: skip
-    """Markdown rows of the export benchmark and its two targets (issue 29)."""
+    """Markdown rows of the export benchmark and its two targets."""
     import mnist2db
 
     m2d = str(BIN / "mnist2db")
@@ -258,7 +258,7 @@ def export_table(
     records = len(mnist2db.open_db(raw_db))
     load = os.getloadavg()
     lines = [
-        f"Export (issue 29), in {work} ({file_system(work) or 'file system unknown'}): JPEG "
+        f"Export, in {work} ({file_system(work) or 'file system unknown'}): JPEG "
         f"records of 256 × 256, {jpegs} "
         + (f"and {large} " if large else "")
         + f"({', '.join(f'{s / 1e6:.1f} MB' for s in sizes.values())}), {records} raw 28 × 28 "
@@ -283,7 +283,7 @@ def export_table(
             f"| {name} | {wall[name]:.3f} | {cpu[name]:.2f} | {rate} | {rss:.1f} | {anon:.1f} |"
         )
     start = wall[START]
-    lines += ["", "Targets (issue 29, same run; whole processes, the start-up counted):", ""]
+    lines += ["", "Targets (same run; whole processes, the start-up counted):", ""]
     for size in sizes:
         what = f"{size}: {sizes[size] / 1e6:.0f} MB of JPEG records"
         cat, synced = wall[f"cat ({what})"], wall[f"cat, then sync FILE ({what})"]

@@ -1,9 +1,9 @@
-"""The read side of the benchmark (issue 9): open_db against the raw py-lmdb floor.
+"""The read side of the benchmark: open_db against the raw py-lmdb floor.
 
 Rows, all over the same 60 000-record LMDB (Fashion-MNIST's training set, else generated),
 best of ``--repeat`` runs each, in this process:
 * raw floor: one read transaction, ``txn.get(b"%08d" % i)`` + ``numpy.frombuffer`` of the
-  784 pixel bytes, random order (no copy, no label), as issue 9 measured it; and the same
+    784 pixel bytes, random order (no copy, no label), the least a reader can do; and the same
   loop with every name pre-bound to a local (the least Python can do);
 * ``open_db`` ``db[i]`` in the same random order, sequential iteration, ``__getitems__``
   of 256 indices, ``read_range`` of 256; the page check every open of an LMDB database
@@ -58,7 +58,7 @@ def read_table(images: Path, labels: Path, work: Path, repeat: int = 3) -> list[
     rows: list[tuple[str, float, int]] = []
 
     def raw_floor() -> int:
-        # Issue 9's floor, written as one would: one read transaction, get + frombuffer.
+        # The raw floor, written as one would: one read transaction, get + frombuffer.
         env = lmdb.open(str(db_path), readonly=True, lock=False, readahead=False)
         with env.begin() as txn:
             for i in order:
@@ -103,7 +103,7 @@ def read_table(images: Path, labels: Path, work: Path, repeat: int = 3) -> list[
         db = mnist2db.open_db(db_path)
         timings["db"].append(_best(db_random, 1)[0])
         db.close()
-    rows.append(("raw floor (issue 9): txn.get + numpy.frombuffer", min(timings["floor"]), n))
+    rows.append(("raw floor: txn.get + numpy.frombuffer", min(timings["floor"]), n))
     rows.append(("raw floor, every name pre-bound to a local", min(timings["prebound"]), n))
     rows.append(("open_db db[i] (fresh writable array, int label)", min(timings["db"]), n))
     db = mnist2db.open_db(db_path)
@@ -161,8 +161,8 @@ def read_table(images: Path, labels: Path, work: Path, repeat: int = 3) -> list[
     db.close()
     floor = rows[0][1]
     lines = [
-        f"Read side (issue 9): {n} records, LMDB, random order unless said, best of {repeat} "
-        "(torch rows: 1 run); ratios against issue 9's raw floor, measured in the same run.",
+        f"Read side: {n} records, LMDB, random order unless said, best of {repeat} "
+        "(torch rows: 1 run); ratios against the raw floor, measured in the same run.",
         "",
         "| reader | records/s | × raw floor |",
         "|---|---|---|",
@@ -207,7 +207,7 @@ def _png_compressions() -> list[str | None]:
 def png_read_table(
     images: Path, labels: Path, work: Path, repeat: int = 5
 ) -> tuple[list[str], dict[str, float]]:
-    """Reading PNG records (issue 19): open_db (db[i], __getitems__ of 500, iteration)
+    """Reading PNG records: open_db (db[i], __getitems__ of 500, iteration)
     against Pillow per image and, where installed, NVIDIA DALI's CPU pipeline (in its own
     process), over the same LMDB, one per PNG compression ``convert`` offers, every reader
     measured in turn ``repeat`` times (best of each). Returns Markdown rows and the rates
@@ -250,7 +250,7 @@ def png_read_table(
             pass
 
     def pillow_random(txn: lmdb.Transaction) -> None:
-        # The reader before issue 19: protobuf, then Pillow on each image (as torchvision).
+        # The general reader: protobuf, then Pillow on each image (as torchvision).
         for i in order:
             datum = decode_datum(txn.get(b"%08d" % i))
             with Image.open(io.BytesIO(datum.data)) as image:
@@ -289,7 +289,7 @@ def png_read_table(
                 timings.setdefault((compression, "dali"), []).append(seconds)
     rates = {k: 1 / min(v) for k, v in timings.items()}
     lines = [
-        f"PNG records (issue 19): {n} records, LMDB written by `convert --encoded png`"
+        f"PNG records: {n} records, LMDB written by `convert --encoded png`"
         + (" (each `--png-compression`)" if compressions != [None] else "")
         + f", best of {repeat}, every reader measured in turn; ratios against Pillow per "
         "image"

@@ -195,7 +195,7 @@ def test_unknown_backend(mnist_pair, tmp_path: Path) -> None:
         convert(ipath, lpath, tmp_path / "db", backend="rocksdb")
 
 
-# -- issue 10: --overwrite replaces only what mnist2db would have written -----------------------
+# -- --overwrite replaces only what mnist2db would have written ----------------------------
 
 
 @pytest.mark.parametrize(
@@ -204,7 +204,7 @@ def test_unknown_backend(mnist_pair, tmp_path: Path) -> None:
 def test_overwrite_keeps_a_directory_that_only_looks_like_a_database(
     mnist_pair, tmp_path: Path, marker: str, backend: str
 ) -> None:
-    """Item 1: an empty CURRENT (or data.mdb) beside a user's file is not a database."""
+    """An empty CURRENT (or data.mdb) beside a user's file is not a database."""
     ipath, lpath, *_ = mnist_pair(5)
     proj = tmp_path / "proj"
     proj.mkdir()
@@ -296,7 +296,7 @@ def test_overwrite_keeps_a_database_files_only_lookalike(
 def test_overwrite_keeps_a_database_holding_other_things(
     mnist_pair, tmp_path: Path, backend: str, extra: str
 ) -> None:
-    """Item 2: a real database that also holds a user's file, folder or link is kept whole."""
+    """A real database that also holds a user's file, folder or link is kept whole."""
     ipath, lpath, *_ = mnist_pair(5)
     out = tmp_path / "db"
     convert(ipath, lpath, out, backend=backend)
@@ -321,7 +321,7 @@ def test_overwrite_keeps_a_database_holding_other_things(
 def test_an_input_inside_the_destination_is_refused_before_any_work(
     tmp_path: Path, backend: str, how: str
 ) -> None:
-    """Item 2: `convert db/images db/labels db --overwrite` deleted its own inputs."""
+    """`convert db/images db/labels db --overwrite` never deletes its own inputs."""
 
     out = tmp_path / "db"
     images = make_images(4)

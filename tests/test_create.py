@@ -243,7 +243,7 @@ def test_scripts_fail_with_set_e(tmp_path: Path) -> None:
     )
 
 
-# -- issue 12: EMNIST's orientation, QMNIST's labels ------------------------------------------
+# -- EMNIST's orientation, QMNIST's labels --------------------------------------------------
 
 
 def write_emnist(directory: Path) -> dict:

@@ -1,4 +1,4 @@
-"""NVIDIA DALI as a client (issue 19): ``fn.readers.caffe`` reads mnist2db's LMDBs, on the CPU.
+"""NVIDIA DALI as a client: ``fn.readers.caffe`` reads mnist2db's LMDBs, on the CPU.
 
 Raw Datums (what Caffe's convert_mnist_data writes) carry no ``encoded`` field, so DALI hands
 out each record's pixel bytes flat (rows x cols uint8) and its label; PNG Datums

@@ -46,7 +46,7 @@ def test_export_default_prefix(mnist_pair, tmp_path: Path) -> None:
     assert default_prefix("examples/mnist/mnist_train_lmdb") == "train"
     assert default_prefix("examples/mnist/mnist_test_leveldb/") == "t10k"
     assert default_prefix("digits") == "digits"
-    # Item 13: Caffe's names only, not substrings ("latest" holds "test").
+    # Caffe's names only, not substrings ("latest" holds "test").
     assert default_prefix("latest_train_lmdb") == "train"
     assert default_prefix("latest_lmdb") == "latest_lmdb"
     assert default_prefix("contest_results") == "contest_results"
@@ -120,7 +120,7 @@ def test_export_refuses_what_idx_cannot_hold(tmp_path: Path, second: bytes, mess
 
 
 def test_export_empty_database_round_trips(tmp_path: Path) -> None:
-    """Item 13: convert writes an empty database; export gives it back (0 items)."""
+    """convert writes an empty database; export gives it back (0 items)."""
     images = write_idx(tmp_path / "i", np.zeros((0, 28, 28), np.uint8))
     labels = write_idx(tmp_path / "l", np.zeros((0,), np.uint8))
     db = tmp_path / "empty_lmdb"

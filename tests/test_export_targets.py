@@ -1,4 +1,4 @@
-"""mnist2db export --label-db: a database's float targets (its label database, issue 28)
+"""mnist2db export --label-db: a database's float targets (its label database)
 beside the files (OUT/targets.csv) and in the shards (KEY.json), read back value for value;
 the pair checked as verify --label-db checks it (mnist2db.exporting.float_labels)."""
 

@@ -425,7 +425,7 @@ def test_symlink_to_a_database_is_refused(tmp_path: Path, data: Dataset, other: 
 
 
 def test_dangling_symlink_is_refused(tmp_path: Path, data: Dataset) -> None:
-    """Issue 10, item 14: no advice to use --overwrite, which refuses too: say why."""
+    """No advice to use --overwrite, which refuses too: say why."""
     link = tmp_path / "link"
     target = tmp_path / "nowhere"
     link.symlink_to(target)
@@ -600,7 +600,7 @@ def test_decompression_bomb_is_refused_early(tmp_path: Path, zeros: int) -> None
 
 
 def test_info_on_a_decompression_bomb_is_bounded(tmp_path: Path) -> None:
-    """Issue 10, item 7: info read 8 GiB of zeros to their end; now it stops like convert."""
+    """info on a decompression bomb stops as convert does (it read 8 GiB of zeros to their end)."""
     head = bytes([0, 0, 8, 3]) + struct.pack(">3I", 1, 28, 28) + bytes(784)
     bomb = tmp_path / "bomb-images-idx3-ubyte.gz"
     write_zero_bomb(bomb, head, 4 << 30)
@@ -695,7 +695,7 @@ def test_output_permissions_follow_the_umask(
         assert stat.S_IMODE((out / "data.mdb").stat().st_mode) == 0o664 & ~umask
 
 
-# -- export's pair: both files or neither (issue 10, items 3 and 4) ---------------------------
+# -- export's pair: both files or neither --------------------------------------------------
 
 
 def hidden(directory: Path) -> list[str]:
@@ -807,7 +807,7 @@ def test_export_second_rename_failing_puts_the_first_back(tmp_path: Path, export
 
 
 def test_export_on_a_full_disk_leaves_nothing(small_tmpfs: Path, exported: dict) -> None:
-    """Item 4: ENOSPC while closing used to leave the temporary; the error names the file."""
+    """ENOSPC while closing leaves no temporary, and the error names the file."""
     code, err = run_cli("export", "-q", str(exported["new"]), str(small_tmpfs), "--prefix", "x")
     assert code == 1
     assert (

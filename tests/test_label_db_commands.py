@@ -123,7 +123,7 @@ def test_verify_other_widths_and_image_records(tmp_path: Path, pair: tuple[Path,
 def test_verify_without_sources_checks_the_digest_and_one_source_is_refused(
     pair: tuple[Path, Path],
 ) -> None:
-    # DB alone: the digest mnist2db recorded (issue 27); IMAGES without LABELS: a usage error.
+    # DB alone: the digest mnist2db recorded; IMAGES without LABELS: a usage error.
     result = run("verify", pair[0])
     assert result.exit_code == 0, result.stderr
     assert result.stdout.startswith(f"OK: {pair[0]} holds the ")

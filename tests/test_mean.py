@@ -282,7 +282,7 @@ def test_a_bad_mean_target_fails_before_the_database_is_read(
 
 
 def test_large_records_are_summed_in_bounded_memory(tmp_path: Path) -> None:
-    """Issue 17, item 7: the batch held 1000 records whatever their size (PNG records of
+    """A batch is bounded by bytes, not by 1000 records whatever their size (PNG records of
     9000 × 9000 asked for GiBs). Six PNG records of 3000 × 3000 (81 MB of pixels): the
     process peaked at 1.2 GB; batched by bytes and summed a slice at a time, it stays
     within the running sum, a record and the work arrays."""

@@ -1,4 +1,4 @@
-"""``--png-compression fast|small`` (issue 19): the choice of PNG deflate, on ``convert``,
+"""``--png-compression fast|small``: the choice of PNG deflate, on ``convert``,
 ``create`` and the Python API, recorded in mnist2db.json so that ``verify`` encodes alike."""
 
 from __future__ import annotations

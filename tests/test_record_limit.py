@@ -1,4 +1,4 @@
-"""Caffe's keys stop at 10**8 records: every writer refuses more up front (issue 17, item 8),
+"""Caffe's keys stop at 10**8 records: every writer refuses more up front,
 with one owner of the limit (formats.datum.check_record_count). ``siamese --pairs
 100000000000`` ran until the disk was full."""
 

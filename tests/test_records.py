@@ -1,4 +1,4 @@
-"""Conversion options (issue 11 §4, issue 12): transpose, QMNIST idx2-int labels, .xz inputs,
+"""Conversion options: transpose, QMNIST idx2-int labels, .xz inputs,
 ranges and seeded shuffles, and the metadata file that records them."""
 
 from __future__ import annotations

@@ -260,7 +260,7 @@ def test_float_database_cannot_be_drawn(tmp_path: Path, png: bool) -> None:
 
 
 def test_png_canvas_is_bounded_in_pixels_not_images(tmp_path: Path) -> None:
-    """Item 8: 40 images of 3000 × 3000 were a MemoryError traceback under a 1000-image cap."""
+    """40 images of 3000 × 3000 are drawn within the cap, not a MemoryError traceback."""
     from helpers import write_idx
 
     from mnist2db.render import MAX_PNG_PIXELS
@@ -317,7 +317,7 @@ def test_png_target_that_is_not_a_file_is_refused_first(
 
 
 def test_threshold_and_ascii_do_not_combine(tiny: tuple[Path, Path]) -> None:
-    """Item 14: --ascii was silently ignored beside --threshold."""
+    """--ascii beside --threshold is not silently ignored."""
     images, _ = tiny
     result = run("show", images, "--threshold", 10, "--ascii")
     assert result.exit_code == 2

@@ -1,4 +1,4 @@
-"""show bounds every drawing before the image is read or decoded (issue 17, item 7): the
+"""show bounds every drawing before the image is read or decoded: the
 size comes from what the source declares (the IDX header, a Datum's fields, the PNG header
 of an encoded image); a text drawing is at most MAX_TEXT_PIXELS, a PNG grid at most
 MAX_PNG_PIXELS. ``show --ascii`` of a 30000 × 30000 image reached 4.4 GB and a traceback."""
@@ -129,7 +129,7 @@ def test_an_idx_file_of_large_images_is_refused_before_reading(tmp_path: Path) -
 
 
 def test_an_empty_datum_is_named_as_one(tmp_path: Path) -> None:
-    """It said 'cannot draw float64 pixels' (issue 17, item 13)."""
+    """An empty record is one line naming it (it said 'cannot draw float64 pixels')."""
     db = write_lmdb(tmp_path / "empty_db", {b"00000000": b""})
     code, out, err, _ = _show(db)
     assert (code, out) == (1, "")

@@ -109,7 +109,7 @@ def test_verify_reports_missing_records(mnist_pair, tmp_path: Path, backend: str
 
 
 def test_verify_against_the_other_split_says_so(mnist_pair, tmp_path: Path) -> None:
-    """Item 10: a test database checked against the training files differed 'at key 0'."""
+    """A test database checked against the training files names the first difference (it said 'at key 0')."""
     train_images, train_labels, *_ = mnist_pair(30, stem="train", seed=1)
     test_images, test_labels, *_ = mnist_pair(10, stem="t10k", seed=2)
     db = tmp_path / "mnist_test_lmdb"

@@ -1,6 +1,6 @@
-"""The drop-ins' command lines, bounded and round-tripping (issue 17): every seed
-convert_mnist_siamese_data reports is accepted back (item 10), and a flagfile is a bounded
-regular file, never a FIFO or a device (item 5)."""
+"""The drop-ins' command lines, bounded and round-tripping: every seed
+convert_mnist_siamese_data reports is accepted back, and a flagfile is a bounded
+regular file, never a FIFO or a device."""
 
 from __future__ import annotations
 

@@ -244,7 +244,7 @@ def test_progress_bar_only_on_a_terminal(mnist_pair, tmp_path: Path) -> None:
     assert piped.stderr.splitlines()[0] == "A total of 50 items."
 
 
-# -- issue 10: pipes (item 5), empty paths (item 11) ------------------------------------------
+# -- pipes, empty paths ---------------------------------------------------------------------
 
 
 def _fashionless_pair(tmp_path: Path, count: int = 7) -> tuple[Path, Path, np.ndarray]:
@@ -335,7 +335,7 @@ def test_a_truncated_pipe_is_one_line(tmp_path: Path) -> None:
 def test_an_empty_path_is_a_usage_error_up_front(
     tmp_path: Path, args: list[str], name: str
 ) -> None:
-    """Item 11: `convert I L ''` converted everything, then failed with Errno 2."""
+    """`convert I L ''` is a usage error up front (it converted everything, then failed with Errno 2)."""
     files = _files(tmp_path)
     argv = [a.format(i=files["images"], l=files["labels"]) for a in args]
     result = run(*argv)
@@ -406,7 +406,7 @@ def test_writers_take_any_path_bytes(tmp_path: Path) -> None:
     assert not [n for n in names if n.startswith(b".")]
 
 
-# -- issue 10, items 1 and 2 through the command lines --------------------------------------
+# -- --overwrite replaces only what mnist2db wrote, through the command lines -------------
 
 
 def test_overwrite_keeps_a_project_with_an_empty_current_file(tmp_path: Path) -> None:
@@ -429,7 +429,7 @@ def test_overwrite_keeps_a_project_with_an_empty_current_file(tmp_path: Path) ->
 def test_create_and_the_script_keep_what_a_database_directory_also_holds(
     tmp_path: Path, front: str
 ) -> None:
-    """Item 2: through `create --overwrite` and scripts/create_mnist.sh as well."""
+    """The same through `create --overwrite` and scripts/create_mnist.sh."""
     rng = np.random.default_rng(5)
     data = tmp_path / "data" / "mnist"
     data.mkdir(parents=True)
@@ -468,7 +468,7 @@ def test_create_and_the_script_keep_what_a_database_directory_also_holds(
 
 
 def test_convert_refuses_inputs_inside_the_destination(tmp_path: Path) -> None:
-    """Item 2: `convert db/images db/labels db --overwrite` deleted its own inputs."""
+    """`convert db/images db/labels db --overwrite` never deletes its own inputs."""
     files = _files(tmp_path)
     db = tmp_path / "db"
     assert run("convert", "-q", files["images"], files["labels"], db).exit_code == 0

@@ -1,5 +1,5 @@
 """A standard output that cannot be written (`> /dev/full`) ends in one line and exit 1, not
-an OSError traceback (issue 17, item 13); a closed pipe (`| head`) ends quietly."""
+an OSError traceback; a closed pipe (`| head`) ends quietly."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""fetch against mirrors that misbehave on purpose (issue 18): bytes, memory, time and
+"""fetch against mirrors that misbehave on purpose: bytes, memory, time and
 requests stay bounded, nothing a server says reaches the terminal raw, local sources that
 are not regular files are refused without waiting.
 
@@ -145,7 +145,7 @@ def run_cli(*args: str) -> tuple[int, str]:
     return result.exit_code, result.stderr
 
 
-# -- what a server says is cleaned before it is printed (item 7) ------------------------------
+# -- what a server says is cleaned before it is printed -------------------------------------
 
 ESCAPES = "\x1b[2K\r\x1b[1A4 files ready\x1b]0;pwned\x07"
 
@@ -179,7 +179,7 @@ def test_reason_phrase_headers_and_urls_are_printed_cleaned(
     assert "(not gzip data (it starts with b'\\x1b[2K\\r')" in stderr
 
 
-# -- credentials (item 8) ---------------------------------------------------------------------
+# -- credentials ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("where", ["option", "env"])
@@ -217,7 +217,7 @@ def test_redirect_to_a_url_with_credentials_is_refused_without_printing_them(
     )
 
 
-# -- redirects (item 10) ----------------------------------------------------------------------
+# -- redirects ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -299,7 +299,7 @@ def test_a_validator_with_control_characters_is_not_sent_back(
     assert sent_back == [None, None]  # resumed from byte 1000 without the hostile ETag
 
 
-# -- time and requests (item 5) -----------------------------------------------------------------
+# -- time and requests ----------------------------------------------------------------------
 
 
 def test_a_restart_from_zero_is_an_attempt_without_progress(
@@ -442,7 +442,7 @@ def test_cli_low_speed_options(tmp_path: Path) -> None:
     assert fetch_commands.DEFAULT_SPEED_TIME == transport.DEFAULT_SPEED_TIME
 
 
-# -- bytes on disk (item 3) ---------------------------------------------------------------------
+# -- bytes on disk --------------------------------------------------------------------------
 
 GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
 EMPTY_STORED_BLOCK = b"\x00\x00\x00\xff\xff"  # not final, 0 bytes: deflate may repeat it
@@ -562,7 +562,7 @@ def test_a_sparse_file_in_a_mirror_directory_is_refused_by_its_size(
     )
 
 
-# -- memory (item 4) and xz padding (item 9) -----------------------------------------------------
+# -- memory and xz padding ------------------------------------------------------------------
 
 
 def xz_with_dictionary(data: bytes, dict_bits: int) -> bytes:
@@ -619,7 +619,7 @@ def test_xz_stream_padding(tmp_path: Path, padding: int) -> None:
     assert (tmp_path / "out" / NAME).read_bytes() == data
 
 
-# -- local sources that are not regular files (item 6; issue 17 item 5) ---------------------------
+# -- local sources that are not regular files ----------------------------------------------
 
 
 def bounded(call: Callable[[], object], fifos: list[Path], seconds: float = 5) -> object:
@@ -702,7 +702,7 @@ def test_a_manifest_that_is_not_one_is_named_in_one_line(
     assert sorted(os.listdir(data)) == [MANIFEST_NAME]
 
 
-# -- directories the run made (issue 17 item 12) ---------------------------------------------------
+# -- directories the run made ---------------------------------------------------------------
 
 
 def test_a_failed_fetch_removes_the_directories_it_made(

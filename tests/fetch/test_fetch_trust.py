@@ -1,4 +1,4 @@
-"""fetch uses only the bytes it verified (issue 18 items 1, 2, 10, 11): the archive is hashed
+"""fetch uses only the bytes it verified: the archive is hashed
 and extracted through one open file while another process swaps it; published digests beat
 the manifest; damaged, misplaced, stale or sparse files are named in one line or cleaned up.
 """
@@ -30,7 +30,7 @@ from mnist2db.fetch.catalog import DATASETS, FILE_NAMES, Dataset, Resource
 from mnist2db.fetch.fetcher import fetch
 from mnist2db.fetch.manifest import MANIFEST_NAME
 
-# -- the archive: hashed and used through one handle (item 1) --------------------------------
+# -- the archive: hashed and used through one handle ----------------------------------------
 
 SWAPPER = r"""
 import os, sys, time
@@ -156,7 +156,7 @@ def test_the_kept_download_is_read_through_its_own_descriptor(
     assert server.count() >= 1  # the forged kept copy never verified: downloaded
 
 
-# -- published digests beat the manifest (item 2) ------------------------------------------------
+# -- published digests beat the manifest ----------------------------------------------------
 
 
 def test_a_published_digest_beats_the_manifest(server: Server, tmp_path: Path) -> None:
@@ -198,7 +198,7 @@ def test_md5_alone_is_not_enough_where_a_sha256_is_published(
     assert fetch(strongest, tmp_path / "z", **quick())[0].verified_by == ".gz sha256"
 
 
-# -- archives: damaged, misplaced, stale, sparse (items 10, 11) -----------------------------------
+# -- archives: damaged, misplaced, stale, sparse --------------------------------------------
 
 
 def damaged_member_archive() -> bytes:

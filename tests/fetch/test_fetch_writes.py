@@ -1,6 +1,6 @@
 """fetch: a local write failure (file size limit, full disk) is "cannot write FILE" and stops.
 
-Issue 10 item 9: from a directory or file:// mirror it was reported as the mirror's fault
+A local write failure from a directory or file:// mirror stops at once: it was reported as the mirror's fault
 ("cannot read: File too large") and the next mirror was tried. Real limits only: RLIMIT_FSIZE
 in a child process, a small tmpfs when root can mount one.
 """

@@ -189,7 +189,7 @@ def test_gzip_cut_short(tmp_path: Path) -> None:
     assert "corrupt gzip stream" in message or "truncated" in message
 
 
-# -- issue 10, item 5: pipes, FIFOs, /dev/stdin, process substitution ----------------------
+# -- pipes, FIFOs, /dev/stdin, process substitution ----------------------------------------
 
 
 def fifo_feeding(tmp_path: Path, data: bytes, name: str = "fifo") -> Path:

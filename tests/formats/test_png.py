@@ -1,4 +1,4 @@
-"""Encoded Datums (issue 11 §3): ``--encoded png`` records, and every reader decoding them."""
+"""Encoded Datums: ``--encoded png`` records, and every reader decoding them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""A signal at the worst moment of creating a temporary file leaves nothing behind (issue 17,
-item 9): ``export``, ``mean`` and ``show --png`` create their temporaries where the clean-up
+"""A signal at the worst moment of creating a temporary file leaves nothing behind:
+``export``, ``mean`` and ``show --png`` create their temporaries where the clean-up
 owns them (AtomicFile.create, on entering the ``with``).
 
 The child process sends itself a real SIGINT or SIGTERM from inside the creation: right after

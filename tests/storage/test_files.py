@@ -78,7 +78,7 @@ def test_temp_prefix_hashes_long_names() -> None:
 
 
 def test_discard_unlinks_even_when_closing_fails(tmp_path: Path) -> None:
-    """Issue 10, item 4: on a full disk close() flushes, fails, and the unlink never ran."""
+    """On a full disk close() flushes, fails, and the temporary is still unlinked."""
     with mounted_tmpfs(tmp_path / "small", "1m") as mount:
         target = mount / "out.bin"
         with pytest.raises(OSError) as info, AtomicFile(str(target)) as f:

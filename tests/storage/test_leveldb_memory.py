@@ -1,4 +1,4 @@
-"""LevelDB conversion in bounded memory (issue 19): the memtable is sized from the data, never
+"""LevelDB conversion in bounded memory: the memtable is sized from the data, never
 Caffe's 256 MiB (two of which were resident at once: 519 MiB at 1,000,000 records)."""
 
 from __future__ import annotations

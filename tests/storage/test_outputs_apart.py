@@ -1,5 +1,5 @@
-"""An output never lands on an input of the same run (issue 17, item 2), and a target that
-cannot be written is refused before any work (item 13): one rule, targets.check_apart,
+"""An output never lands on an input of the same run, and a target that
+cannot be written is refused before any work: one rule, targets.check_apart,
 used by every writer (mean, compute_image_mean, show --png, export, convert, siamese)."""
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def test_siamese_never_replaces_a_database_holding_its_inputs(
     assert _snapshot(db) == before
 
 
-# -- item 13: a target that cannot be there at the end is refused before the work -----------
+# -- a target that cannot be there at the end is refused before the work -------------------
 
 
 @pytest.mark.parametrize("front", ["mnist2db", "convert_mnist_data"])
@@ -261,7 +261,7 @@ def test_mean_into_a_read_only_directory_is_refused_before_reading(tmp_path: Pat
 
 
 def test_library_writers_take_bytes_paths(pair: tuple[Path, Path], tmp_path: Path) -> None:
-    """Item 13: compute_mean, write_mean and convert raised TypeError for bytes paths."""
+    """compute_mean, write_mean and convert take bytes paths (they raised TypeError)."""
     images, labels = (os.fsencode(p) for p in pair)
     out = os.fsencode(tmp_path / "caf\xe9_db")
     result = convert(images, labels, out)

@@ -1,6 +1,6 @@
 """recover_together reads only what place_together writes: a FIFO named like a pair journal
-hung `export` forever, a link to /dev/zero read until the process was killed (found by the
-hostile pass over the writers, issue 17). Such entries are never read on, nor removed."""
+hung `export` forever, a link to /dev/zero read until the process was killed. Such entries
+are never read on, nor removed."""
 
 from __future__ import annotations
 
