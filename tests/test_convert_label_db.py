@@ -96,11 +96,11 @@ def convert_killed(tmp_path: Path, out: Path, backend: str, kill: tuple[str, int
         kind, at = {kill!r}
         calls = [0]
         for writer in (backends.LmdbWriter, backends.LeveldbWriter):
-            def counted(self, items, write=writer.write_batch):
+            def counted(self, items, *hooks, write=writer.write_batch):
                 calls[0] += 1
                 if kind == "batch" and calls[0] == at:
                     os.kill(os.getpid(), signal.SIGKILL)
-                write(self, items)
+                write(self, items, *hooks)
             writer.write_batch = counted
         def checkpoint(stage, path):
             if kind == "checkpoint" and stage == at:
