@@ -116,9 +116,11 @@ def test_a_resume_reads_back_no_committed_record(
     # The batch redone and LMDB's own pages (its tree's right edge) at most: the records committed stay where they are, unread
     # (read again, they are 150 MiB).
     assert done["read_bytes"] < 24 << 20, done
-    # Below the committed records (read again: 419 MiB): the rest is the interpreter and
-    # the workers' rings, which fill further when the machine is loaded.
-    assert done["peak_kib"] * 1024 < committed, done
+    # Memory within a fresh run's (the records read again took 419 MiB against ~150 MiB):
+    # measured against the uninterrupted run of this test, since the LMDB map's pages that
+    # write-back has not yet let go count in both, more on a loaded machine.
+    bound = max(whole["peak_kib"] * 3 // 2, whole["peak_kib"] + (64 << 10))
+    assert done["peak_kib"] <= bound, (done, whole)
     assert record_digest(out) == record_digest(tmp_path / "whole")
     assert verify_db(out).count == COUNT  # raises VerifyError on a digest that differs
     assert not [n for n in os.listdir(out) if n.startswith("mnist2db-") and n != "mnist2db.json"]
